@@ -1,0 +1,20 @@
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/export.smk"
+include: "workflow/rules/profile.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

@@ -1,0 +1,56 @@
+"""Read and write the exported graph and profile artifacts (layout in docs/artifacts.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trainplan.io import ArtifactError, read_json, read_table, write_json, write_table
+
+NODE_COLUMNS = ["node_id", "name", "op", "module", "phase", "inputs", "outputs", "alloc_bytes", "is_view", "flops"]
+TENSOR_COLUMNS = ["tensor_id", "node", "shape", "dtype", "bytes", "storage", "storage_bytes", "kind", "is_graph_output"]
+PROFILE_COLUMNS = ["name", "time_s", "recompute_s", "transfer_s"]
+
+
+@dataclass
+class Graph:
+    """An exported graph with its per-op profile merged in when one is given."""
+
+    nodes: pd.DataFrame
+    tensors: pd.DataFrame
+    summary: dict[str, Any]
+
+
+def read_graph(nodes_path: str | Path, tensors_path: str | Path, summary_path: str | Path) -> Graph:
+    """Load an exported graph, checking its columns and that every input names a known tensor."""
+    nodes = read_table(nodes_path, NODE_COLUMNS)
+    tensors = read_table(tensors_path, TENSOR_COLUMNS)
+    summary = read_json(summary_path)
+    known = set(tensors.tensor_id)
+    for row in nodes.itertuples():
+        dangling = [t for t in list(row.inputs) + list(row.outputs) if t not in known]
+        if dangling:
+            raise ArtifactError(f"{nodes_path}: node '{row.name}' refers to unknown tensor(s) {dangling[:3]}")
+    return Graph(nodes, tensors, summary)
+
+
+def read_profiled_graph(nodes_path: str | Path, tensors_path: str | Path, summary_path: str | Path, profile_path: str | Path) -> Graph:
+    """Load a graph and merge the per-op profile (time_s, recompute_s, transfer_s) into its nodes."""
+    graph = read_graph(nodes_path, tensors_path, summary_path)
+    prof = read_table(profile_path, PROFILE_COLUMNS)
+    merged = graph.nodes.merge(prof[PROFILE_COLUMNS], on="name", how="left", validate="one_to_one")
+    missing = merged.loc[merged.time_s.isna(), "name"].tolist()
+    if missing:
+        raise ArtifactError(f"{profile_path} has no timing for op(s) {missing[:5]} of {nodes_path}: profile and graph disagree")
+    graph.nodes = merged
+    return graph
+
+
+def write_graph(nodes_path: str | Path, tensors_path: str | Path, summary_path: str | Path, nodes: pd.DataFrame, tensors: pd.DataFrame, summary: dict[str, Any]) -> None:
+    """Write the three graph artifacts atomically."""
+    write_table(nodes_path, nodes)
+    write_table(tensors_path, tensors)
+    write_json(summary_path, summary)

@@ -1,0 +1,90 @@
+"""Atomic, open-format artifact I/O (JSON, YAML, Parquet) with clear errors on corrupt files."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+import yaml
+
+
+class ArtifactError(RuntimeError):
+    """An artifact is missing, unreadable or does not have the expected content."""
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; move it onto ``path`` only if the block succeeds."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Write ``data`` as indented JSON, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=_default) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON artifact; a missing or corrupt file raises ArtifactError naming it."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"artifact not found: {path}") from exc
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"corrupt JSON artifact {path}: {exc}") from exc
+
+
+def write_yaml(path: str | os.PathLike[str], data: Any) -> None:
+    """Write ``data`` as YAML, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def write_table(path: str | os.PathLike[str], frame: pd.DataFrame) -> None:
+    """Write a DataFrame as Parquet (``.parquet``) or CSV (``.csv``), atomically."""
+    with atomic_path(path) as tmp:
+        if str(path).endswith(".csv"):
+            frame.to_csv(tmp, index=False)
+        else:
+            frame.to_parquet(tmp, index=False)
+
+
+def read_table(path: str | os.PathLike[str], columns: list[str] | None = None) -> pd.DataFrame:
+    """Read a Parquet/CSV artifact; a missing file, corrupt file or absent column raises ArtifactError."""
+    try:
+        if str(path).endswith(".csv"):
+            frame = pd.read_csv(path)
+        else:
+            frame = pd.read_parquet(path)
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"artifact not found: {path}") from exc
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise ArtifactError(f"corrupt table artifact {path}: {exc}") from exc
+    missing = [c for c in columns or [] if c not in frame.columns]
+    if missing:
+        raise ArtifactError(f"artifact {path} lacks column(s) {missing}")
+    return frame

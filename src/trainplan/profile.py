@@ -1,0 +1,189 @@
+"""Measure each op of a traced training step: median time over repetitions after warm-up, plus recompute cost."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+from torch.fx.node import map_arg
+from tqdm import tqdm
+
+from trainplan.export import is_inplace
+from trainplan.io import ArtifactError
+from trainplan.models import BuiltModel
+from trainplan.trace import TracedStep, trace_training_step
+
+
+@dataclass
+class ProfileResult:
+    """Per-op timings (seconds) and the whole-step timing they are checked against."""
+
+    ops: pd.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _sync_fn(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def _last_uses(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """For each node, the values whose last use it is (freed right after it, as compiled fx code does)."""
+    seen: set[torch.fx.Node] = set()
+    out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in reversed(graph.nodes):
+        for inp in node.all_input_nodes:
+            if inp not in seen:
+                seen.add(inp)
+                out.setdefault(node, []).append(inp)
+    return out
+
+
+def timed_run(
+    gm: torch.fx.GraphModule, inputs: list[torch.Tensor], sync: Callable[[], None], keep_values: bool
+) -> tuple[dict[str, int], dict[torch.fx.Node, Any]]:
+    """Run the graph op by op; an op's time includes freeing the values it used last (unless ``keep_values``)."""
+    env: dict[torch.fx.Node, Any] = {}
+    feed = iter(inputs)
+    last_uses = _last_uses(gm.graph)
+    times: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(feed)
+            continue
+        if node.op == "get_attr":
+            env[node] = getattr(gm, str(node.target))
+            continue
+        if node.op == "output":
+            break
+        sync()
+        start = time.perf_counter_ns()
+        args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)
+        env[node] = node.target(*args, **kwargs)
+        del args, kwargs
+        if not keep_values:
+            for dead in last_uses.get(node, []):
+                env.pop(dead, None)
+        sync()
+        times[node.name] = time.perf_counter_ns() - start
+    return times, env
+
+
+def _time_recompute(gm: torch.fx.GraphModule, env: dict[torch.fx.Node, Any], names: set[str], sync: Callable[[], None]) -> dict[str, int]:
+    """Re-run each named forward op on its saved inputs, as recomputation would, and time it."""
+    out: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.name not in names:
+            continue
+        args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)
+        sync()
+        start = time.perf_counter_ns()
+        node.target(*args, **kwargs)
+        sync()
+        out[node.name] = time.perf_counter_ns() - start
+    return out
+
+
+def profile_step(
+    traced: TracedStep,
+    flat: list[torch.Tensor],
+    recompute_ops: list[str],
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    device: str = "cpu",
+    progress: bool = True,
+) -> ProfileResult:
+    """Median per-op times, recompute times of ``recompute_ops``, and the median time of the whole compiled step.
+
+    Each repetition runs the compiled step, then the op-by-op run, then (on kept values) the recompute run,
+    so the three see the same machine state; the first ``warmup`` repetitions are discarded.
+    """
+    dev = torch.device(device)
+    sync = _sync_fn(dev)
+    inputs = [t.detach().to(dev) for t in flat]
+    gm = traced.gm.to(dev)
+    names = set(recompute_ops)
+    step_ns: list[int] = []
+    op_ns: dict[str, list[int]] = {}
+    rec_ns: dict[str, list[int]] = {}
+    with torch.no_grad():
+        for i in tqdm(range(warmup + repeats), desc=f"profile {traced.model}", disable=not progress):
+            sync()
+            start = time.perf_counter_ns()
+            gm(*inputs)
+            sync()
+            whole = time.perf_counter_ns() - start
+            times, _ = timed_run(gm, inputs, sync, keep_values=False)
+            _, env = timed_run(gm, inputs, sync, keep_values=True)
+            recompute = _time_recompute(gm, env, names, sync)
+            del env
+            if i < warmup:
+                continue
+            step_ns.append(whole)
+            for name, ns in times.items():
+                op_ns.setdefault(name, []).append(ns)
+            for name, ns in recompute.items():
+                rec_ns.setdefault(name, []).append(ns)
+    ops = pd.DataFrame(
+        [
+            {
+                "name": name,
+                "time_s": statistics.median(ns) / 1e9,
+                "time_mean_s": statistics.fmean(ns) / 1e9,
+                "time_min_s": min(ns) / 1e9,
+                "recompute_s": statistics.median(rec_ns[name]) / 1e9 if name in rec_ns else float("nan"),
+            }
+            for name, ns in op_ns.items()
+        ]
+    )
+    step_s = statistics.median(step_ns) / 1e9
+    op_sum = float(ops.time_s.sum())
+    summary = {
+        "model": traced.model,
+        "device": str(dev),
+        "repeats": repeats,
+        "warmup": warmup,
+        "threads": torch.get_num_threads(),
+        "step_time_s": step_s,
+        "step_time_runs_s": [ns / 1e9 for ns in step_ns],
+        "op_sum_s": op_sum,
+        "op_sum_over_step": op_sum / step_s,
+        "torch": torch.__version__,
+    }
+    return ProfileResult(ops, summary)
+
+
+def profile_model(
+    built: BuiltModel,
+    nodes: pd.DataFrame,
+    *,
+    device: dict[str, Any],
+    repeats: int,
+    warmup: int,
+    progress: bool = True,
+) -> ProfileResult:
+    """Trace ``built`` again on the device, check it matches the exported ``nodes``, and profile it.
+
+    Adds ``transfer_s`` = bytes the op allocates / host-link bandwidth of ``device``.
+    """
+    traced, flat = trace_training_step(built)
+    traced_names = [n.name for n in traced.gm.graph.nodes if n.op == "call_function"]
+    if traced_names != nodes["name"].tolist():
+        raise ArtifactError(
+            f"model '{built.name}': the traced graph ({len(traced_names)} ops) differs from the exported one "
+            f"({len(nodes)} ops); re-run the export for this device and torch version"
+        )
+    recompute = nodes.loc[(nodes.phase == "forward") & ~nodes.is_view & ~nodes.op.map(is_inplace), "name"]
+    result = profile_step(traced, flat, recompute.tolist(), repeats=repeats, warmup=warmup,
+                          device=device["type"], progress=progress)
+    bandwidth = float(device["host_link_gbytes_per_s"]) * 1e9
+    result.ops = nodes[["node_id", "name", "phase"]].merge(result.ops, on="name", validate="one_to_one")
+    result.ops["transfer_s"] = nodes["alloc_bytes"].to_numpy() / bandwidth
+    result.summary["host_link_bytes_per_s"] = bandwidth
+    return result

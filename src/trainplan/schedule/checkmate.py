@@ -1,0 +1,151 @@
+"""Baseline 3: Checkmate's recompute-only MILP (Jain et al. 2020) on CP-SAT.
+
+Stage t computes op t for the first time; R[t,i] = op i computed in stage t, S[t,i] = i kept on
+device from stage t-1 into t, FREE[t,i,k] = i freed right after computing k in stage t. Memory
+U[t,k] is tracked after each computation; the model has O(n^2) stages x positions, so large graphs
+are not built (the result says so) or time out (the best incumbent is reported, if any).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from trainplan.schedule.heuristic import greedy
+from trainplan.schedule.mip import _ticks
+from trainplan.schedule.problem import Problem
+from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
+
+MAX_VARIABLES = 300_000
+
+
+def model_size(problem: Problem) -> int:
+    """Number of R, S, FREE and U variables the model would have."""
+    n = problem.n
+    per_pos = [len(ins) + 1 for ins in problem.inputs]
+    free = sum(sum(per_pos[: t + 1]) for t in range(n))
+    return free + 2 * n * (n + 1) // 2 + n * (n + 1) // 2
+
+
+def _stage_hint(problem: Problem, events: list[tuple[str, str]]) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+    """(R, S) index sets of a recompute-only event list: stage = index of the next first compute."""
+    n = problem.n
+    R: set[tuple[int, int]] = set()
+    resident_at_start: list[set[int]] = []
+    resident: set[int] = set()
+    used_in: list[set[int]] = [set() for _ in range(n)]
+    t = 0
+    for kind, oid in events:
+        u = problem.index[oid]
+        if kind == "compute":
+            if t < n:
+                R.add((t, u))
+                used_in[t].update(problem.inputs[u])
+            resident.add(u)
+            if u == t:
+                t += 1
+                resident_at_start.append(set(resident))
+        elif kind == "free":
+            resident.discard(u)
+    S: set[tuple[int, int]] = set()
+    keep_next = set(problem.keep_idx)
+    for t in range(n - 1, 0, -1):  # keep i into stage t only if stage t uses it or passes it on
+        keep_now = {i for i in resident_at_start[t - 1] if i < t and (i in used_in[t] or i in keep_next)}
+        S.update((t, i) for i in keep_now)
+        keep_next = keep_now
+    return R, S
+
+
+def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0) -> Schedule:
+    """Solve the recompute-only MILP at ``problem.budget_bytes``; report the solver status honestly."""
+    t0 = time.perf_counter()
+    p, n, budget = problem, problem.n, problem.budget_bytes
+    size = model_size(p)
+    if size > MAX_VARIABLES:
+        return no_schedule(budget, "checkmate", time.perf_counter() - t0,
+                           f"model not built: {size} variables > {MAX_VARIABLES} (O(n^2) stage grid)",
+                           {"milp_status": "NOT_BUILT"})
+    cap = budget - p.fixed_bytes
+    if cap < 0:
+        return no_schedule(budget, "checkmate", time.perf_counter() - t0, "fixed_bytes exceed the budget",
+                           {"milp_status": "INFEASIBLE"})
+    bu = max(1, math.ceil(cap / 2**30))
+    tu = 1e-9
+    b = [math.ceil(op.bytes / bu) for op in p.ops]
+    m = cp_model.CpModel()
+    R: dict[tuple[int, int], Any] = {}
+    S: dict[tuple[int, int], Any] = {}
+    for t in range(n):
+        for i in range(t + 1):
+            R[t, i] = m.NewConstant(1) if i == t else (
+                m.NewBoolVar(f"R{t}_{i}") if p.ops[i].recompute else m.NewConstant(0))
+        for i in range(t):
+            S[t, i] = m.NewBoolVar(f"S{t}_{i}")
+    for i in range(n):  # the final state: keep ops on device, nothing else
+        S[n, i] = m.NewConstant(1 if i in p.keep_idx else 0)
+    for t in range(n):
+        for j in range(t + 1):
+            for i in p.inputs[j]:
+                m.Add(R[t, j] <= R[t, i] + S[t, i])  # inputs on device before a compute
+            m.Add(S[t + 1, j] <= R[t, j] + (S[t, j] if j < t else 0))  # kept only if present
+            if j < t:
+                m.Add(R[t, j] + S[t, j] <= 1)  # never recompute a resident op
+        U = sum(b[i] * S[t, i] for i in range(t))
+        for k in range(t + 1):  # memory after computing k, then frees of k's inputs and k
+            U = U + b[k] * R[t, k]
+            m.Add(U + math.ceil(p.ops[k].workspace / bu) * R[t, k] <= cap // bu)
+            freed = []
+            for i in (*p.inputs[k], k):
+                later = [R[t, j] for j in p.users[i] if k < j <= t]
+                lits = [R[t, k], S[t + 1, i].Not(), *[r.Not() for r in later]]
+                f = m.NewBoolVar(f"F{t}_{i}_{k}")
+                m.AddBoolAnd(lits).OnlyEnforceIf(f)
+                m.AddBoolOr([x.Not() for x in lits] + [f])
+                freed.append(b[i] * f)
+            u_next = m.NewIntVar(0, cap // bu, f"U{t}_{k}")
+            m.Add(u_next == U - sum(freed))
+            U = u_next
+    m.Minimize(sum(_ticks(p.ops[i].time, tu) * R[t, i] for (t, i) in R))
+    hint = greedy(p, budget, allow_swap=False)
+    if hint is not None:
+        hr, hs = _stage_hint(p, hint)
+        for key, var in R.items():
+            if key[0] != key[1] and p.ops[key[1]].recompute:
+                m.AddHint(var, key in hr)
+        for key, var in S.items():
+            if key[0] < n:
+                m.AddHint(var, key in hs)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = max(1, workers)
+    solver.parameters.random_seed = seed
+    code = solver.Solve(m)
+    status = solver.StatusName(code)
+    wall = time.perf_counter() - t0
+    extra = {"milp_status": status, "milp_variables": len(m.Proto().variables), "time_unit_s": tu, "byte_unit": bu}
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        note = "time limit without a solution" if code == cp_model.UNKNOWN else "recompute-only infeasible at this budget"
+        return no_schedule(budget, "checkmate", wall, note, extra)
+    extra["milp_bound_recompute_only"] = solver.BestObjectiveBound() * tu
+    events: list[tuple[str, str]] = []
+    resident: set[int] = set()
+    for t in range(n):
+        for k in range(t + 1):
+            if not solver.BooleanValue(R[t, k]):
+                continue
+            events.append(("compute", p.ops[k].id))
+            resident.add(k)
+            for i in (*p.inputs[k], k):
+                later = any(solver.BooleanValue(R[t, j]) for j in p.users[i] if k < j <= t)
+                if not later and not solver.BooleanValue(S[t + 1, i]) and i in resident:
+                    events.append(("free", p.ops[i].id))
+                    resident.discard(i)
+        for i in sorted(resident):
+            if not solver.BooleanValue(S[t + 1, i]):
+                events.append(("free", p.ops[i].id))
+                resident.discard(i)
+    return from_events(p, events, budget_bytes=budget, method="checkmate", solve_seconds=wall,
+                       optimal=False, extra=extra)

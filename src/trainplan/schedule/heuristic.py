@@ -1,0 +1,188 @@
+"""Greedy simulation of the program order with eviction (swap or drop-and-recompute) under a cap.
+
+The same engine, with other knobs, gives the no-recompute, swap-only and sqrt(n) baselines.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+
+from trainplan.schedule.problem import Problem
+
+Events = list[tuple[str, str]]
+POLICIES = ("belady", "cost")
+INF = math.inf
+
+
+class Simulator:
+    """Runs ops in program order, rematerialising missing inputs and evicting to stay under a cap.
+
+    ``budget_bytes=None`` never evicts. ``policy`` picks the eviction victim: "belady" = furthest
+    next use (then largest), "cost" = cheapest restore cost per byte and step held. The eviction
+    action (swap out vs drop) and the restore action (swap in vs recompute) are chosen by cost.
+    """
+
+    def __init__(self, problem: Problem, budget_bytes: int | None, *, allow_swap: bool = True,
+                 allow_recompute: bool = True, policy: str = "belady") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}")
+        self.p = problem
+        self.cap = None if budget_bytes is None else budget_bytes - problem.fixed_bytes
+        self.allow_swap, self.allow_recompute, self.policy = allow_swap, allow_recompute, policy
+        self.resident: set[int] = set()
+        self.host: set[int] = set()
+        self.used = 0
+        self.events: Events = []
+        self.touched: list[int] = []
+
+    def can_swap(self, u: int) -> bool:
+        return self.allow_swap and self.p.ops[u].swap
+
+    def can_recompute(self, u: int) -> bool:
+        return self.allow_recompute and self.p.ops[u].recompute
+
+    def _emit(self, kind: str, u: int) -> None:
+        self.events.append((kind, self.p.ops[u].id))
+
+    def _compute(self, u: int) -> None:
+        self._emit("compute", u)
+        self.resident.add(u)
+        self.used += self.p.ops[u].bytes
+        self.touched.append(u)
+
+    def free(self, u: int) -> None:
+        self._emit("free", u)
+        self.resident.discard(u)
+        self.used -= self.p.ops[u].bytes
+
+    def restore_cost(self, u: int, memo: dict[int, float] | None = None) -> float:
+        """Estimated seconds to make a non-resident u resident again (inf if impossible)."""
+        if u in self.resident:
+            return 0.0
+        memo = {} if memo is None else memo
+        if u not in memo:
+            memo[u] = INF
+            best = 2 * INF
+            if u in self.host and self.can_swap(u):
+                best = self.p.transfer_time(u)
+            if self.can_recompute(u):
+                rc = self.p.ops[u].time + sum(self.restore_cost(w, memo) for w in self.p.inputs[u])
+                best = min(best, rc)
+            memo[u] = best
+        return memo[u]
+
+    def _evict_cost(self, u: int, t: int) -> tuple[float, bool]:
+        """(cost, by_swap) of evicting u now and bringing it back at its next use."""
+        if self.p.next_use(u, t) is None:
+            return 0.0, False
+        swap = INF
+        if self.can_swap(u):
+            swap = (0.0 if u in self.host else self.p.transfer_time(u)) + self.p.transfer_time(u)
+        drop = INF
+        if self.can_recompute(u):
+            memo: dict[int, float] = {}
+            drop = self.p.ops[u].time + sum(self.restore_cost(w, memo) for w in self.p.inputs[u])
+        return (swap, True) if swap <= drop else (drop, False)
+
+    def make_room(self, need: int, protected: set[int], t: int) -> bool:
+        """Evict until ``need`` more bytes fit; False if nothing evictable is left."""
+        if self.cap is None:
+            return True
+        while self.used + need > self.cap:
+            best: tuple[float, ...] | None = None
+            victim = -1
+            for u in self.resident:
+                if u in protected:
+                    continue
+                cost, _ = self._evict_cost(u, t)
+                if cost == INF:
+                    continue
+                nu = self.p.next_use(u, t)
+                dist = (self.p.n + 1 if nu is None else nu) - t + 1
+                size = self.p.ops[u].bytes
+                if self.policy == "belady":
+                    key = (-(nu is None), -dist, -size, u)
+                else:
+                    key = (-(nu is None), cost / (max(size, 1) * dist), -size, u)
+                if best is None or key < best:
+                    best, victim = key, u
+            if victim < 0:
+                return False
+            cost, by_swap = self._evict_cost(victim, t)
+            if by_swap and cost > 0 and victim not in self.host:
+                self._emit("swap_out", victim)
+                self.host.add(victim)
+            self.free(victim)
+        return True
+
+    def ensure(self, u: int, protected: set[int], t: int) -> bool:
+        """Make u resident before step t (swap in or recompute, recursively); False if impossible."""
+        if u in self.resident:
+            return True
+        swap = self.p.transfer_time(u) if (u in self.host and self.can_swap(u)) else INF
+        rc = INF
+        if self.can_recompute(u):
+            rc = self.p.ops[u].time + sum(self.restore_cost(w) for w in self.p.inputs[u])
+        if swap == INF and rc == INF:
+            return False
+        if swap <= rc:
+            if not self.make_room(self.p.ops[u].bytes, protected, t):
+                return False
+            self._emit("swap_in", u)
+            self.resident.add(u)
+            self.used += self.p.ops[u].bytes
+            self.touched.append(u)
+            return True
+        inner = protected | {u, *self.p.inputs[u]}
+        for w in self.p.inputs[u]:
+            if not self.ensure(w, inner, t):
+                return False
+        op = self.p.ops[u]
+        if not self.make_room(op.bytes + op.workspace, inner, t):
+            return False
+        self._compute(u)
+        return True
+
+    def step(self, i: int) -> bool:
+        """Bring i's inputs in, make room, compute i (first time) and free what is dead."""
+        protected = {i, *self.p.inputs[i]}
+        for w in self.p.inputs[i]:
+            if not self.ensure(w, protected, i):
+                return False
+        op = self.p.ops[i]
+        if not self.make_room(op.bytes + op.workspace, protected, i):
+            return False
+        self._compute(i)
+        for u in {*self.p.inputs[i], *self.touched}:
+            if u in self.resident and self.p.next_use(u, i + 1) is None:
+                self.free(u)
+        self.touched = []
+        return True
+
+    def finish(self) -> bool:
+        """Make every keep op resident at the end."""
+        keep = set(self.p.keep_idx)
+        return all(self.ensure(k, keep, self.p.n) for k in sorted(keep))
+
+    def run(self, after_step: Callable[[Simulator, int], None] | None = None) -> Events | None:
+        """Simulate the whole program; the events, or None if the cap cannot be met."""
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 4 * self.p.n + 200))
+        try:
+            for i in range(self.p.n):
+                if not self.step(i):
+                    return None
+                if after_step is not None:
+                    after_step(self, i)
+            return self.events if self.finish() else None
+        finally:
+            sys.setrecursionlimit(limit)
+
+
+def greedy(problem: Problem, budget_bytes: int, *, allow_swap: bool = True,
+           allow_recompute: bool = True, policy: str = "belady") -> Events | None:
+    """One greedy run under ``budget_bytes``; None if it could not stay under the cap."""
+    return Simulator(problem, budget_bytes, allow_swap=allow_swap, allow_recompute=allow_recompute,
+                     policy=policy).run()

@@ -1,0 +1,295 @@
+"""Our CP-SAT model: interval formulation of swap + recompute on a grid of event positions.
+
+Block i (one per op, plus a final block n) holds K_i rematerialisation slots followed, for i < n,
+by the first compute of op i at a fixed position (execution order). Each op u has up to C
+residency copies: copy 0 starts at u's first compute, copy k >= 1 is optional and starts in a
+later slot, materialised by a recompute or a swap-in. A copy is the interval [start, end] during
+which u is on the device; the cap is one cumulative constraint over all copies plus the
+one-position workspace of every compute. See docs/schedule.md for the constraint families.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from trainplan.schedule.problem import Problem
+
+log = logging.getLogger(__name__)
+Events = list[tuple[str, str]]
+
+
+@dataclass
+class MipResult:
+    """Outcome of one CP-SAT solve; ``bound_s`` is a valid lower bound on the true step time."""
+
+    events: Events | None
+    status: str
+    objective_s: float | None
+    bound_s: float | None
+    wall_s: float
+    first_solution_s: float | None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Copy:
+    block: int
+    slot: int  # index among the block's remat slots; -1 = the block's first compute
+    end: tuple[int, int]  # (block, slot) of the last event that reads it
+    kind: str  # "first" | "recompute" | "swap_in"
+
+
+def copies_from_events(problem: Problem, events: Events) -> tuple[list[list[_Copy]], dict[tuple[int, int, int], int], list[int]]:
+    """Map a valid event list onto the grid: copies per op, covering copy per (v, copy, input) and
+    the number of remat events per block. A copy ends at the last compute that read it (its free
+    moved as early as possible); keep ops resident at the end are extended to the horizon later."""
+    p = problem
+    copies: list[list[_Copy]] = [[] for _ in p.ops]
+    current: list[int | None] = [None] * p.n
+    cover: dict[tuple[int, int, int], int] = {}
+    used = [0] * (p.n + 1)
+    block = 0
+    for kind, oid in events:
+        u = p.index[oid]
+        if kind not in ("compute", "swap_in"):
+            if kind == "free":
+                current[u] = None
+            continue
+        first = kind == "compute" and not copies[u]
+        if first:
+            assert u == block, "first computes must follow program order"
+            where = (block, -1)
+        else:
+            where = (block, used[block])
+            used[block] += 1
+        k = len(copies[u])
+        copies[u].append(_Copy(where[0], where[1], where, "first" if first else
+                               ("recompute" if kind == "compute" else "swap_in")))
+        if kind == "compute":
+            for w in p.inputs[u]:
+                c = current[w]
+                assert c is not None, "events must be replay-valid"
+                copies[w][c].end = max(copies[w][c].end, where, key=lambda bs: (bs[0], bs[1] if bs[1] >= 0 else 1 << 30))
+                cover[(u, k, w)] = c
+        current[u] = k
+        if first:
+            block += 1
+    return copies, cover, used
+
+
+class _FirstSolution(cp_model.CpSolverSolutionCallback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.t0 = time.perf_counter()
+        self.first: float | None = None
+        self.count = 0
+
+    def on_solution_callback(self) -> None:
+        if self.first is None:
+            self.first = time.perf_counter() - self.t0
+        self.count += 1
+
+
+def _ticks(seconds: float, unit: float) -> int:
+    """Seconds to integer ticks, rounded down (so the solver's bound stays a lower bound); the 1e-6
+    tick slack absorbs float error such as 1 / 1e-9 = 999999999.9999999."""
+    return math.floor(seconds / unit + 1e-6)
+
+
+def _units(problem: Problem, cap: int, copies: int) -> tuple[float, int]:
+    """Time unit (s, >= 1 ns, fine enough that the worst objective stays < 2^50) and byte unit."""
+    worst = copies * sum(op.time + 2 * problem.transfer_time(u) for u, op in enumerate(problem.ops))
+    unit = 1e-9
+    while worst / unit > 2**50:
+        unit *= 10
+    return unit, max(1, math.ceil(cap / 2**30))
+
+
+def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
+              seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
+              deterministic: bool = True, verbose: bool = False) -> MipResult:
+    """Build and solve the CP-SAT model; decode the best solution into events.
+
+    ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
+    (defaults: C = 3, K = n up to 60 ops, else C = 2, K = 2; both raised to fit the hint).
+    ``deterministic``: stop on deterministic time with ``interleave_search``, so a fixed seed gives
+    the same answer for any worker count (wall-clock cap 3x + 10 s as a safety net); otherwise stop
+    on wall time with the parallel portfolio.
+    """
+    t0 = time.perf_counter()
+    p, n = problem, problem.n
+    cap = budget_bytes - p.fixed_bytes
+    if cap < 0:
+        return MipResult(None, "INFEASIBLE", None, None, time.perf_counter() - t0, None,
+                         {"note": "fixed_bytes exceed the budget"})
+    small = n <= 60
+    C = copies or (3 if small else 2)
+    K = [slots or (n if small else 2)] * (n + 1)
+    hint_copies, hint_cover = None, {}
+    if hint:
+        hint_copies, hint_cover, used = copies_from_events(p, hint)
+        C = max(C, max(len(c) for c in hint_copies))
+        K = [max(k, c) for k, c in zip(K, used)]
+    base = [0] * (n + 1)
+    for b in range(1, n + 1):
+        base[b] = base[b - 1] + K[b - 1] + 1
+    H = base[n] + K[n]
+    fpos = [base[i] + K[i] for i in range(n)]
+    tu, bu = _units(p, cap, C)
+    ncop = [C if (op.recompute or op.swap) else 1 for op in p.ops]
+    m = cp_model.CpModel()
+
+    def remat_slots(after: int) -> cp_model.Domain:
+        return cp_model.Domain.FromValues([base[b] + j for b in range(after + 1, n + 1) for j in range(K[b])])
+
+    true = m.NewConstant(1)
+    s = [[m.NewConstant(fpos[u])] + [m.NewIntVarFromDomain(remat_slots(u), f"s{u}_{k}") for k in range(1, ncop[u])]
+         for u in range(n)]
+    e = [[m.NewIntVar(fpos[u] if k == 0 else 0, H - 1, f"e{u}_{k}") for k in range(ncop[u])] for u in range(n)]
+    size = [[m.NewIntVar(1, H, f"l{u}_{k}") for k in range(ncop[u])] for u in range(n)]
+    pres: list[list[Any]] = [[true] for _ in range(n)]
+    rc: list[list[Any]] = [[None] for _ in range(n)]
+    sw: list[list[Any]] = [[None] for _ in range(n)]
+    out: list[Any] = [None] * n
+    mem_iv, mem_dem, ws_iv, ws_dem, remat_iv = [], [], [], [], []
+    objective = []
+    for u, op in enumerate(p.ops):
+        ct, xt = _ticks(op.time, tu), _ticks(p.transfer_time(u), tu)
+        objective.append(ct)
+        if ncop[u] > 1 and op.swap:
+            out[u] = m.NewBoolVar(f"out{u}")  # result kept on host (one swap-out)
+            objective.append(xt * out[u])
+        for k in range(ncop[u]):
+            if k:
+                pres[u].append(m.NewBoolVar(f"p{u}_{k}"))
+                rc[u].append(m.NewBoolVar(f"rc{u}_{k}") if op.recompute else None)
+                sw[u].append(m.NewBoolVar(f"sw{u}_{k}") if op.swap else None)
+                m.Add(sum(x for x in (rc[u][k], sw[u][k]) if x is not None) == pres[u][k])  # recompute or swap-in
+                m.AddImplication(pres[u][k], pres[u][k - 1])  # symmetry: copies used in order
+                m.Add(s[u][k] >= e[u][k - 1] + 1).OnlyEnforceIf(pres[u][k])  # disjoint, ordered copies
+                if rc[u][k] is not None:
+                    objective.append(ct * rc[u][k])
+                if sw[u][k] is not None:
+                    m.AddImplication(sw[u][k], out[u])  # swap-in needs the host copy
+                    objective.append(xt * sw[u][k])
+                remat_iv.append(m.NewOptionalFixedSizeIntervalVar(s[u][k], 1, pres[u][k], f"v{u}_{k}"))
+            mem_iv.append(m.NewOptionalIntervalVar(s[u][k], size[u][k], e[u][k] + 1, pres[u][k], f"m{u}_{k}"))
+            mem_dem.append(math.ceil(op.bytes / bu))
+            if op.workspace and (k == 0 or rc[u][k] is not None):
+                ws_iv.append(m.NewOptionalFixedSizeIntervalVar(s[u][k], 1, true if k == 0 else rc[u][k], f"w{u}_{k}"))
+                ws_dem.append(math.ceil(op.workspace / bu))
+        if u in p.keep_idx:  # result on device at the end: the last copy reaches the horizon
+            z = [m.NewBoolVar(f"z{u}_{k}") for k in range(ncop[u])]
+            for k, zk in enumerate(z):
+                m.Add(e[u][k] == H - 1).OnlyEnforceIf(zk)
+                m.AddImplication(zk, pres[u][k])
+            m.AddBoolOr(z)
+    if remat_iv:
+        m.AddNoOverlap(remat_iv)  # one remat event per slot
+    m.AddCumulative(mem_iv + ws_iv, mem_dem + ws_dem, cap // bu)  # device-memory capacity
+
+    ys: dict[tuple[int, int, int, int], Any] = {}
+    for v in range(n):  # a compute needs every input resident: some copy of w covers it
+        for k in range(ncop[v]):
+            if k and rc[v][k] is None:
+                continue
+            for w in p.inputs[v]:
+                lits = []
+                for c in range(ncop[w]):
+                    y = m.NewBoolVar(f"y{w}_{c}_{v}_{k}")
+                    if c:
+                        m.AddImplication(y, pres[w][c])
+                        m.Add(s[w][c] + 1 <= s[v][k]).OnlyEnforceIf(y)
+                    elif k:
+                        m.Add(s[v][k] >= fpos[w] + 1).OnlyEnforceIf(y)
+                    m.Add(e[w][c] >= s[v][k]).OnlyEnforceIf(y)
+                    ys[(w, c, v, k)] = y
+                    lits.append(y)
+                m.AddBoolOr(lits if k == 0 else lits + [rc[v][k].Not()])
+    m.Minimize(sum(objective))
+
+    if hint_copies is not None:
+        def pos(bs: tuple[int, int]) -> int:
+            return fpos[bs[0]] if bs[1] < 0 else base[bs[0]] + bs[1]
+        for u in range(n):
+            cs = hint_copies[u]
+            for k in range(ncop[u]):
+                c = cs[k] if k < len(cs) else None
+                start = pos((c.block, c.slot)) if c else (fpos[u] if k == 0 else 0)
+                end = H - 1 if (c and u in p.keep_idx and k == len(cs) - 1) else (pos(c.end) if c else start)
+                if k:
+                    m.AddHint(s[u][k], start if c else remat_slots(u).min())
+                    m.AddHint(pres[u][k], c is not None)
+                    if rc[u][k] is not None:
+                        m.AddHint(rc[u][k], c is not None and c.kind == "recompute")
+                    if sw[u][k] is not None:
+                        m.AddHint(sw[u][k], c is not None and c.kind == "swap_in")
+                    if not c:
+                        end = start = 0
+                m.AddHint(e[u][k], end)
+                m.AddHint(size[u][k], end - start + 1)
+            if out[u] is not None:
+                m.AddHint(out[u], any(c.kind == "swap_in" for c in cs))
+        for (w, c, v, k), y in ys.items():
+            m.AddHint(y, hint_cover.get((v, k, w)) == c)
+
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.num_workers = max(1, workers)
+    prm.random_seed = seed
+    prm.log_search_progress = verbose
+    if deterministic:
+        prm.interleave_search = True
+        prm.max_deterministic_time = time_limit_s
+        prm.max_time_in_seconds = 3 * time_limit_s + 10
+    else:
+        prm.max_time_in_seconds = time_limit_s
+    build_s = time.perf_counter() - t0
+    cb = _FirstSolution()
+    code = solver.Solve(m, cb)
+    status = solver.StatusName(code)
+    wall = time.perf_counter() - t0
+    stats = {"copies": C, "slots": K[0], "positions": H, "time_unit_s": tu, "byte_unit": bu,
+             "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
+             "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic}
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        obj, bnd = solver.ObjectiveValue() * tu, solver.BestObjectiveBound() * tu
+        log.info("mip %s objective %.6g s bound %.6g s wall %.2f s", status, obj, bnd, wall)
+        events = _decode(p, solver, H, s, e, pres, rc, out)
+        return MipResult(events, status, obj, bnd, wall, None if cb.first is None else cb.first + build_s, stats)
+    log.info("mip %s after %.2f s", status, wall)
+    bound = solver.BestObjectiveBound() * tu if code == cp_model.UNKNOWN else None
+    return MipResult(None, status, None, bound, wall, None, stats)
+
+
+def _decode(p: Problem, solver: cp_model.CpSolver, H: int, s, e, pres, rc, out) -> Events:
+    """Events by position: the compute/swap-in, the first copy's swap-out, then frees of copies ending there."""
+    at: dict[int, tuple[str, int]] = {}
+    outs: set[int] = set()
+    frees: dict[int, list[int]] = {}
+    for u in range(p.n):
+        for k in range(len(s[u])):
+            if k and not solver.BooleanValue(pres[u][k]):
+                continue
+            kind = "compute" if k == 0 or (rc[u][k] is not None and solver.BooleanValue(rc[u][k])) else "swap_in"
+            start, end = solver.Value(s[u][k]), solver.Value(e[u][k])
+            at[start] = (kind, u)
+            if k == 0 and out[u] is not None and solver.BooleanValue(out[u]):
+                outs.add(start)
+            if not (end == H - 1 and u in p.keep_idx):
+                frees.setdefault(end, []).append(u)
+    events: Events = []
+    for pos in range(H):
+        if pos in at:
+            kind, u = at[pos]
+            events.append((kind, p.ops[u].id))
+            if pos in outs:
+                events.append(("swap_out", p.ops[u].id))
+        events.extend(("free", p.ops[u].id) for u in sorted(frees.get(pos, [])))
+    return events

@@ -1,0 +1,67 @@
+"""The Schedule dataclass, built only from replayed events, and its JSON file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainplan.io import write_json
+from trainplan.schedule.problem import Problem
+from trainplan.schedule.replay import replay
+
+STATUSES = ("optimal", "feasible", "infeasible")
+
+
+@dataclass
+class Schedule:
+    """A schedule as written to JSON; ``time`` and ``peak_bytes`` always come from :func:`replay`."""
+
+    status: str
+    events: list[tuple[str, str]]
+    time: float | None
+    peak_bytes: int | None
+    budget_bytes: int
+    bound: float | None
+    gap: float | None
+    solve_seconds: float
+    method: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when the schedule is valid and within its budget."""
+        return self.status in ("optimal", "feasible")
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {k: getattr(self, k) for k in
+                ("status", "time", "peak_bytes", "budget_bytes", "bound", "gap", "solve_seconds", "method")}
+        return {**head, **self.extra, "events": [list(e) for e in self.events]}
+
+
+def from_events(problem: Problem, events: list[tuple[str, str]], *, budget_bytes: int, method: str,
+                solve_seconds: float, bound: float | None = None, optimal: bool = False,
+                extra: dict[str, Any] | None = None) -> Schedule:
+    """Replay ``events`` (must be valid) and build a Schedule; status is infeasible if peak > budget.
+
+    ``bound`` is a lower bound on the time at this budget; gap = (time - bound) / time.
+    """
+    rep = replay(problem, events)
+    fits = rep.peak_bytes <= budget_bytes
+    bound = max(bound or 0.0, problem.compute_time) if fits else None
+    gap = max(0.0, (rep.time - bound) / rep.time) if fits and rep.time > 0 else (0.0 if fits else None)
+    status = ("optimal" if optimal or gap == 0.0 else "feasible") if fits else "infeasible"
+    counts = {"recomputes": rep.recomputes, "swap_ins": rep.swap_ins, "swap_outs": rep.swap_outs}
+    return Schedule(status, list(events), rep.time, rep.peak_bytes, budget_bytes, bound, gap,
+                    solve_seconds, method, {**counts, **(extra or {})})
+
+
+def no_schedule(budget_bytes: int, method: str, solve_seconds: float, note: str,
+                extra: dict[str, Any] | None = None) -> Schedule:
+    """An 'infeasible' schedule without events (no method found one)."""
+    return Schedule("infeasible", [], None, None, budget_bytes, None, None, solve_seconds, method,
+                    {"note": note, **(extra or {})})
+
+
+def save_schedule(path: str | Path, schedule: Schedule) -> None:
+    write_json(path, schedule.to_dict())

@@ -1,0 +1,140 @@
+"""Portfolio entry point: heuristics give a first schedule at once, CP-SAT improves and bounds it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainplan.schedule import baselines
+from trainplan.schedule.checkmate import checkmate
+from trainplan.schedule.heuristic import POLICIES, greedy
+from trainplan.schedule.mip import solve_mip
+from trainplan.schedule.problem import Problem
+from trainplan.schedule.replay import ScheduleError, replay
+from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
+
+log = logging.getLogger(__name__)
+Events = list[tuple[str, str]]
+METHODS = ("ours", "no_recompute", "sqrt_checkpoint", "checkmate", "swap_only")
+BISECT_TOLERANCE = 0.005
+
+
+def _valid(problem: Problem, events: Events | None, budget: int) -> float | None:
+    """Replayed time of ``events`` if they are valid within ``budget``, else None."""
+    if events is None:
+        return None
+    try:
+        return replay(problem, events, budget).time
+    except ScheduleError as exc:
+        log.warning("discarding an invalid schedule: %s", exc)
+        return None
+
+
+def best_heuristic(problem: Problem, budget: int) -> tuple[Events | None, str]:
+    """Best valid greedy schedule (policies x swap/recompute options) and its name."""
+    best: tuple[float, Events, str] | None = None
+    for allow_swap, allow_rc in ((True, True), (False, True), (True, False)):
+        for policy in POLICIES:
+            events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy)
+            t = _valid(problem, events, budget)
+            if t is not None and (best is None or t < best[0]):
+                name = f"greedy-{policy}-{'swap' if allow_swap else ''}{'+' if allow_swap and allow_rc else ''}{'recompute' if allow_rc else ''}"
+                best = (t, events, name)
+    return (None, "") if best is None else (best[1], best[2])
+
+
+def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, seed: int,
+             deterministic: bool, copies: int | None, verbose: bool) -> Schedule:
+    """Heuristics then CP-SAT at one budget; the best replay-valid schedule with the MIP bound."""
+    t0 = time.perf_counter()
+    events, name = best_heuristic(problem, budget)
+    first = time.perf_counter() - t0 if events is not None else None
+    heur_time = _valid(problem, events, budget)
+    res = solve_mip(problem, budget, time_limit_s=max(0.1, time_limit_s - (time.perf_counter() - t0)),
+                    workers=workers, seed=seed, hint=events, copies=copies, deterministic=deterministic,
+                    verbose=verbose)
+    mip_time = _valid(problem, res.events, budget)
+    if first is None and mip_time is not None:
+        first = res.first_solution_s + (time.perf_counter() - t0 - res.wall_s)
+    mip_info: dict[str, Any] = {"status": res.status, "objective": res.objective_s, "bound": res.bound_s,
+                                "wall_seconds": round(res.wall_s, 3), "replay_time": mip_time, **res.stats}
+    extra = {"heuristic": name or None, "heuristic_time": heur_time, "mip": mip_info,
+             "first_feasible_seconds": first, "time_no_recompute": problem.compute_time}
+    elapsed = time.perf_counter() - t0
+    if mip_time is not None and (heur_time is None or mip_time <= heur_time):
+        return from_events(problem, res.events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
+                           bound=res.bound_s, optimal=res.status == "OPTIMAL", extra=extra)
+    if events is not None:
+        return from_events(problem, events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
+                           bound=res.bound_s, extra=extra)
+    note = "proven infeasible" if res.status == "INFEASIBLE" else "no schedule found within the time limit"
+    return no_schedule(budget, "ours", elapsed, note, extra)
+
+
+def min_feasible_budget(probe: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Smallest budget in (lo, hi] that ``probe`` accepts (lo fails, hi passes), to BISECT_TOLERANCE."""
+    while hi - lo > max(1, int(BISECT_TOLERANCE * hi)):
+        mid = (lo + hi) // 2
+        if probe(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0, *,
+          method: str = "ours", budget_bytes: int | None = None, bisect: bool = True,
+          deterministic: bool = True, copies: int | None = None, verbose: bool = False) -> Schedule:
+    """Schedule ``problem`` at ``budget_bytes`` (default: the problem's) with one method.
+
+    For "ours", an infeasible budget triggers a bisection from the memory floor to the no-recompute
+    peak (probes: greedy, then a short CP-SAT run); the schedule then records ``budget_bytes`` (the
+    smallest feasible budget found), ``requested_budget_bytes`` and a note.
+    """
+    budget = problem.budget_bytes if budget_bytes is None else budget_bytes
+    prob = problem.with_budget(budget)
+    if method != "ours":
+        return _baseline(prob, method, time_limit_s, workers, seed)
+    sched = _ours_at(prob, budget, time_limit_s, workers, seed, deterministic, copies, verbose)
+    if sched.ok or not bisect:
+        return sched
+    t0 = time.perf_counter()
+    nr_peak = replay(prob, baselines.no_recompute_events(prob)).peak_bytes
+    probe_s = max(0.2, time_limit_s / 20)
+
+    def probe(b: int) -> bool:
+        if best_heuristic(prob, b)[0] is not None:
+            return True
+        res = solve_mip(prob, b, time_limit_s=probe_s, workers=workers, seed=seed, copies=copies,
+                        deterministic=deterministic)
+        return _valid(prob, res.events, b) is not None
+
+    found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak)
+    new = _ours_at(prob.with_budget(found), found, time_limit_s, workers, seed, deterministic, copies, verbose)
+    new.extra.update({"requested_budget_bytes": budget, "bisection_seconds": round(time.perf_counter() - t0, 3),
+                      "note": f"requested budget {budget} B is infeasible; smallest feasible budget found "
+                              f"by bisection (tolerance {BISECT_TOLERANCE:.1%}): {found} B"})
+    if not new.ok:
+        new.extra["note"] = f"requested budget {budget} B is infeasible and so is the bisection result {found} B"
+    return new
+
+
+def _baseline(problem: Problem, method: str, time_limit_s: float, workers: int, seed: int) -> Schedule:
+    if method == "no_recompute":
+        return baselines.no_recompute(problem)
+    if method == "sqrt_checkpoint":
+        return baselines.sqrt_checkpoint(problem)
+    if method == "swap_only":
+        return baselines.swap_only(problem)
+    if method == "checkmate":
+        return checkmate(problem, time_limit_s=time_limit_s, workers=workers, seed=seed)
+    raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def compare(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0,
+            **kwargs: Any) -> dict[str, Schedule]:
+    """Every method on the same problem and budget (no bisection), keyed by method name."""
+    return {m: solve(problem, time_limit_s, workers, seed, method=m, bisect=False, **kwargs)
+            if m == "ours" else _baseline(problem, m, time_limit_s, workers, seed) for m in METHODS}

@@ -1,0 +1,130 @@
+"""Trace one training step (forward, loss, backward) of a model into a static aten-level fx graph."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch.fx import traceback as fx_traceback
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.overrides import TorchFunctionMode
+
+from trainplan.models import BuiltModel
+
+
+class TraceError(RuntimeError):
+    """A model's training step cannot be traced; the message names the model and the op."""
+
+
+@dataclass
+class TracedStep:
+    """An fx graph of one training step taking ``params + buffers + batch`` tensors as flat inputs.
+
+    The graph returns ``(loss, *grads)``; a parameter that gets no gradient returns zeros.
+    """
+
+    model: str
+    gm: torch.fx.GraphModule
+    param_names: list[str]
+    buffer_names: list[str]
+    batch_names: list[str]
+    loss_node: str
+
+    def placeholder_kinds(self) -> list[str]:
+        """Kind of each flat input, in placeholder order."""
+        return (
+            ["parameter"] * len(self.param_names)
+            + ["buffer"] * len(self.buffer_names)
+            + ["input"] * len(self.batch_names)
+        )
+
+
+class _LastCall(TorchFunctionMode):
+    """Remember the last torch function called, to name the op where tracing failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = "<none>"
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.last = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _record_module_paths(root: torch.nn.Module) -> Iterator[None]:
+    """Tag every traced forward op with the dotted path of the innermost module running it."""
+    stack: list[str] = []
+
+    def _set() -> None:
+        fx_traceback.current_meta["nn_module_stack"] = {p: (p, "") for p in stack}
+
+    def pre(name: str) -> Any:
+        return lambda _m, _a: (stack.append(name), _set())[-1]
+
+    def post(_name: str) -> Any:
+        return lambda _m, _a, _o: (stack.pop(), _set())[-1]
+
+    handles = []
+    for name, mod in root.named_modules():
+        handles.append(mod.register_forward_pre_hook(pre(name)))
+        handles.append(mod.register_forward_hook(post(name)))
+    try:
+        with fx_traceback.preserve_node_meta():
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """Innermost module path recorded on a traced node ('' when none was)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return list(stack)[-1] if stack else ""
+
+
+def flat_inputs(built: BuiltModel) -> tuple[list[str], list[str], list[str], list[torch.Tensor]]:
+    """Names of parameters, buffers and batch entries, and the flat list of their tensors."""
+    params = dict(built.module.named_parameters())
+    buffers = dict(built.module.named_buffers())
+    batch = {k: v for k, v in built.batch.items() if isinstance(v, torch.Tensor)}
+    flat = list(params.values()) + list(buffers.values()) + list(batch.values())
+    return list(params), list(buffers), list(batch), flat
+
+
+def make_step_fn(built: BuiltModel, param_names: list[str], buffer_names: list[str], batch_names: list[str]) -> Any:
+    """The training step as a function of flat tensors: returns ``(loss, *grads)``."""
+    n_p, n_b = len(param_names), len(buffer_names)
+
+    def step(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        params = dict(zip(param_names, flat[:n_p]))
+        buffers = dict(zip(buffer_names, flat[n_p : n_p + n_b]))
+        batch = dict(zip(batch_names, flat[n_p + n_b :]))
+        out = torch.func.functional_call(built.module, {**params, **buffers}, args=(), kwargs=batch, tie_weights=True)
+        loss = built.loss_fn(out)
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        grads = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params.values(), grads))
+        return (loss, *grads)
+
+    return step
+
+
+def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tensor]]:
+    """Trace ``built``'s training step with fake tensors; return the graph and the real flat inputs."""
+    param_names, buffer_names, batch_names, flat = flat_inputs(built)
+    for p in built.module.parameters():
+        p.requires_grad_(True)
+    step = make_step_fn(built, param_names, buffer_names, batch_names)
+    watcher = _LastCall()
+    try:
+        with watcher, _record_module_paths(built.module):
+            gm = make_fx(step, tracing_mode="fake", record_module_stack=True)(*flat)
+    except Exception as exc:  # any failure inside tracing is reported with the model and op
+        raise TraceError(f"model '{built.name}': tracing failed at op '{watcher.last}': {type(exc).__name__}: {exc}") from exc
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    loss_node = output.args[0][0]
+    if not isinstance(loss_node, torch.fx.Node):
+        raise TraceError(f"model '{built.name}': the loss is not computed from the inputs (constant loss)")
+    return TracedStep(built.name, gm, param_names, buffer_names, batch_names, loss_node.name), flat

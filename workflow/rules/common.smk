@@ -1,0 +1,78 @@
+import importlib.util
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+MODELS = sorted(config["models"])
+DEVICE = config["device"]
+
+
+def _check_config():
+    """Fail at start, naming the key, for references a schema cannot check."""
+    if DEVICE not in config["devices"]:
+        raise WorkflowError(
+            f"config key 'device': '{DEVICE}' is not one of devices {sorted(config['devices'])}"
+        )
+    for name, spec in config["models"].items():
+        if spec.get("source", "transformers") == "transformers":
+            import transformers
+
+            arch = spec["architecture"]
+            if not hasattr(getattr(transformers, arch, None), "config_class"):
+                raise WorkflowError(
+                    f"config key 'models.{name}.architecture': unknown transformers class '{arch}'"
+                )
+        else:
+            target = spec["callable"].partition(":")[0]
+            if importlib.util.find_spec(target.split(".")[0]) is None:
+                raise WorkflowError(
+                    f"config key 'models.{name}.callable': module '{target}' is not importable"
+                )
+
+
+_check_config()
+
+
+wildcard_constraints:
+    model="|".join(MODELS),
+    device="[A-Za-z0-9_-]+",
+
+
+def model_spec(wildcards):
+    """The config entry of the model named by the wildcard."""
+    return config["models"][wildcards.model]
+
+
+def device_spec(wildcards):
+    """The config entry of the device named by the wildcard."""
+    return config["devices"][wildcards.device]
+
+
+def graph_files(model):
+    """Paths of the exported graph artifacts of one model."""
+    return {
+        "nodes": f"results/export/{model}/nodes.parquet",
+        "tensors": f"results/export/{model}/tensors.parquet",
+        "summary": f"results/export/{model}/graph.json",
+    }
+
+
+def export_inputs(wildcards):
+    """Exported graph artifacts of the wildcard's model."""
+    return graph_files(wildcards.model)
+
+
+def all_targets():
+    """Every final artifact of the study."""
+    return expand(
+        [
+            "results/profile/{model}/{device}/ops.parquet",
+            "results/plots/{model}/{device}/op_time.png",
+            "results/plots/{model}/memory.png",
+        ],
+        model=MODELS,
+        device=DEVICE,
+    )

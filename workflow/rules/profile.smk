@@ -1,0 +1,39 @@
+rule profile:
+    input:
+        unpack(export_inputs),
+    output:
+        ops="results/profile/{model}/{device}/ops.parquet",
+        summary="results/profile/{model}/{device}/summary.json",
+    log:
+        "logs/profile/{model}/{device}.log",
+    benchmark:
+        "benchmarks/profile/{model}/{device}.tsv"
+    params:
+        spec=model_spec,
+        device=device_spec,
+        seed=config["seed"],
+        repeats=config["profile"]["repeats"],
+        warmup=config["profile"]["warmup"],
+        torch_threads=config["profile"]["threads"],
+    # Timing needs the machine to itself: take every core the run was given.
+    threads: workflow.cores
+    script:
+        "../scripts/profile.py"
+
+
+rule plot_profile:
+    input:
+        ops="results/profile/{model}/{device}/ops.parquet",
+        summary="results/profile/{model}/{device}/summary.json",
+        nodes="results/export/{model}/nodes.parquet",
+    output:
+        report(
+            "results/plots/{model}/{device}/op_time.png",
+            caption="../report/op_time.rst",
+            category="Profile",
+            labels={"model": "{model}", "figure": "per-op time"},
+        ),
+    log:
+        "logs/plot_profile/{model}/{device}.log",
+    script:
+        "../scripts/plot_profile.py"

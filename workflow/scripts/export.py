@@ -1,0 +1,35 @@
+"""Snakemake adapter: trace one model's training step and write its graph artifacts."""
+
+import time
+
+import torch
+
+from trainplan.artifacts import write_graph
+from trainplan.export import graph_tables, memory_table
+from trainplan.io import write_table
+from trainplan.logs import log_to
+from trainplan.models import build_model
+from trainplan.trace import trace_training_step
+
+with log_to(snakemake.log[0]) as log:
+    name = snakemake.wildcards.model
+    start = time.perf_counter()
+    built = build_model(name, snakemake.params.spec, seed=snakemake.params.seed)
+    traced, _ = trace_training_step(built)
+    tables = graph_tables(traced)
+    memory, mem_summary = memory_table(tables)
+    summary = {
+        **tables.summary,
+        **mem_summary,
+        "spec": snakemake.params.spec,
+        "seed": snakemake.params.seed,
+        "trace_device": "cpu",
+        "torch": torch.__version__,
+        "export_seconds": time.perf_counter() - start,
+    }
+    log.info("model %s: %d ops (%d forward, %d backward), peak %.1f MiB at %s",
+             name, summary["n_ops"], summary["n_forward"], summary["n_backward"],
+             summary["peak_bytes"] / 2**20, summary["peak_node"])
+    write_table(snakemake.output.memory, memory)
+    write_graph(snakemake.output.nodes, snakemake.output.tensors, snakemake.output.summary,
+                tables.nodes, tables.tensors, summary)
