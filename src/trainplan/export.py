@@ -46,6 +46,14 @@ def _flops(node: torch.fx.Node, aliases_input: bool) -> float:
     return float(sum(t.numel() for t in _tensor_values(val) if t is not None))
 
 
+def _input_tensors(node: torch.fx.Node, tensor_of: dict[str, list[str]]) -> list[str]:
+    """Tensor ids a node reads; ``getitem`` reads only the element it selects."""
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        element = f"{node.args[0].name}.{node.args[1]}"
+        return [element] if element in tensor_of.get(node.args[0].name, []) else []
+    return [t for a in node.all_input_nodes for t in tensor_of.get(a.name, [])]
+
+
 def graph_tables(traced: TracedStep) -> GraphTables:
     """Build node and tensor tables from a traced step; storages are de-duplicated across aliases."""
     kinds = iter(traced.placeholder_kinds())
@@ -65,7 +73,7 @@ def graph_tables(traced: TracedStep) -> GraphTables:
         values = _tensor_values(node.meta.get("val"))
         is_op = node.op == "call_function"
         kind = next(kinds) if node.op == "placeholder" else None
-        in_tensors = [t for a in node.all_input_nodes for t in tensor_of.get(a.name, [])]
+        in_tensors = _input_tensors(node, tensor_of)
         in_storages = {storage_of[t] for t in in_tensors}
         ids, new_bytes, aliases = [], 0, False
         for i, val in enumerate(values):

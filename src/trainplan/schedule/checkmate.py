@@ -15,7 +15,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from trainplan.schedule.heuristic import greedy
-from trainplan.schedule.mip import _ticks
+from trainplan.schedule.mip import _ticks, byte_unit, time_unit
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
 
@@ -72,8 +72,7 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
     if cap < 0:
         return no_schedule(budget, "checkmate", time.perf_counter() - t0, "fixed_bytes exceed the budget",
                            {"milp_status": "INFEASIBLE"})
-    bu = max(1, math.ceil(cap / 2**30))
-    tu = 1e-9
+    bu, tu = byte_unit(cap), time_unit(p)
     b = [math.ceil(op.bytes / bu) for op in p.ops]
     m = cp_model.CpModel()
     R: dict[tuple[int, int], Any] = {}

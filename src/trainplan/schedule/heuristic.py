@@ -73,7 +73,7 @@ class Simulator:
             memo[u] = best
         return memo[u]
 
-    def _evict_cost(self, u: int, t: int) -> tuple[float, bool]:
+    def evict_cost(self, u: int, t: int) -> tuple[float, bool]:
         """(cost, by_swap) of evicting u now and bringing it back at its next use."""
         if self.p.next_use(u, t) is None:
             return 0.0, False
@@ -96,7 +96,7 @@ class Simulator:
             for u in self.resident:
                 if u in protected:
                     continue
-                cost, _ = self._evict_cost(u, t)
+                cost, _ = self.evict_cost(u, t)
                 if cost == INF:
                     continue
                 nu = self.p.next_use(u, t)
@@ -110,12 +110,16 @@ class Simulator:
                     best, victim = key, u
             if victim < 0:
                 return False
-            cost, by_swap = self._evict_cost(victim, t)
-            if by_swap and cost > 0 and victim not in self.host:
-                self._emit("swap_out", victim)
-                self.host.add(victim)
-            self.free(victim)
+            self.evict(victim, t)
         return True
+
+    def evict(self, u: int, t: int) -> None:
+        """Free u now, swapping it out first when that is the cheaper way to get it back."""
+        cost, by_swap = self.evict_cost(u, t)
+        if by_swap and cost > 0 and u not in self.host:
+            self._emit("swap_out", u)
+            self.host.add(u)
+        self.free(u)
 
     def ensure(self, u: int, protected: set[int], t: int) -> bool:
         """Make u resident before step t (swap in or recompute, recursively); False if impossible."""
@@ -179,6 +183,19 @@ class Simulator:
             return self.events if self.finish() else None
         finally:
             sys.setrecursionlimit(limit)
+
+
+def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]]) -> Events | None:
+    """Evict after each step the tensors whose gap to their next reader a relaxation chose not to
+    keep (see bounds.relaxation_bound); cost-based eviction remains as the fallback under the cap."""
+
+    def follow(sim: Simulator, i: int) -> None:
+        for u in sorted(sim.resident):
+            nu = problem.next_use(u, i + 1)
+            if nu is not None and (u, nu) in evict and sim.evict_cost(u, i + 1)[0] < INF:
+                sim.evict(u, i + 1)
+
+    return Simulator(problem, budget_bytes, policy="cost").run(after_step=follow)
 
 
 def greedy(problem: Problem, budget_bytes: int, *, allow_swap: bool = True,

@@ -102,23 +102,29 @@ def _ticks(seconds: float, unit: float) -> int:
     return math.floor(seconds / unit + 1e-6)
 
 
-def _units(problem: Problem, cap: int, copies: int) -> tuple[float, int]:
-    """Time unit (s, >= 1 ns, fine enough that the worst objective stays < 2^50) and byte unit."""
-    worst = copies * sum(op.time + 2 * problem.transfer_time(u) for u, op in enumerate(problem.ops))
+def time_unit(problem: Problem) -> float:
+    """Objective tick in seconds: 1 ns, coarsened by 10x until n x the worst per-op cost stays < 2^50."""
+    worst = max(64, problem.n) * sum(op.time + 2 * problem.transfer_time(u) for u, op in enumerate(problem.ops))
     unit = 1e-9
     while worst / unit > 2**50:
         unit *= 10
-    return unit, max(1, math.ceil(cap / 2**30))
+    return unit
+
+
+def byte_unit(cap: int) -> int:
+    """Bytes per memory unit, so the capacity fits in 2^30 units; demands are rounded up."""
+    return max(1, math.ceil(cap / 2**30))
 
 
 def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
               seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
-              deterministic: bool = True, verbose: bool = False) -> MipResult:
+              lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False) -> MipResult:
     """Build and solve the CP-SAT model; decode the best solution into events.
 
     ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
     (defaults: C = 3, K = n up to 60 ops, else C = 2, K = 2; both raised to fit the hint).
-    ``deterministic``: stop on deterministic time with ``interleave_search``, so a fixed seed gives
+    ``lower_bound_ticks``: a proven bound in objective ticks (from bounds.relaxation_bound) added
+    as a constraint, so CP-SAT can close the gap.     ``deterministic``: stop on deterministic time with ``interleave_search``, so a fixed seed gives
     the same answer for any worker count (wall-clock cap 3x + 10 s as a safety net); otherwise stop
     on wall time with the parallel portfolio.
     """
@@ -141,7 +147,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         base[b] = base[b - 1] + K[b - 1] + 1
     H = base[n] + K[n]
     fpos = [base[i] + K[i] for i in range(n)]
-    tu, bu = _units(p, cap, C)
+    tu, bu = time_unit(p), byte_unit(cap)
     ncop = [C if (op.recompute or op.swap) else 1 for op in p.ops]
     m = cp_model.CpModel()
 
@@ -212,6 +218,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
                     ys[(w, c, v, k)] = y
                     lits.append(y)
                 m.AddBoolOr(lits if k == 0 else lits + [rc[v][k].Not()])
+    _add_live_set_cuts(m, p, ys, cap // bu, bu)
+    m.Add(sum(objective) >= lower_bound_ticks)
     m.Minimize(sum(objective))
 
     if hint_copies is not None:
@@ -266,6 +274,36 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     log.info("mip %s after %.2f s", status, wall)
     bound = solver.BestObjectiveBound() * tu if code == cp_model.UNKNOWN else None
     return MipResult(None, status, None, bound, wall, None, stats)
+
+
+def _add_live_set_cuts(m: cp_model.CpModel, p: Problem, ys: dict, cap_units: int, bu: int) -> None:
+    """Redundant linear memory rows that give the LP relaxation the eviction trade-off.
+
+    At the first compute of op i, every u < i still read by a first compute v >= i is on the
+    device if its first copy serves the next such v (literal y[u,0,v,0]), so
+    sum_u ceil(b_u) * y[u,0,next_v(u,i),0] + ceil(b_i) + ceil(ws_i) <= cap is valid. Rows that
+    cannot bind (the whole live set fits) are skipped.
+    """
+    live: dict[int, int] = {}  # u -> next first-compute reader v >= i
+    nexts = [iter(users) for users in p.users]
+    heads = [next(it, None) for it in nexts]
+    for i in range(p.n):
+        for u in p.inputs[i]:
+            live[u] = i
+        op = p.ops[i]
+        own = math.ceil(op.bytes / bu) + math.ceil(op.workspace / bu)
+        terms = [(math.ceil(p.ops[u].bytes / bu), ys[(u, 0, v, 0)]) for u, v in live.items()]
+        if sum(b for b, _ in terms) + own > cap_units:
+            m.Add(sum(b * y for b, y in terms) + own <= cap_units)
+        for u in p.inputs[i]:  # advance u to its next reader after i, or retire it
+            while heads[u] is not None and heads[u] <= i:
+                heads[u] = next(nexts[u], None)
+            if heads[u] is None:
+                del live[u]
+            else:
+                live[u] = heads[u]
+        if p.users[i]:
+            live[i] = p.users[i][0]
 
 
 def _decode(p: Problem, solver: cp_model.CpSolver, H: int, s, e, pres, rc, out) -> Events:

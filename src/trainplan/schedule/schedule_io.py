@@ -50,7 +50,7 @@ def from_events(problem: Problem, events: list[tuple[str, str]], *, budget_bytes
     fits = rep.peak_bytes <= budget_bytes
     bound = max(bound or 0.0, problem.compute_time) if fits else None
     gap = max(0.0, (rep.time - bound) / rep.time) if fits and rep.time > 0 else (0.0 if fits else None)
-    status = ("optimal" if optimal or gap == 0.0 else "feasible") if fits else "infeasible"
+    status = ("optimal" if optimal or gap <= 1e-9 else "feasible") if fits else "infeasible"
     counts = {"recomputes": rep.recomputes, "swap_ins": rep.swap_ins, "swap_outs": rep.swap_outs}
     return Schedule(status, list(events), rep.time, rep.peak_bytes, budget_bytes, bound, gap,
                     solve_seconds, method, {**counts, **(extra or {})})

@@ -1,0 +1,112 @@
+"""Turn a stage of a profiled graph into a scheduling problem (the dict format of docs/schedule.md).
+
+The problem works on storages, not fx nodes: every node that allocates storage becomes one op whose
+output is that storage; view/alias nodes (no new storage) are folded into the op that produced their
+base, and their time is added to it. Storages read by the stage but produced by an earlier stage are
+boundary inputs: zero-time ops that may not be recomputed (they are received, not computed). Storages
+the stage hands on (read by a later stage, or graph outputs such as gradients and the loss) are `keep`.
+Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from trainplan.export import is_inplace
+from trainplan.memory import FIXED_KINDS
+
+#: aten ops whose result depends on random state: recomputing them would not reproduce the value.
+RANDOM_OPS = ("aten.rand", "aten.randn", "aten.bernoulli", "aten.native_dropout", "aten.randperm", "aten.randint")
+
+
+def _storage_tables(tensors: pd.DataFrame) -> tuple[dict[str, int], set[int], dict[int, int]]:
+    storage_of = dict(zip(tensors.tensor_id, tensors.storage))
+    fixed = set(tensors.loc[tensors.kind.isin(FIXED_KINDS), "storage"])
+    size = dict(zip(tensors.storage, tensors.storage_bytes))
+    return storage_of, fixed, size
+
+
+def stage_problem(
+    nodes: pd.DataFrame,
+    tensors: pd.DataFrame,
+    stage_nodes: list[str],
+    *,
+    bandwidth: float,
+    budget_bytes: int = 0,
+) -> dict[str, Any]:
+    """Problem dict for the ops of ``stage_nodes`` (fx node names, in graph order) of a profiled graph.
+
+    ``nodes`` must carry ``time_s`` (from the profile). ``budget_bytes`` 0 leaves the budget to the caller.
+    """
+    storage_of, fixed, size = _storage_tables(tensors)
+    in_stage = set(stage_nodes)
+    rows = nodes.set_index("name")
+    producer: dict[int, str] = {}  # storage -> fx node that allocates it
+    for t in tensors.itertuples():
+        if t.storage not in fixed and t.storage not in producer:
+            producer[t.storage] = t.node
+    ops: dict[str, dict[str, Any]] = {}  # problem ops, in stage order; boundary inputs are put first
+    boundary: dict[str, dict[str, Any]] = {}
+    storage_op: dict[int, str] = {}
+    fixed_used: set[int] = set()
+
+    def new_op(op_id: str, storages: list[int], *, time: float = 0.0, inputs: list[str] | None = None,
+               is_boundary: bool = False) -> dict[str, Any]:
+        op = {"id": op_id, "time": time, "bytes": int(sum(size[x] for x in storages)), "inputs": inputs or [],
+              "recompute": not is_boundary, "swap": True, "nodes": [], "storages": storages}
+        if is_boundary:
+            op["boundary"] = True
+        (boundary if is_boundary else ops)[op_id] = op
+        for sid in storages:
+            storage_op[sid] = op_id
+        return op
+
+    def source(sid: int) -> str:
+        """Problem op holding storage ``sid``; a storage made outside the stage becomes a boundary input."""
+        if sid not in storage_op:
+            new_op(f"in:{producer[sid]}:{sid}", [sid], is_boundary=True)
+        return storage_op[sid]
+
+    for name in stage_nodes:
+        row = rows.loc[name]
+        out_storages = list(dict.fromkeys(storage_of[t] for t in row.outputs if storage_of[t] not in fixed))
+        own = [x for x in out_storages if producer[x] == name]
+        mutates = is_inplace(str(row.op))
+        if own or not out_storages or mutates:
+            op = new_op(name, own[:1])
+            for i, sid in enumerate(own[1:], start=1):  # further outputs: free-standing, read from the first
+                new_op(f"{name}#{i}", [sid], inputs=[name])
+        else:  # a view: folded into the op holding its base storage
+            op = (ops | boundary)[source(out_storages[0])]
+        op["nodes"].append(name)
+        op["time"] += float(row.time_s)
+        if str(row.op).startswith(RANDOM_OPS):
+            op["recompute"] = False
+        for tid in row.inputs:
+            sid = storage_of[tid]
+            if sid in fixed:
+                fixed_used.add(sid)
+                continue
+            src = source(sid)
+            if mutates and src != op["id"]:
+                (ops | boundary)[src]["recompute"] = False  # its value is changed in place
+            if src != op["id"] and src not in op["inputs"]:
+                op["inputs"].append(src)
+    consumers_outside = {
+        storage_of[tid]
+        for row in nodes.itertuples()
+        if row.name not in in_stage
+        for tid in row.inputs
+    }
+    outputs = set(tensors.loc[tensors.is_graph_output, "storage"])
+    keep = [op_id for op_id, op in ops.items() if any(x in consumers_outside or x in outputs for x in op["storages"])]
+    ordered = list(boundary.values()) + list(ops.values())
+    return {
+        "ops": ordered,
+        "fixed_bytes": int(sum(size[s] for s in fixed_used)),
+        "budget_bytes": int(budget_bytes),
+        "bandwidth": float(bandwidth),
+        "keep": keep,
+    }
