@@ -110,3 +110,17 @@ def stage_problem(
         "bandwidth": float(bandwidth),
         "keep": keep,
     }
+
+
+def no_recompute_peak(problem: dict[str, Any]) -> int:
+    """Peak bytes (fixed included) of running the problem's ops in order, each freed after its last use."""
+    from trainplan.schedule.baselines import no_recompute
+    from trainplan.schedule.problem import problem_from_dict
+
+    return int(no_recompute(problem_from_dict({**problem, "budget_bytes": 2**62})).peak_bytes)
+
+
+def budget_for(problem: dict[str, Any], fraction: float) -> int:
+    """Budget = fixed bytes + ``fraction`` of the stage's no-recompute peak above them."""
+    peak = no_recompute_peak(problem)
+    return int(problem["fixed_bytes"] + fraction * (peak - problem["fixed_bytes"]))

@@ -6,7 +6,7 @@ from snakemake.utils import validate
 
 validate(config, schema="../schemas/config.schema.yaml")
 
-MODELS = sorted(config["models"])
+MODELS = config["study"]["plan"]
 DEVICE = config["device"]
 
 
@@ -16,6 +16,13 @@ def _check_config():
         raise WorkflowError(
             f"config key 'device': '{DEVICE}' is not one of devices {sorted(config['devices'])}"
         )
+    for part, names in config["study"].items():
+        for name in names:
+            if name not in config["models"]:
+                raise WorkflowError(
+                    f"config key 'study.{part}': model '{name}' is not defined under 'models' "
+                    f"(defined: {sorted(config['models'])})"
+                )
     for name, spec in config["models"].items():
         if spec.get("source", "transformers") == "transformers":
             import transformers
@@ -37,7 +44,7 @@ _check_config()
 
 
 wildcard_constraints:
-    model="|".join(MODELS),
+    model="|".join(sorted(config["models"])),
     device="[A-Za-z0-9_-]+",
 
 
