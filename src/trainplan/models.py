@@ -24,12 +24,14 @@ class BuiltModel:
 
 
 def default_loss(output: Any) -> torch.Tensor:
-    """Loss of a model output: its ``.loss`` when present, else the mean of its first tensor."""
+    """Loss of a model output: its ``.loss``, a scalar output as is, else the mean square of its first tensor."""
     loss = getattr(output, "loss", None)
     if loss is not None:
         return loss
     if isinstance(output, (tuple, list)):
         output = output[0]
+    if isinstance(output, torch.Tensor) and output.dim() == 0:
+        return output
     if isinstance(output, dict):
         output = next(iter(output.values()))
     if not isinstance(output, torch.Tensor):

@@ -16,6 +16,8 @@ import pandas as pd
 
 from trainplan.export import is_inplace
 from trainplan.memory import FIXED_KINDS
+from trainplan.schedule.baselines import no_recompute
+from trainplan.schedule.problem import problem_from_dict
 
 #: aten ops whose result depends on random state: recomputing them would not reproduce the value.
 RANDOM_OPS = ("aten.rand", "aten.randn", "aten.bernoulli", "aten.native_dropout", "aten.randperm", "aten.randint")
@@ -114,9 +116,6 @@ def stage_problem(
 
 def no_recompute_peak(problem: dict[str, Any]) -> int:
     """Peak bytes (fixed included) of running the problem's ops in order, each freed after its last use."""
-    from trainplan.schedule.baselines import no_recompute
-    from trainplan.schedule.problem import problem_from_dict
-
     return int(no_recompute(problem_from_dict({**problem, "budget_bytes": 2**62})).peak_bytes)
 
 

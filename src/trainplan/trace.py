@@ -49,7 +49,9 @@ class _LastCall(TorchFunctionMode):
         self.last = "<none>"
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.last = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        if not name.endswith("__get__") and not name.startswith("sym_"):  # attribute reads and SymInt casts
+            self.last = name
         return func(*args, **(kwargs or {}))
 
 

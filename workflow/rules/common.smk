@@ -1,3 +1,4 @@
+import hashlib
 import importlib.util
 
 from snakemake.exceptions import WorkflowError
@@ -46,6 +47,17 @@ _check_config()
 wildcard_constraints:
     model="|".join(sorted(config["models"])),
     device="[A-Za-z0-9_-]+",
+
+
+def code_version(*modules):
+    """Short hash of the trainplan modules a rule's result depends on: editing them reruns the rule."""
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(f"trainplan.{name}")
+        if spec is None or spec.origin is None:
+            raise WorkflowError(f"trainplan module '{name}' not found: is the package installed (pip install -e .)?")
+        digest.update(open(spec.origin, "rb").read())
+    return digest.hexdigest()[:12]
 
 
 def model_spec(wildcards):

@@ -11,6 +11,9 @@ rule export:
     params:
         spec=model_spec,
         seed=config["seed"],
+        code=code_version("models", "trace", "export", "memory"),
+    conda:
+        "../envs/trainplan.yaml"
     script:
         "../scripts/export.py"
 
@@ -28,5 +31,7 @@ rule plot_memory:
         ),
     log:
         "logs/plot_memory/{model}.log",
+    conda:
+        "../envs/trainplan.yaml"
     script:
         "../scripts/plot_memory.py"

@@ -15,8 +15,11 @@ rule profile:
         repeats=config["profile"]["repeats"],
         warmup=config["profile"]["warmup"],
         torch_threads=config["profile"]["threads"],
+        code=code_version("models", "trace", "profile"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
+    conda:
+        "../envs/trainplan.yaml"
     script:
         "../scripts/profile.py"
 
@@ -35,5 +38,7 @@ rule plot_profile:
         ),
     log:
         "logs/plot_profile/{model}/{device}.log",
+    conda:
+        "../envs/trainplan.yaml"
     script:
         "../scripts/plot_profile.py"

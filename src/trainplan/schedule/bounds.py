@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from trainplan.schedule.mip import _ticks, time_unit
+from trainplan.schedule.mip import _ticks, configure, time_unit
 from trainplan.schedule.problem import Problem
 
 
@@ -23,7 +23,7 @@ class Bound:
 
 
 def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, workers: int = 2,
-                     seed: int = 0) -> Bound:
+                     seed: int = 0, deterministic: bool = False) -> Bound:
     """Relaxation: each tensor's life is cut into gaps between consecutive first-compute readers
     (and to the end for keep ops); a gap is either kept on the device through every first compute
     strictly inside it, or costs at least one rematerialisation, min(op time, one transfer).
@@ -65,10 +65,7 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     if not cost:
         return Bound(p.compute_time, const, "OPTIMAL")
     m.Minimize(sum(cost))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = max(1, workers)
-    solver.parameters.random_seed = seed
+    solver = configure(time_limit_s, workers, seed, deterministic)
     code = solver.Solve(m)
     status = solver.StatusName(code)
     if code == cp_model.INFEASIBLE:

@@ -15,7 +15,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from trainplan.schedule.heuristic import greedy
-from trainplan.schedule.mip import _ticks, byte_unit, time_unit
+from trainplan.schedule.mip import _ticks, byte_unit, configure, time_unit
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
 
@@ -85,6 +85,15 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
             S[t, i] = m.NewBoolVar(f"S{t}_{i}")
     for i in range(n):  # the final state: keep ops on device, nothing else
         S[n, i] = m.NewConstant(1 if i in p.keep_idx else 0)
+    events = greedy(p, budget, allow_swap=False)  # recompute-only greedy: a complete hint
+    hr, hs = _stage_hint(p, events) if events is not None else (None, None)
+
+    def rv(t: int, i: int) -> bool:
+        return i == t or (t, i) in hr
+
+    def sv(t: int, i: int) -> bool:
+        return i in p.keep_idx if t == n else (t, i) in hs
+
     for t in range(n):
         for j in range(t + 1):
             for i in p.inputs[j]:
@@ -93,34 +102,38 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
             if j < t:
                 m.Add(R[t, j] + S[t, j] <= 1)  # never recompute a resident op
         U = sum(b[i] * S[t, i] for i in range(t))
+        uh = sum(b[i] for i in range(t) if hr is not None and sv(t, i))
         for k in range(t + 1):  # memory after computing k, then frees of k's inputs and k
             U = U + b[k] * R[t, k]
             m.Add(U + math.ceil(p.ops[k].workspace / bu) * R[t, k] <= cap // bu)
             freed = []
+            uh += b[k] * (hr is not None and rv(t, k))
             for i in (*p.inputs[k], k):
-                later = [R[t, j] for j in p.users[i] if k < j <= t]
-                lits = [R[t, k], S[t + 1, i].Not(), *[r.Not() for r in later]]
+                later = [j for j in p.users[i] if k < j <= t]
+                lits = [R[t, k], S[t + 1, i].Not(), *[R[t, j].Not() for j in later]]
                 f = m.NewBoolVar(f"F{t}_{i}_{k}")
                 m.AddBoolAnd(lits).OnlyEnforceIf(f)
                 m.AddBoolOr([x.Not() for x in lits] + [f])
                 freed.append(b[i] * f)
+                if hr is not None:
+                    fh = rv(t, k) and not sv(t + 1, i) and not any(rv(t, j) for j in later)
+                    m.AddHint(f, fh)
+                    uh -= b[i] * fh
             u_next = m.NewIntVar(0, cap // bu, f"U{t}_{k}")
             m.Add(u_next == U - sum(freed))
+            if hr is not None:
+                m.AddHint(u_next, min(max(uh, 0), cap // bu))
             U = u_next
     m.Minimize(sum(_ticks(p.ops[i].time, tu) * R[t, i] for (t, i) in R))
-    hint = greedy(p, budget, allow_swap=False)
-    if hint is not None:
-        hr, hs = _stage_hint(p, hint)
-        for key, var in R.items():
-            if key[0] != key[1] and p.ops[key[1]].recompute:
-                m.AddHint(var, key in hr)
-        for key, var in S.items():
-            if key[0] < n:
-                m.AddHint(var, key in hs)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = max(1, workers)
-    solver.parameters.random_seed = seed
+    if hr is not None:
+        for (t, i), var in R.items():
+            if i != t and p.ops[i].recompute:
+                m.AddHint(var, rv(t, i))
+        for (t, i), var in S.items():
+            if t < n:
+                m.AddHint(var, sv(t, i))
+    solver = configure(time_limit_s, workers, seed, deterministic=False)
+    solver.parameters.cp_model_probing_level = 0  # probing dominates presolve on this model
     code = solver.Solve(m)
     status = solver.StatusName(code)
     wall = time.perf_counter() - t0

@@ -75,7 +75,7 @@ def copies_from_events(problem: Problem, events: Events) -> tuple[list[list[_Cop
             for w in p.inputs[u]:
                 c = current[w]
                 assert c is not None, "events must be replay-valid"
-                copies[w][c].end = max(copies[w][c].end, where, key=lambda bs: (bs[0], bs[1] if bs[1] >= 0 else 1 << 30))
+                copies[w][c].end = where  # events come in time order: the latest reader so far
                 cover[(u, k, w)] = c
         current[u] = k
         if first:
@@ -102,6 +102,25 @@ def _ticks(seconds: float, unit: float) -> int:
     return math.floor(seconds / unit + 1e-6)
 
 
+def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
+              verbose: bool = False) -> cp_model.CpSolver:
+    """A CP-SAT solver with our limits. Deterministic: one worker stopped on deterministic time
+    (``time_limit_s`` deterministic seconds; wall time may be several times longer, capped at
+    10x + 10 s as a safety net). Otherwise ``workers`` threads stopped on wall time."""
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.random_seed = seed
+    prm.log_search_progress = verbose
+    if deterministic:
+        prm.num_workers = 1
+        prm.max_deterministic_time = time_limit_s
+        prm.max_time_in_seconds = 10 * time_limit_s + 10
+    else:
+        prm.num_workers = max(1, workers)
+        prm.max_time_in_seconds = time_limit_s
+    return solver
+
+
 def time_unit(problem: Problem) -> float:
     """Objective tick in seconds: 1 ns, coarsened by 10x until n x the worst per-op cost stays < 2^50."""
     worst = max(64, problem.n) * sum(op.time + 2 * problem.transfer_time(u) for u, op in enumerate(problem.ops))
@@ -124,9 +143,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
     (defaults: C = 3, K = n up to 60 ops, else C = 2, K = 2; both raised to fit the hint).
     ``lower_bound_ticks``: a proven bound in objective ticks (from bounds.relaxation_bound) added
-    as a constraint, so CP-SAT can close the gap.     ``deterministic``: stop on deterministic time with ``interleave_search``, so a fixed seed gives
-    the same answer for any worker count (wall-clock cap 3x + 10 s as a safety net); otherwise stop
-    on wall time with the parallel portfolio.
+    as a constraint, so CP-SAT can close the gap. ``deterministic``: see :func:`configure`.
     """
     t0 = time.perf_counter()
     p, n = problem, problem.n
@@ -151,11 +168,10 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     ncop = [C if (op.recompute or op.swap) else 1 for op in p.ops]
     m = cp_model.CpModel()
 
-    def remat_slots(after: int) -> cp_model.Domain:
-        return cp_model.Domain.FromValues([base[b] + j for b in range(after + 1, n + 1) for j in range(K[b])])
-
     true = m.NewConstant(1)
-    s = [[m.NewConstant(fpos[u])] + [m.NewIntVarFromDomain(remat_slots(u), f"s{u}_{k}") for k in range(1, ncop[u])]
+    # a remat copy starts in a slot after the op's first compute; first computes occupy their own
+    # positions in the no-overlap below, so slots need no holed domains (slow to presolve)
+    s = [[m.NewConstant(fpos[u])] + [m.NewIntVar(base[u + 1], H - 1, f"s{u}_{k}") for k in range(1, ncop[u])]
          for u in range(n)]
     e = [[m.NewIntVar(fpos[u] if k == 0 else 0, H - 1, f"e{u}_{k}") for k in range(ncop[u])] for u in range(n)]
     size = [[m.NewIntVar(1, H, f"l{u}_{k}") for k in range(ncop[u])] for u in range(n)]
@@ -163,6 +179,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     rc: list[list[Any]] = [[None] for _ in range(n)]
     sw: list[list[Any]] = [[None] for _ in range(n)]
     out: list[Any] = [None] * n
+    zs: dict[int, list[Any]] = {}
     mem_iv, mem_dem, ws_iv, ws_dem, remat_iv = [], [], [], [], []
     objective = []
     for u, op in enumerate(p.ops):
@@ -191,13 +208,13 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
                 ws_iv.append(m.NewOptionalFixedSizeIntervalVar(s[u][k], 1, true if k == 0 else rc[u][k], f"w{u}_{k}"))
                 ws_dem.append(math.ceil(op.workspace / bu))
         if u in p.keep_idx:  # result on device at the end: the last copy reaches the horizon
-            z = [m.NewBoolVar(f"z{u}_{k}") for k in range(ncop[u])]
+            z = zs[u] = [m.NewBoolVar(f"z{u}_{k}") for k in range(ncop[u])]
             for k, zk in enumerate(z):
                 m.Add(e[u][k] == H - 1).OnlyEnforceIf(zk)
                 m.AddImplication(zk, pres[u][k])
             m.AddBoolOr(z)
-    if remat_iv:
-        m.AddNoOverlap(remat_iv)  # one remat event per slot
+    if remat_iv:  # one event per position
+        m.AddNoOverlap(remat_iv + [m.NewFixedSizeIntervalVar(f, 1, f"f{i}") for i, f in enumerate(fpos)])
     m.AddCumulative(mem_iv + ws_iv, mem_dem + ws_dem, cap // bu)  # device-memory capacity
 
     ys: dict[tuple[int, int, int, int], Any] = {}
@@ -232,7 +249,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
                 start = pos((c.block, c.slot)) if c else (fpos[u] if k == 0 else 0)
                 end = H - 1 if (c and u in p.keep_idx and k == len(cs) - 1) else (pos(c.end) if c else start)
                 if k:
-                    m.AddHint(s[u][k], start if c else remat_slots(u).min())
+                    m.AddHint(s[u][k], start if c else base[u + 1])
                     m.AddHint(pres[u][k], c is not None)
                     if rc[u][k] is not None:
                         m.AddHint(rc[u][k], c is not None and c.kind == "recompute")
@@ -244,20 +261,14 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
                 m.AddHint(size[u][k], end - start + 1)
             if out[u] is not None:
                 m.AddHint(out[u], any(c.kind == "swap_in" for c in cs))
+            for k, zk in enumerate(zs.get(u, [])):
+                m.AddHint(zk, k == len(cs) - 1)
         for (w, c, v, k), y in ys.items():
             m.AddHint(y, hint_cover.get((v, k, w)) == c)
 
-    solver = cp_model.CpSolver()
-    prm = solver.parameters
-    prm.num_workers = max(1, workers)
-    prm.random_seed = seed
-    prm.log_search_progress = verbose
-    if deterministic:
-        prm.interleave_search = True
-        prm.max_deterministic_time = time_limit_s
-        prm.max_time_in_seconds = 3 * time_limit_s + 10
-    else:
-        prm.max_time_in_seconds = time_limit_s
+    solver = configure(time_limit_s, workers, seed, deterministic, verbose)
+    if n > 200:  # probing dominates presolve on big models; the hint already gives a solution
+        solver.parameters.cp_model_probing_level = 0
     build_s = time.perf_counter() - t0
     cb = _FirstSolution()
     code = solver.Solve(m, cb)

@@ -10,8 +10,6 @@ from trainplan.io import write_json
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import replay
 
-STATUSES = ("optimal", "feasible", "infeasible")
-
 
 @dataclass
 class Schedule:

@@ -54,7 +54,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     events, name = best_heuristic(problem, budget)
     first = time.perf_counter() - t0 if events is not None else None
     heur_time = _valid(problem, events, budget)
-    relax = relaxation_bound(problem, budget, time_limit_s=max(0.1, time_limit_s / 4), workers=workers, seed=seed)
+    relax = relaxation_bound(problem, budget, time_limit_s=max(0.1, time_limit_s / 4), workers=workers, seed=seed,
+                             deterministic=deterministic)
     guided_events = guided(problem, budget, relax.evict) if relax.evict else None
     guided_time = _valid(problem, guided_events, budget)
     if guided_time is not None and (heur_time is None or guided_time < heur_time):

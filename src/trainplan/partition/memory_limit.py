@@ -1,0 +1,33 @@
+"""The per-stage memory a DP can evaluate exactly: parameters plus 1F1B in-flight activation stashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainplan.partition.tables import RangeTables
+
+
+def in_flight(stage: int, k: int, micro_batches: int) -> int:
+    """Micro-batches whose activations stage ``stage`` (0-based) of ``k`` holds at once under 1F1B."""
+    return min(k - stage, micro_batches)
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """Stage s of k over forward range [i, j) needs fixed[i, j] + in_flight(s) * stash[i, j] bytes.
+
+    This is the memory a stage must hold with no recompute and no swap, before the activations of the
+    micro-batch it is running; ``capacity_bytes`` is the device memory.
+    """
+
+    capacity_bytes: int
+    micro_batches: int
+
+    def need(self, tables: RangeTables, stage: int, k: int) -> np.ndarray:
+        """(n+1) x (n+1) bytes needed by stage ``stage`` of ``k`` for every forward range."""
+        return tables.fixed + in_flight(stage, k, self.micro_batches) * tables.stash
+
+    def admissible(self, tables: RangeTables, stage: int, k: int) -> np.ndarray:
+        return self.need(tables, stage, k) <= self.capacity_bytes

@@ -1,0 +1,62 @@
+"""Exact min-max (bottleneck) contiguous split by dynamic programming, as PipeDream's planner does."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainplan.partition.errors import PartitionError
+from trainplan.partition.memory_limit import MemoryLimit
+from trainplan.partition.tables import RangeTables
+
+
+def _range_costs(prefix: np.ndarray) -> np.ndarray:
+    """cost[i, j] = prefix[j] - prefix[i] for i < j, +inf elsewhere."""
+    n = len(prefix) - 1
+    cost = prefix[None, :] - prefix[:, None]
+    cost[np.tril_indices(n + 1)] = np.inf
+    return cost
+
+
+def min_max_cuts(position_weights: np.ndarray, k: int, tables: RangeTables | None = None,
+                 memory: MemoryLimit | None = None, names: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """Cuts 0 = c_0 < c_1 < ... < c_k = n of the forward positions minimising the largest stage weight.
+
+    Stage s is [c_s, c_{s+1}); with ``memory`` (and ``tables``) a stage is admissible only if its need
+    fits the capacity. Ties go to the earliest cut. O(k n^2). ``names`` (forward op names) only
+    improve the error raised when no admissible split exists.
+    """
+    n = len(position_weights)
+    if k < 1:
+        raise PartitionError(f"stage count k={k} must be at least 1")
+    if k > n:
+        raise PartitionError(f"stage count k={k} exceeds the {n} forward ops: a stage needs at least one")
+    prefix = np.concatenate([[0.0], np.cumsum(position_weights)])
+    cost = _range_costs(prefix)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    choice = np.zeros((k, n + 1), dtype=np.int64)
+    for s in range(k):
+        step = np.maximum(best[:, None], cost)
+        if memory is not None and tables is not None:
+            step[~memory.admissible(tables, s, k)] = np.inf
+        choice[s] = np.argmin(step, axis=0)
+        best = step[choice[s], np.arange(n + 1)]
+        if not np.isfinite(best[: n - (k - 1 - s) + 1]).any():  # no end leaving room for later stages
+            raise _no_fit(tables, memory, s, k, names)
+    cuts = [n]
+    for s in range(k - 1, 0, -1):
+        cuts.append(int(choice[s][cuts[-1]]))
+    return (0, *reversed(cuts))
+
+
+def _no_fit(tables: RangeTables | None, memory: MemoryLimit | None, stage: int, k: int,
+            names: tuple[str, ...]) -> PartitionError:
+    assert tables is not None and memory is not None  # without a memory limit every split is admissible
+    need = memory.need(tables, stage, k).astype(float)
+    need[np.tril_indices(len(need))] = np.inf
+    i, _ = np.unravel_index(int(np.argmin(need)), need.shape)
+    where = f" (its cheapest range starts at forward node '{names[i]}')" if names else ""
+    return PartitionError(
+        f"no split into k={k} stages fits the memory limit of {memory.capacity_bytes} B: stage {stage} "
+        f"(holding up to {min(k - stage, memory.micro_batches)} micro-batches) needs at least "
+        f"{int(need.min())} B{where}")

@@ -1,0 +1,115 @@
+"""What a precision policy keeps in fp16 (ops, FLOPs) and what it costs (step time, activation bytes)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
+
+from trainplan.precision.assign import FP16, Assignment, is_floating
+from trainplan.precision.interpreter import PrecisionInterpreter
+from trainplan.precision.policy import op_keys
+
+
+def precision_table(gm: torch.fx.GraphModule, assignment: Assignment, flops: dict[str, float]) -> pd.DataFrame:
+    """One row per op node: op, phase, deciding list, dtype, whether it is floating, its FLOPs."""
+    rows = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        rows.append(
+            {
+                "name": node.name,
+                "op": op_keys(node)[0],
+                "phase": assignment.phase[node.name],
+                "list": assignment.source[node.name],
+                "dtype": str(assignment.dtype[node.name]).removeprefix("torch."),
+                "floating": is_floating(node),
+                "flops": float(flops.get(node.name, 0.0)),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def fp16_shares(table: pd.DataFrame) -> dict[str, float]:
+    """Fraction of floating ops, and of FLOPs, that run in fp16."""
+    fl = table[table.floating]
+    half = fl.dtype == "float16"
+    total = float(table.flops.sum())
+    return {
+        "fp16_op_fraction": float(half.mean()) if len(fl) else 0.0,
+        "fp16_flop_share": float(table.flops[table.dtype == "float16"].sum() / total) if total else 0.0,
+        "n_fp16_ops": int(half.sum()),
+        "n_floating_ops": int(len(fl)),
+    }
+
+
+@dataclass
+class StepCost:
+    """Measured cost of one training step under a per-op dtype assignment."""
+
+    step_time_s: float
+    step_time_runs_s: list[float]
+    activation_peak_bytes: int  # max over ops of live non-input storages (de-duplicated)
+    saved_for_backward_bytes: int  # live non-input storages right after the loss op
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready mapping."""
+        return asdict(self)
+
+
+class _LiveBytes:
+    """on_step hook: bytes of the interpreter's live values that are not graph inputs, per storage."""
+
+    def __init__(self, inputs: list[torch.Tensor], loss_node: str) -> None:
+        self.fixed = {StorageWeakRef(t.untyped_storage()) for t in inputs}
+        self.loss_node = loss_node
+        self.peak = 0
+        self.at_loss = 0
+
+    def __call__(self, interp: PrecisionInterpreter, node: torch.fx.Node) -> None:
+        seen: set[StorageWeakRef] = set()
+        total = 0
+        for t in tree_leaves(list(interp.env.values())):
+            if not isinstance(t, torch.Tensor):
+                continue
+            ref = StorageWeakRef(t.untyped_storage())
+            if ref in self.fixed or ref in seen:
+                continue
+            seen.add(ref)
+            total += t.untyped_storage().nbytes()
+        self.peak = max(self.peak, total)
+        if node.name == self.loss_node:
+            self.at_loss = total
+
+
+def measure_step(
+    gm: torch.fx.GraphModule, flat: list[torch.Tensor], dtypes: dict[str, torch.dtype], loss_node: str, *, repeats: int = 3, warmup: int = 1
+) -> StepCost:
+    """Median wall time of the step under ``dtypes`` (same interpreter for every policy) and its activation bytes."""
+    times = []
+    with torch.no_grad():
+        for i in range(warmup + repeats):
+            start = time.perf_counter()
+            PrecisionInterpreter(gm, dtypes).run(*flat)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        live = _LiveBytes(flat, loss_node)
+        PrecisionInterpreter(gm, dtypes, on_step=live).run(*flat)
+    return StepCost(statistics.median(times), times, live.peak, live.at_loss)
+
+
+def fp32_dtypes(gm: torch.fx.GraphModule) -> dict[str, torch.dtype]:
+    """Every op in fp32 (the all-fp32 baseline)."""
+    return {n.name: torch.float32 for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def is_fp16(dtype: torch.dtype) -> bool:
+    """True for fp16."""
+    return dtype == FP16

@@ -1,0 +1,33 @@
+"""Shared fixtures: tiny real models and their traced, exported graphs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainplan.export import GraphTables, graph_tables
+from trainplan.models import BuiltModel, build_model
+from trainplan.trace import TracedStep, trace_training_step
+
+TINY_GPT2: dict[str, Any] = {
+    "source": "transformers",
+    "architecture": "GPT2LMHeadModel",
+    "config": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 64},
+    "inputs": {"batch_size": 2, "seq_len": 16},
+}
+SMALL_CNN: dict[str, Any] = {"source": "callable", "callable": "trainplan.zoo:small_cnn", "kwargs": {}}
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2() -> tuple[BuiltModel, TracedStep, list, GraphTables]:
+    built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
+    traced, flat = trace_training_step(built)
+    return built, traced, flat, graph_tables(traced)
+
+
+@pytest.fixture(scope="session")
+def small_cnn() -> tuple[BuiltModel, TracedStep, list, GraphTables]:
+    built = build_model("small_cnn", SMALL_CNN, seed=0)
+    traced, flat = trace_training_step(built)
+    return built, traced, flat, graph_tables(traced)

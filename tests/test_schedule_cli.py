@@ -1,0 +1,47 @@
+"""CLI round trip via subprocess, and one-line errors with exit status 2."""
+
+import json
+import subprocess
+import sys
+
+from trainplan.io import read_json
+from trainplan.schedule import problem_from_dict, replay
+
+PROBLEM = {
+    "ops": [{"id": "x", "time": 0.001, "bytes": 100, "inputs": [], "name": "input"},
+            {"id": "a", "time": 0.002, "bytes": 300, "inputs": ["x"]},
+            {"id": "b", "time": 0.002, "bytes": 300, "inputs": ["a"]},
+            {"id": "g", "time": 0.004, "bytes": 100, "inputs": ["b", "x"]}],
+    "fixed_bytes": 0, "budget_bytes": 650, "bandwidth": 1e6, "keep": ["g"], "nodes": 4,
+}
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "trainplan.cli", *args], capture_output=True, text=True)
+
+
+def test_round_trip_all_methods(tmp_path):
+    src, out = tmp_path / "p.json", tmp_path / "s.json"
+    src.write_text(json.dumps(PROBLEM))
+    res = run("schedule", str(src), "-o", str(out), "--time-limit", "2", "--workers", "1", "--method", "all")
+    assert res.returncode == 0, res.stderr
+    data = read_json(out)
+    p = problem_from_dict(PROBLEM)
+    for s in [data, *data["baselines"].values()]:
+        if s["events"]:
+            rep = replay(p, s["events"])
+            assert (rep.time, rep.peak_bytes) == (s["time"], s["peak_bytes"])
+    assert data["method"] == "ours" and data["status"] == "optimal" and data["peak_bytes"] <= 650
+    assert set(data["baselines"]) == {"no_recompute", "sqrt_checkpoint", "checkmate", "swap_only"}
+
+
+def test_bad_file_one_line_error(tmp_path):
+    bad = dict(PROBLEM, ops=[*PROBLEM["ops"][:3], {"id": "g", "time": 1, "bytes": 1, "inputs": ["zz"]}])
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps(bad))
+    res = run("schedule", str(src), "-o", str(tmp_path / "s.json"))
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"trainplan schedule: error: {src}: op 'g' input 'zz' is unknown"
+    assert not (tmp_path / "s.json").exists()
+    missing = run("schedule", str(tmp_path / "none.json"), "-o", str(tmp_path / "s.json"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr and "none.json" in missing.stderr

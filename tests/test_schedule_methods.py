@@ -1,0 +1,86 @@
+"""Every method's schedule replays valid with the reported numbers; ours is never worse."""
+
+import pytest
+
+from trainplan.io import read_json
+from trainplan.schedule import compare, replay, save_schedule, solve
+from trainplan.schedule import checkmate as checkmate_module
+from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.synthetic import training_graph
+
+GRAPH = training_graph(40, 7)
+NR_PEAK = replay(GRAPH, no_recompute_events(GRAPH)).peak_bytes
+
+
+def at(fraction: float):
+    return GRAPH.with_budget(GRAPH.fixed_bytes + int((NR_PEAK - GRAPH.fixed_bytes) * fraction))
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {f: compare(at(f), time_limit_s=2, workers=2, seed=0) for f in (1.0, 0.6)}
+
+
+def test_every_schedule_replays_to_its_numbers(results):
+    for frac, by_method in results.items():
+        for name, s in by_method.items():
+            assert s.method == name
+            if not s.events:
+                assert s.status == "infeasible" and s.time is None
+                continue
+            rep = replay(GRAPH, s.events)
+            assert (rep.time, rep.peak_bytes) == (s.time, s.peak_bytes), name
+            assert s.ok == (rep.peak_bytes <= s.budget_bytes), name
+            if s.ok:
+                assert s.bound <= s.time and s.gap == pytest.approx((s.time - s.bound) / s.time)
+
+
+def test_ours_no_worse_than_any_baseline(results):
+    for by_method in results.values():
+        ours = by_method["ours"]
+        assert ours.ok
+        for name, s in by_method.items():
+            if s.ok:
+                assert ours.time <= s.time * (1 + 1e-12), name
+
+
+def test_no_recompute_is_optimal_at_its_own_peak_and_infeasible_below(results):
+    full, tight = results[1.0], results[0.6]
+    assert full["no_recompute"].status == "optimal" and full["ours"].status == "optimal"
+    assert full["no_recompute"].peak_bytes == NR_PEAK
+    assert tight["no_recompute"].status == "infeasible"
+    assert tight["ours"].time > full["ours"].time
+    assert tight["ours"].extra["recomputes"] + tight["ours"].extra["swap_ins"] > 0
+
+
+def test_sqrt_checkpoint_recomputes_and_saves_memory(results):
+    s = results[1.0]["sqrt_checkpoint"]
+    assert s.extra["recomputes"] > 0 and s.peak_bytes < NR_PEAK
+
+
+def test_swap_only_never_recomputes(results):
+    s = results[0.6]["swap_only"]
+    assert s.ok and s.extra["recomputes"] == 0 and s.extra["swap_ins"] > 0
+
+
+def test_checkmate_recompute_only(results):
+    s = results[0.6]["checkmate"]
+    assert s.extra["milp_status"] in ("OPTIMAL", "FEASIBLE")
+    assert s.extra["swap_ins"] == 0 and s.extra["recomputes"] > 0
+
+
+def test_checkmate_reports_not_built_honestly(monkeypatch):
+    monkeypatch.setattr(checkmate_module, "MAX_VARIABLES", 10)
+    s = checkmate_module.checkmate(at(0.6), time_limit_s=1)
+    assert s.status == "infeasible" and s.events == [] and s.extra["milp_status"] == "NOT_BUILT"
+    assert "not built" in s.extra["note"]
+
+
+def test_schedule_file_round_trip(tmp_path):
+    s = solve(at(0.6), time_limit_s=2, workers=1, seed=0)
+    save_schedule(tmp_path / "s.json", s)
+    data = read_json(tmp_path / "s.json")
+    for key in ("status", "events", "time", "peak_bytes", "budget_bytes", "bound", "gap", "solve_seconds", "method"):
+        assert key in data
+    rep = replay(GRAPH, data["events"], data["budget_bytes"])
+    assert (rep.time, rep.peak_bytes) == (data["time"], data["peak_bytes"])

@@ -1,0 +1,24 @@
+rule schedule:
+    input:
+        unpack(export_inputs),
+        profile="results/profile/{model}/{device}/ops.parquet",
+        partition="results/partition/{model}/{device}/k{k}/partition.json",
+    output:
+        problems=directory("results/schedule/{model}/{device}/k{k}/b{budget}/problems"),
+        schedules=directory("results/schedule/{model}/{device}/k{k}/b{budget}/schedules"),
+        table="results/schedule/{model}/{device}/k{k}/b{budget}/compare.csv",
+    log:
+        "logs/schedule/{model}/{device}/k{k}/b{budget}.log",
+    benchmark:
+        "benchmarks/schedule/{model}/{device}/k{k}/b{budget}.tsv"
+    params:
+        bandwidth=lambda wildcards: device_spec(wildcards)["host_link_gbytes_per_s"] * 1e9,
+        time_limit_s=config["solver"]["time_limit_s"],
+        workers=config["solver"]["workers"],
+        seed=config["solver"]["seed"],
+        code=code_version("stage_problem", "stage_schedule", "schedule.solve", "schedule.mip", "schedule.heuristic", "schedule.baselines", "schedule.checkmate"),
+    threads: config["solver"]["workers"]
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/schedule.py"
