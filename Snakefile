@@ -12,6 +12,9 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/profile.smk"
+include: "workflow/rules/partition.smk"
+include: "workflow/rules/schedule.smk"
+include: "workflow/rules/overflow.smk"
 
 
 rule all:

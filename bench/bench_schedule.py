@@ -31,7 +31,7 @@ def cases(args: argparse.Namespace) -> list[tuple[str, Problem]]:
         return [(path.stem, load_problem(path)) for path in sorted(Path(args.problems).glob("*.json"))]
     out = []
     for n in args.sizes:
-        p = training_graph(n, args.seed)
+        p = training_graph(n, args.seed, bandwidth=args.bandwidth)
         peak = replay(p, no_recompute_events(p)).peak_bytes
         for frac in FRACTIONS:
             out.append((f"n={p.n} {frac:.0%} peak", p.with_budget(int(frac * peak))))
@@ -64,12 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0, help="per solver call, seconds")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bandwidth", type=float, default=1.6e10, help="host link of the synthetic graphs, bytes/s")
     ap.add_argument("--problems", help="directory of problem JSON files (benched at their own budget)")
     ap.add_argument("--methods", nargs="+", default=[*METHODS, RC_ONLY], choices=[*METHODS, RC_ONLY])
     ap.add_argument("--deterministic", action="store_true",
                     help="single-worker deterministic-time CP-SAT (reproducible; wall time not bounded by the limit)")
     args = ap.parse_args(argv)
     print(f"# bench_schedule: time limit {args.time_limit:g} s, {args.workers} workers, seed {args.seed}, "
+          f"host link {args.bandwidth:.3g} B/s (synthetic graphs), "
           f"{'deterministic' if args.deterministic else 'wall-clock'} CP-SAT")
     print("| case | method | status | first feasible s | time s | overhead vs no-recompute time | gap | bound s "
           "| peak/budget | solve s | notes |")

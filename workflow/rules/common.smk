@@ -94,4 +94,18 @@ def all_targets():
         ],
         model=MODELS,
         device=DEVICE,
+    ) + expand(
+        [
+            "results/partition/{model}/{device}/k{k}/partition.json",
+            "results/schedule/{model}/{device}/k{k}/b{budget}/compare.csv",
+            "results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+        ],
+        model=MODELS,
+        device=DEVICE,
+        k=config["stages"],
+        budget=config["budgets"],
+    ) + (
+        ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
+        if config["study"].get("overflow")
+        else []
     )

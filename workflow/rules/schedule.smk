@@ -18,6 +18,9 @@ rule schedule:
         seed=config["solver"]["seed"],
         code=code_version("stage_problem", "stage_schedule", "schedule.solve", "schedule.mip", "schedule.heuristic", "schedule.baselines", "schedule.checkmate"),
     threads: config["solver"]["workers"]
+    wildcard_constraints:
+        k=r"[1-9][0-9]*",
+        budget=r"[0-9]*\.?[0-9]+",
     conda:
         "../envs/trainplan.yaml"
     script:

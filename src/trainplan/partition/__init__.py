@@ -10,7 +10,7 @@ from trainplan.partition.balance import BalanceSettings, Balanced, balance, iter
 from trainplan.partition.errors import PartitionError
 from trainplan.partition.graph import PipelineGraph, pipeline_graph
 from trainplan.partition.memory_limit import MemoryLimit, in_flight
-from trainplan.partition.partition import Partition, partition_graph
+from trainplan.partition.partition import Partition, partition_from_dict, partition_graph
 from trainplan.partition.pipeline import PipelineMetrics, pipeline_metrics
 from trainplan.partition.refine import refine_cuts, total_boundary_bytes
 from trainplan.partition.split import min_max_cuts
@@ -34,6 +34,7 @@ __all__ = [
     "in_flight",
     "iterations_dict",
     "min_max_cuts",
+    "partition_from_dict",
     "partition_graph",
     "pipeline_graph",
     "pipeline_metrics",

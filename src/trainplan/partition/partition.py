@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from trainplan.partition.errors import PartitionError
 from trainplan.partition.graph import PipelineGraph
 from trainplan.partition.memory_limit import MemoryLimit
-from trainplan.partition.refine import Refined, bottleneck, refine_cuts
+from trainplan.partition.refine import Move, Refined, bottleneck, refine_cuts
 from trainplan.partition.split import min_max_cuts
 from trainplan.partition.stages import StageStats, stage_stats
 from trainplan.partition.tables import RangeTables
@@ -65,3 +66,17 @@ def partition_graph(graph: PipelineGraph, tables: RangeTables, k: int, *, tolera
 def cuts_bottleneck(graph: PipelineGraph, cuts: tuple[int, ...]) -> float:
     """Largest profiled stage time of ``cuts``."""
     return bottleneck(np.concatenate([[0.0], np.cumsum(graph.position_weights(graph.time))]), cuts)
+
+
+def partition_from_dict(graph: PipelineGraph, data: dict[str, Any]) -> Partition:
+    """Read back :meth:`Partition.to_dict`; raises PartitionError if it does not match ``graph``."""
+    cuts = tuple(int(c) for c in data["cuts"])
+    if len(cuts) < 2 or cuts[0] != 0 or cuts[-1] != graph.n_forward or any(a >= b for a, b in zip(cuts, cuts[1:])):
+        raise PartitionError(f"partition cuts {list(cuts)} are not increasing from 0 to {graph.n_forward}")
+    stats = stage_stats(graph, cuts)
+    for stage, record in zip(stats, data["stages"]):
+        if stage.nodes != record["nodes"]:
+            raise PartitionError(f"stage {stage.index} of the partition does not match the graph: rebuild it")
+    r = data["refinement"]
+    refined = Refined(cuts, r["start_bytes"], r["end_bytes"], r["weight_limit"], [Move(**m) for m in r["moves"]])
+    return Partition(tuple(data["split_cuts"]), refined, stats, [s["weighted_time"] for s in data["stages"]])

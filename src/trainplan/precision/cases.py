@@ -14,6 +14,9 @@ from typing import Any, Iterable
 
 import torch
 
+from trainplan.models import build_model
+from trainplan.trace import TracedStep, trace_training_step
+
 
 class ParamScaleError(ValueError):
     """A parameter-scaling rule matches no parameter or has a bad factor."""
@@ -49,3 +52,14 @@ def scale_parameters(module: torch.nn.Module, rules: list[ParamScale], model: st
                 params[name].mul_(rule.factor)
                 applied[name] = applied.get(name, 1.0) * rule.factor
     return applied
+
+
+def build_case(name: str, spec: dict[str, Any], seed: int, param_scale: Iterable[dict[str, Any]] = ()) -> tuple[TracedStep, list[torch.Tensor], dict[str, float]]:
+    """Build model ``name``, apply its parameter scaling, trace its training step.
+
+    Returns the traced step, its real flat inputs and the factor applied to each scaled parameter.
+    """
+    built = build_model(name, spec, seed=seed)
+    applied = scale_parameters(built.module, parse_param_scales(param_scale), name)
+    traced, flat = trace_training_step(built)
+    return traced, flat, applied

@@ -12,7 +12,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-from trainplan.precision.assign import FP16, Assignment, is_floating
+from trainplan.precision.assign import Assignment, is_floating
 from trainplan.precision.interpreter import PrecisionInterpreter
 from trainplan.precision.policy import op_keys
 
@@ -108,8 +108,3 @@ def measure_step(
 def fp32_dtypes(gm: torch.fx.GraphModule) -> dict[str, torch.dtype]:
     """Every op in fp32 (the all-fp32 baseline)."""
     return {n.name: torch.float32 for n in gm.graph.nodes if n.op == "call_function"}
-
-
-def is_fp16(dtype: torch.dtype) -> bool:
-    """True for fp16."""
-    return dtype == FP16

@@ -69,14 +69,24 @@ def check_value(value: Any, exempt_negative: bool = False) -> ValueCheck:
 
 
 class OverflowDetector:
-    """Observer for PrecisionInterpreter: keeps a ValueCheck per node (placeholders included)."""
+    """Observer for PrecisionInterpreter: keeps a ValueCheck per node (placeholders included).
 
-    def __init__(self, exempt_negative: set[str] | None = None) -> None:
+    Nodes in ``ignore`` are not checked (treated as clean): values that are already NaN/inf in the
+    all-fp32 step (e.g. T5's ``log(0)`` in its position buckets) are the model's, not fp16 overflow.
+    """
+
+    def __init__(self, exempt_negative: set[str] | None = None, ignore: set[str] | None = None) -> None:
         self.checks: dict[str, ValueCheck] = {}
         self.exempt = exempt_negative or set()
+        self.ignore = ignore or set()
 
     def __call__(self, node: torch.fx.Node, value: Any) -> None:
-        self.checks[node.name] = check_value(value, node.name in self.exempt)
+        if node.name not in self.ignore:
+            self.checks[node.name] = check_value(value, node.name in self.exempt)
+
+    def bad_nodes(self) -> list[str]:
+        """Names of checked nodes whose values are bad."""
+        return [name for name, check in self.checks.items() if check.bad]
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -130,7 +131,7 @@ class PrecisionInterpreter(torch.fx.Interpreter):
         else:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             dtype = self.dtypes.get(n.name)
-            if dtype is not None:
+            if dtype is not None and n.target is not operator.getitem:  # getitem selects, never casts
                 args, kwargs = _cast_args(args, kwargs, dtype, _kept_args(n), self.saturating)
             value = n.target(*args, **kwargs)
             if n.name in self.injections:

@@ -11,6 +11,7 @@ from trainplan.precision.assign import assign_precision, sentinel_nodes
 from trainplan.precision.detect import Finding, OverflowDetector, analyse
 from trainplan.precision.interpreter import Injection, run_step
 from trainplan.precision.policy import Policy
+from trainplan.precision.cost import fp32_dtypes
 from trainplan.trace import TracedStep
 
 
@@ -23,6 +24,7 @@ class IterationResult:
     findings: list[Finding]
     next_policy: Policy
     loss: float
+    inherent: list[str]
 
     @property
     def roots(self) -> list[str]:
@@ -53,8 +55,16 @@ class IterationResult:
             "roots": self.roots,
             "root_ops": [f.op for f in self.findings if f.is_root],
             "deny_nodes": list(self.next_policy.deny_nodes),
+            "inherent": self.inherent,
             "findings": [f.to_dict() for f in self.findings],
         }
+
+
+def inherent_bad_nodes(traced: TracedStep, flat: list[torch.Tensor], injections: dict[str, Injection] | None = None) -> list[str]:
+    """Nodes whose values are NaN/inf in the all-fp32 step: no precision choice can fix them."""
+    detector = OverflowDetector(sentinel_nodes(traced.gm))
+    run_step(traced.gm, flat, fp32_dtypes(traced.gm), injections, observer=detector)
+    return detector.bad_nodes()
 
 
 def run_iteration(
@@ -65,15 +75,21 @@ def run_iteration(
     injections: dict[str, Injection] | None = None,
     *,
     saturating: bool = False,
+    inherent: list[str] | None = None,
 ) -> IterationResult:
-    """Run one real training step under ``policy`` and apply S1-S3 to it."""
+    """Run one real training step under ``policy`` and apply S1-S3 to it.
+
+    ``inherent``: nodes bad in the all-fp32 step, ignored by S1 (computed with an extra fp32 run when None).
+    """
+    if inherent is None:
+        inherent = inherent_bad_nodes(traced, flat, injections)
     assignment = assign_precision(traced.gm, policy, traced.loss_node)
-    detector = OverflowDetector(sentinel_nodes(traced.gm))
+    detector = OverflowDetector(sentinel_nodes(traced.gm), set(inherent))
     out = run_step(traced.gm, flat, assignment.dtype, injections, saturating=saturating, observer=detector)
     findings = analyse(traced.gm, detector.checks, assignment.dtype, assignment.phase)
     roots = [f.node for f in findings if f.is_root]
     next_policy = policy.with_denied_nodes(roots, name=f"{policy.name.split('+')[0]}+iter{iteration + 1}")
-    return IterationResult(iteration, policy, findings, next_policy, float(out[0].float()))
+    return IterationResult(iteration, policy, findings, next_policy, float(out[0].float()), inherent)
 
 
 @dataclass
@@ -109,8 +125,9 @@ def fix_overflow(
 ) -> FixResult:
     """Iterate S1-S3 in process until a pass is clean, no root can be found, or ``max_iterations``."""
     result = FixResult()
+    inherent = inherent_bad_nodes(traced, flat, injections)
     for i in range(max_iterations):
-        it = run_iteration(traced, flat, policy, i, injections, saturating=saturating)
+        it = run_iteration(traced, flat, policy, i, injections, saturating=saturating, inherent=inherent)
         result.iterations.append(it)
         if it.clean or it.stalled:
             break

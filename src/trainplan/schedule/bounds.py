@@ -26,7 +26,8 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
                      seed: int = 0, deterministic: bool = False) -> Bound:
     """Relaxation: each tensor's life is cut into gaps between consecutive first-compute readers
     (and to the end for keep ops); a gap is either kept on the device through every first compute
-    strictly inside it, or costs at least one rematerialisation, min(op time, one transfer).
+    strictly inside it, or costs at least one recompute (op time) or one swap-in (one transfer),
+    and a tensor swapped in at all pays one swap-out.
     Memory rows count kept gaps plus each op's inputs, output and workspace at its first compute.
     Every schedule maps onto a feasible point of equal or larger cost, so the optimum (and the
     solver's proven bound) of this integer program bounds the true optimum from below.
@@ -44,14 +45,24 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     cost = []
     for u, op in enumerate(p.ops):
         ends = list(p.users[u]) + ([n] if u in p.keep_idx else [])
-        choices = [c for c, ok in ((op.time, op.recompute), (p.transfer_time(u), op.swap)) if ok]
+        rc_t, sw_t = _ticks(op.time, tu), _ticks(p.transfer_time(u), tu)
+        out = m.NewBoolVar(f"o{u}") if op.swap else None  # at least one swap-out per swapped tensor
+        if out is not None:
+            cost.append(sw_t * out)
         start = u
         for end in ends:
             if end - start > 1:  # some first compute lies strictly inside the gap
-                x = m.NewBoolVar(f"k{u}_{end}") if choices else m.NewConstant(1)
-                if choices:
-                    cost.append(_ticks(min(choices), tu) * (1 - x))
-                    gaps[(u, end)] = x
+                x = m.NewBoolVar(f"k{u}_{end}")
+                ways = []
+                if op.recompute:
+                    ways.append(m.NewBoolVar(f"r{u}_{end}"))
+                    cost.append(rc_t * ways[-1])
+                if out is not None:
+                    ways.append(m.NewBoolVar(f"w{u}_{end}"))
+                    m.AddImplication(ways[-1], out)
+                    cost.append(sw_t * ways[-1])
+                m.Add(x + sum(ways) == 1)  # kept, or restored by one recompute or swap-in
+                gaps[(u, end)] = x
                 for i in range(start + 1, end):
                     rows[i].append((op.bytes, x))
             start = end

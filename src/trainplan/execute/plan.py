@@ -1,0 +1,119 @@
+"""Read a plan (``results/balance/.../plan.json``) and check it, or build one in-process for k stages.
+
+A plan is ``{"model", "device", "k", "budget_fraction", "stages": [{"index", "nodes", "problem",
+"schedule"}]}``; each stage's problem is in the format of :mod:`trainplan.schedule` with ``nodes`` and
+``storages`` on every op, and its schedule carries ``events``, ``time`` and ``peak_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trainplan.io import ArtifactError, read_json
+from trainplan.schedule import Problem, ProblemError, ScheduleError, problem_from_dict, replay, solve
+from trainplan.stage_problem import budget_for, stage_problem
+
+
+class PlanError(ValueError):
+    """A plan file is corrupt: unreadable, missing keys, or a stage whose problem or events are invalid."""
+
+
+@dataclass
+class StagePlan:
+    """One stage of a plan: its fx nodes, raw problem dict, validated problem and schedule dict."""
+
+    index: int
+    nodes: list[str]
+    raw: dict[str, Any]
+    problem: Problem
+    schedule: dict[str, Any]
+
+    @property
+    def events(self) -> list[tuple[str, str]]:
+        return [(str(k), str(o)) for k, o in self.schedule.get("events") or []]
+
+    @property
+    def executable(self) -> bool:
+        """A schedule with events (an infeasible stage has none)."""
+        return bool(self.schedule.get("events"))
+
+
+def _stage(pos: int, raw: Any, where: str) -> StagePlan:
+    if not isinstance(raw, dict):
+        raise PlanError(f"{where}: stages[{pos}] must be an object")
+    for key in ("nodes", "problem", "schedule"):
+        if key not in raw:
+            raise PlanError(f"{where}: stages[{pos}] lacks key '{key}'")
+    try:
+        problem = problem_from_dict(raw["problem"])
+    except ProblemError as exc:
+        raise PlanError(f"{where}: stages[{pos}].problem: {exc}") from exc
+    for op in raw["problem"]["ops"]:
+        if not isinstance(op.get("nodes"), list) or not isinstance(op.get("storages"), list):
+            raise PlanError(f"{where}: stages[{pos}] op '{op['id']}' lacks 'nodes'/'storages' (not a stage_problem plan)")
+    stage = StagePlan(int(raw.get("index", pos)), list(raw["nodes"]), raw["problem"], problem, raw["schedule"])
+    if stage.executable:
+        try:
+            replay(problem, stage.events)
+        except ScheduleError as exc:
+            raise PlanError(f"{where}: stage {stage.index} schedule: {exc}") from exc
+    return stage
+
+
+def parse_plan(data: Any, where: str = "plan") -> list[StagePlan]:
+    """Validate a plan dict; every problem and every event list must be valid (PlanError otherwise)."""
+    if not isinstance(data, dict) or not isinstance(data.get("stages"), list) or not data["stages"]:
+        raise PlanError(f"{where}: expected an object with a non-empty 'stages' list")
+    stages = [_stage(pos, raw, where) for pos, raw in enumerate(data["stages"])]
+    seen: set[str] = set()
+    for st in stages:
+        dup = seen.intersection(st.nodes)
+        if dup:
+            raise PlanError(f"{where}: node(s) {sorted(dup)[:3]} appear in more than one stage")
+        seen.update(st.nodes)
+    return stages
+
+
+def load_plan(path: str | Path) -> tuple[dict[str, Any], list[StagePlan]]:
+    """Read and validate ``plan.json``; a missing or corrupt file raises PlanError naming it."""
+    try:
+        data = read_json(path)
+    except ArtifactError as exc:
+        raise PlanError(str(exc)) from exc
+    return data, parse_plan(data, str(path))
+
+
+def split_nodes(names: list[str], k: int) -> list[list[str]]:
+    """The node list cut into ``k`` contiguous, nearly equal parts (fallback partition)."""
+    size = -(-len(names) // k)
+    return [names[i : i + size] for i in range(0, len(names), size)]
+
+
+def build_plan(
+    nodes: pd.DataFrame,
+    tensors: pd.DataFrame,
+    stages: list[list[str]],
+    *,
+    model: str,
+    device: str,
+    fraction: float,
+    bandwidth: float,
+    time_limit_s: float = 10.0,
+    workers: int = 1,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """A plan in the balance rule's format: each stage scheduled at ``fraction`` of its no-recompute peak.
+
+    ``nodes`` must carry the profile's ``time_s``.
+    """
+    out = []
+    for index, stage_nodes in enumerate(stages):
+        raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth)
+        raw["budget_bytes"] = budget_for(raw, fraction)
+        schedule = solve(problem_from_dict(raw), time_limit_s, workers, seed)
+        out.append({"index": index, "nodes": list(stage_nodes), "problem": raw, "schedule": schedule.to_dict()})
+    return {"model": model, "device": device, "k": len(stages), "budget_fraction": fraction, "stages": out}

@@ -1,0 +1,125 @@
+"""A stage's device memory pool and host pool, holding real storages keyed by plan storage id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from trainplan.execute.layout import Slot
+
+
+def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A 1-D uint8 tensor over a whole storage."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def clone_storage(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
+    """A fresh device storage holding a copy of ``storage`` (a transfer between stage devices)."""
+    out = torch.empty(storage.nbytes(), dtype=torch.uint8, device=device)
+    out.copy_(byte_view(storage))
+    return out.untyped_storage()
+
+
+@dataclass
+class HostPool:
+    """Host copies of swapped-out storages: numpy buffers on CPU (outside torch's CPU allocator, so the
+    allocator cross-check sees device memory only), pinned tensors copied on a side stream on CUDA."""
+
+    device: torch.device
+    copies: dict[int, np.ndarray | torch.Tensor] = field(default_factory=dict)
+    stream: torch.cuda.Stream | None = None
+    done: dict[int, torch.cuda.Event] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.device.type == "cuda":
+            self.stream = torch.cuda.Stream(self.device)
+
+    def save(self, sid: int, storage: torch.UntypedStorage) -> None:
+        src = byte_view(storage)
+        if self.stream is None:
+            buf = np.empty(storage.nbytes(), dtype=np.uint8)
+            torch.from_numpy(buf).copy_(src)
+            self.copies[sid] = buf
+            return
+        host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            host.copy_(src, non_blocking=True)
+            src.record_stream(self.stream)
+            self.done[sid] = torch.cuda.Event()
+            self.done[sid].record(self.stream)
+        self.copies[sid] = host
+
+    def load(self, sid: int) -> torch.UntypedStorage:
+        copy = self.copies[sid]
+        if self.stream is None:
+            out = torch.empty(copy.nbytes, dtype=torch.uint8)
+            out.copy_(torch.from_numpy(copy))
+            return out.untyped_storage()
+        out = torch.empty(copy.numel(), dtype=torch.uint8, device=self.device)
+        self.stream.wait_event(self.done[sid])
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            out.copy_(copy, non_blocking=True)
+            out.record_stream(self.stream)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return out.untyped_storage()
+
+    def nbytes(self) -> int:
+        return int(sum(c.nbytes for c in self.copies.values()))
+
+
+@dataclass
+class DevicePool:
+    """Storages resident on one stage's device.
+
+    ``resident``: storages the plan holds (by storage id). ``pending``: extra outputs of a multi-output
+    kernel kept until the op holding them is computed (value, producing op). ``extras``: a slot the plan
+    takes for a view that came out as a fresh storage. ``fixed``: parameters, buffers and inputs.
+    """
+
+    fixed: dict[int, torch.UntypedStorage]
+    resident: dict[int, torch.UntypedStorage] = field(default_factory=dict)
+    pending: dict[int, tuple[torch.UntypedStorage, str]] = field(default_factory=dict)
+    extras: dict[Slot, tuple[torch.Tensor, int]] = field(default_factory=dict)  # slot -> (tensor, storage id)
+    views: dict[int, dict[Slot, torch.Tensor]] = field(default_factory=dict)
+
+    def storage(self, sid: int) -> torch.UntypedStorage | None:
+        if sid in self.fixed:
+            return self.fixed[sid]
+        if sid in self.resident:
+            return self.resident[sid]
+        if sid in self.pending:
+            return self.pending[sid][0]
+        return None
+
+    def put(self, sid: int, storage: torch.UntypedStorage) -> None:
+        self.views.pop(sid, None)
+        self.pending.pop(sid, None)
+        self.resident[sid] = storage
+
+    def drop(self, sid: int) -> None:
+        """Release a storage, its cached views and any slot taken for a view of it."""
+        self.views.pop(sid, None)
+        self.resident.pop(sid, None)
+        for slot in [s for s, (_, owner) in self.extras.items() if owner == sid]:
+            del self.extras[slot]
+
+    def drop_pending_of(self, op_id: str) -> None:
+        for sid in [s for s, (_, op) in self.pending.items() if op == op_id]:
+            del self.pending[sid]
+            self.views.pop(sid, None)
+
+    def held(self) -> dict[int, int]:
+        """Bytes of every distinct storage held, keyed by data pointer (fixed storages included)."""
+        out = {st.data_ptr(): st.nbytes() for st in self.fixed.values()}
+        out.update((st.data_ptr(), st.nbytes()) for st in self.resident.values())
+        out.update((st.data_ptr(), st.nbytes()) for st, _ in self.pending.values())
+        out.update((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t, _ in self.extras.values())
+        return out
+
+    def device_bytes(self) -> int:
+        """Device bytes held, each storage counted once however many views share it."""
+        return int(sum(self.held().values()))

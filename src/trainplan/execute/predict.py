@@ -1,0 +1,47 @@
+"""The plan's own prediction event by event: device bytes after each event and while it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainplan.schedule import Problem
+
+
+@dataclass
+class Predicted:
+    """Per-event predicted bytes (fixed included) and time; ``peak``/``time`` equal :func:`replay`'s."""
+
+    bytes_after: list[int]
+    bytes_peak: list[int]
+    seconds: list[float]
+
+    @property
+    def peak(self) -> int:
+        return max(self.bytes_peak, default=0)
+
+    @property
+    def time(self) -> float:
+        return float(sum(self.seconds))
+
+
+def predict(problem: Problem, events: list[tuple[str, str]]) -> Predicted:
+    """Replay's accounting kept per event: a compute holds output + workspace on top of what is resident."""
+    used = problem.fixed_bytes
+    after: list[int] = []
+    peak: list[int] = []
+    seconds: list[float] = []
+    for kind, oid in events:
+        op = problem.ops[problem.index[oid]]
+        during = used + op.bytes + op.workspace
+        if kind == "compute":
+            used += op.bytes
+            seconds.append(op.time)
+        elif kind == "free":
+            used -= op.bytes
+            seconds.append(0.0)
+        else:
+            used += op.bytes if kind == "swap_in" else 0
+            seconds.append(op.bytes / problem.bandwidth)
+        after.append(used)
+        peak.append(during if kind == "compute" else used)
+    return Predicted(after, peak, seconds)

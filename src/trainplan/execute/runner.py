@@ -1,0 +1,263 @@
+"""Apply a plan's events to the real traced graph, one device pool per stage, measuring bytes and time.
+
+``compute`` runs the op's fx nodes on real tensors (again, for a recompute); ``free`` drops its storages;
+``swap_out`` copies them to the host pool; ``swap_in`` copies them back into fresh device storage.
+Stages are interleaved as their data demand: a stage waits at a boundary op until the producing stage
+has computed that storage, then receives a copy of it into its own pool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx.node import map_arg
+
+from trainplan.execute.layout import GraphLayout, OpSpec, Slot, StageLayout
+from trainplan.execute.pool import DevicePool, HostPool, clone_storage
+
+#: (dtype, storage offset, size, stride) of a slot, recorded when its node runs
+SlotMeta = tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...]]
+
+
+class ExecutionError(RuntimeError):
+    """A plan cannot be executed on the real graph; the message names the stage, event, op and node."""
+
+
+@dataclass
+class EventRecord:
+    """One executed event: wall time and, in a measured run, device bytes after it and at its peak."""
+
+    stage: int
+    position: int
+    kind: str
+    op: str
+    seconds: float
+    bytes_after: int = -1
+    bytes_peak: int = -1
+    host_bytes: int = -1
+    op_bytes: int = -1  # real bytes of the op's storages after a compute
+
+
+@dataclass
+class Shared:
+    """State shared by the stages of one run: slot metadata and the storages sent between stages."""
+
+    meta: dict[Slot, SlotMeta] = field(default_factory=dict)
+    channel: dict[int, torch.UntypedStorage] = field(default_factory=dict)
+    surprises: set[str] = field(default_factory=set)  # nodes the plan took for views that allocated
+    regenerated: list[str] = field(default_factory=list)  # ops whose storage had to be re-made by its kernel
+
+
+class StageRunner:
+    """Executes one stage's events in order on its own device and host pools."""
+
+    def __init__(self, stage: StageLayout, events: list[tuple[str, str]], layout: GraphLayout,
+                 shared: Shared, device: torch.device, sync: Callable[[], None]) -> None:
+        self.stage, self.events, self.layout, self.shared = stage, events, layout, shared
+        self.device, self.sync = device, sync
+        self.pool = DevicePool({sid: layout.fixed[sid].untyped_storage() for sid in stage.fixed})
+        self.host = HostPool(device)
+        self.scalars: dict[str, Any] = {}
+        self.position = 0
+        self._probe: Callable[[], None] | None = None
+        self._peak = 0
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self.events)
+
+    def blocked(self) -> bool:
+        """True while the next event receives a storage no stage has produced yet."""
+        kind, oid = self.events[self.position]
+        op = self.stage.ops[oid]
+        return kind == "compute" and op.boundary and any(s not in self.shared.channel for s in op.storages)
+
+    def waiting_for(self) -> str:
+        kind, oid = self.events[self.position]
+        return f"stage {self.stage.index} event {self.position} {kind} '{oid}'"
+
+    def step(self, measure: bool) -> EventRecord:
+        """Run the next event; with ``measure``, record device bytes after every node and after the event."""
+        kind, oid = self.events[self.position]
+        op = self.stage.ops[oid]
+        record = EventRecord(self.stage.index, self.position, kind, oid, 0.0)
+        self._probe = self._measure if measure else None
+        self._peak = 0
+        start = time.perf_counter_ns()
+        try:
+            getattr(self, f"_{kind}")(op)
+        except ExecutionError:
+            raise
+        except Exception as exc:
+            raise ExecutionError(f"{self.waiting_for()}: {type(exc).__name__}: {exc}") from exc
+        self.sync()
+        record.seconds = (time.perf_counter_ns() - start) / 1e9
+        if measure:
+            record.bytes_after = self.pool.device_bytes()
+            record.bytes_peak = max(self._peak, record.bytes_after)
+            record.host_bytes = self.host.nbytes()
+            if kind == "compute":
+                held = {self.pool.resident[s].data_ptr(): self.pool.resident[s].nbytes()
+                        for s in op.storages if s in self.pool.resident}
+                record.op_bytes = int(sum(held.values()))
+        self.position += 1
+        return record
+
+    def _measure(self) -> None:
+        self._peak = max(self._peak, self.pool.device_bytes())
+
+    # --- events -------------------------------------------------------------------------------
+    def _compute(self, op: OpSpec) -> None:
+        if op.boundary:
+            for sid in op.storages:
+                self.pool.put(sid, clone_storage(self.shared.channel[sid], self.device))
+        for sid in op.storages:
+            if sid in self.pool.pending:
+                self.pool.put(sid, self.pool.pending[sid][0])
+        for node in op.nodes:
+            self._run_node(node, op)
+        for sid in op.storages:
+            if sid not in self.pool.resident:  # an extra output whose kernel ran while it was held: run it again
+                self.shared.regenerated.append(op.id)
+                self._run_node(self.layout.nodes[self.layout.producer[sid]], op)
+            if sid in self.stage.exported:
+                self.shared.channel.setdefault(sid, self.pool.resident[sid])
+
+    def _free(self, op: OpSpec) -> None:
+        for sid in op.storages:
+            self.pool.drop(sid)
+        self.pool.drop_pending_of(op.id)
+
+    def _swap_out(self, op: OpSpec) -> None:
+        for sid in op.storages:
+            self.host.save(sid, self.pool.resident[sid])
+
+    def _swap_in(self, op: OpSpec) -> None:
+        for sid in op.storages:
+            self.pool.put(sid, self.host.load(sid))
+
+    # --- values -------------------------------------------------------------------------------
+    def _run_node(self, node: torch.fx.Node, op: OpSpec) -> None:
+        args, kwargs = map_arg((node.args, node.kwargs), self.value)
+        out = node.target(*args, **kwargs)
+        del args, kwargs
+        slots = self.layout.slots.get(node.name)
+        if not slots:
+            self.scalars[node.name] = out
+            return
+        if self._probe is not None:
+            self._peak = max(self._peak, self.pool.device_bytes() + self._unheld_bytes(out))
+        for idx, sid in slots:
+            t = out if idx < 0 else out[idx]
+            if isinstance(t, torch.Tensor):
+                self._place(node.name, idx, sid, t, op)
+        del out
+        if self._probe is not None:
+            self._probe()
+
+    def _unheld_bytes(self, out: Any) -> int:
+        """Bytes of fresh output storages of a kernel that the pool does not hold yet."""
+        values = out if isinstance(out, (tuple, list)) else [out]
+        held = self.pool.held()
+        fresh = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                 for t in values if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in held}
+        return int(sum(fresh.values()))
+
+    def _place(self, name: str, idx: int, sid: int, t: torch.Tensor, op: OpSpec) -> None:
+        """Hold a node's output where the plan says: in its op's storage, pending, or nowhere (a duplicate)."""
+        self.shared.meta.setdefault((name, idx), (t.dtype, t.storage_offset(), tuple(t.shape), t.stride()))
+        if sid in self.layout.fixed:
+            return
+        st = t.untyped_storage()
+        held = self.pool.storage(sid)
+        if held is not None and held.data_ptr() == st.data_ptr():
+            return  # a view or in-place result on a storage already held
+        if self.layout.producer[sid] != name:  # the plan has a view here, but the kernel allocated
+            self.shared.surprises.add(name)
+            self.pool.extras[(name, idx)] = (t, sid)
+        elif sid in op.storages:
+            self.pool.put(sid, st)
+        elif sid not in self.pool.resident:
+            self.pool.pending[sid] = (st, op.id)
+
+    def value(self, node: torch.fx.Node) -> Any:
+        """The real value of an fx node, rebuilt from the storages this stage holds."""
+        if node.op == "placeholder":
+            return self.layout.placeholders[node.name]
+        if node.name in self.scalars:
+            return self.scalars[node.name]
+        slots = self.layout.slots.get(node.name)
+        if slots is None:
+            raise ExecutionError(f"{self.waiting_for()}: node '{node.name}' has no value")
+        if slots[0][0] < 0:
+            return self._view((node.name, -1), required=True)
+        out: list[Any] = [None] * len(node.meta["val"])
+        for idx, _ in slots:
+            out[idx] = self._view((node.name, idx), required=False)
+        return tuple(out)
+
+    def _view(self, slot: Slot, required: bool) -> torch.Tensor | None:
+        if slot in self.pool.extras:
+            return self.pool.extras[slot][0]
+        sid = self.layout.storage[slot]
+        st = self.layout.fixed[sid].untyped_storage() if sid in self.layout.fixed else self.pool.storage(sid)
+        if st is None:
+            if required:
+                holder = self.stage.holder.get(sid, "?")
+                raise ExecutionError(f"{self.waiting_for()}: node '{slot[0]}' reads storage {sid} "
+                                     f"(op '{holder}') that is not resident")
+            return None
+        cache = self.pool.views.setdefault(sid, {})
+        view = cache.get(slot)
+        if view is None:
+            dtype, offset, size, stride = self.shared.meta[slot]
+            view = torch.empty(0, dtype=dtype, device=st.device).set_(st, offset, size, stride)
+            cache[slot] = view
+        return view
+
+
+@dataclass
+class RunResult:
+    """Events executed (in execution order across stages) and the graph outputs (loss, gradients)."""
+
+    records: list[EventRecord]
+    outputs: list[torch.Tensor]
+    shared: Shared
+    runners: list[StageRunner]
+
+
+def run_plan(stages: list[StageLayout], events: list[list[tuple[str, str]]], layout: GraphLayout,
+             gm: torch.fx.GraphModule, *, device: torch.device, measure: bool = False) -> RunResult:
+    """Execute every stage's events, interleaving stages as boundary storages become available."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    shared = Shared()
+    runners = [StageRunner(st, ev, layout, shared, device, sync) for st, ev in zip(stages, events)]
+    records: list[EventRecord] = []
+    with torch.no_grad():
+        while not all(r.done for r in runners):
+            progressed = False
+            for r in runners:
+                while not r.done and not r.blocked():
+                    records.append(r.step(measure))
+                    progressed = True
+            if not progressed:
+                waits = "; ".join(r.waiting_for() for r in runners if not r.done)
+                raise ExecutionError(f"deadlock: every stage waits for a storage no stage has produced ({waits})")
+        outputs = _outputs(gm, stages, runners)
+    return RunResult(records, outputs, shared, runners)
+
+
+def _outputs(gm: torch.fx.GraphModule, stages: list[StageLayout], runners: list[StageRunner]) -> list[torch.Tensor]:
+    """Loss and gradients, read from the stage that holds each (all are kept resident to the end)."""
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    owner = {node.name: r for st, r in zip(stages, runners) for op in st.ops.values() if not op.boundary
+             for node in op.nodes}
+    values = []
+    for arg in out_node.args[0]:
+        runner = owner.get(arg.name, runners[0])
+        values.append(runner.value(arg))
+    return values

@@ -1,0 +1,88 @@
+"""Per-model outcome of the overflow loop: final lists, denied ops, fp16 shares vs autocast, measured cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from trainplan.precision.assign import assign_precision
+from trainplan.precision.cost import fp16_shares, fp32_dtypes, measure_step, precision_table
+from trainplan.precision.lists import autocast_policy
+from trainplan.precision.policy import Policy
+from trainplan.trace import TracedStep
+
+
+@dataclass
+class OverflowSummary:
+    """Summary document, per-op precision table (one column per policy) and all iterations' findings."""
+
+    summary: dict[str, Any]
+    precision: pd.DataFrame
+    findings: pd.DataFrame
+
+
+def findings_frame(iterations: list[dict[str, Any]]) -> pd.DataFrame:
+    """All S1 records of all iterations, with an ``iteration`` column."""
+    rows = [{"iteration": it["iteration"], **f} for it in iterations for f in it["findings"]]
+    columns = ["iteration", "node", "op", "phase", "dtype", "bad_inputs", "bad_output", "is_root", "nan", "pos_inf", "neg_inf", "pos_sat", "neg_sat", "finite_min", "finite_max"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def injection_scores(injected: list[str], denied: list[str]) -> dict[str, Any]:
+    """Precision and recall of the denied nodes against the injected roots (ground truth)."""
+    hit = set(injected) & set(denied)
+    return {
+        "injected": injected,
+        "injected_found": sorted(hit),
+        "precision": len(hit) / len(denied) if denied else 1.0,
+        "recall": len(hit) / len(injected) if injected else 1.0,
+    }
+
+
+def summarize(
+    traced: TracedStep,
+    flat: list[torch.Tensor],
+    iterations: list[dict[str, Any]],
+    start: Policy,
+    final: Policy,
+    flops: dict[str, float],
+    *,
+    injected: list[str] | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> OverflowSummary:
+    """Compare all-fp32, the starting policy, the final policy and CUDA autocast on the same graph."""
+    gm, loss = traced.gm, traced.loss_node
+    assignments = {name: assign_precision(gm, pol, loss) for name, pol in (("default", start), ("final", final), ("autocast", autocast_policy()))}
+    tables = {name: precision_table(gm, a, flops) for name, a in assignments.items()}
+    precision = tables["final"].rename(columns={"dtype": "dtype_final", "list": "list_final"})
+    for name in ("default", "autocast"):
+        precision[f"dtype_{name}"] = tables[name].dtype.values
+    costs = {
+        "fp32": measure_step(gm, flat, fp32_dtypes(gm), loss, repeats=repeats, warmup=warmup),
+        "default": measure_step(gm, flat, assignments["default"].dtype, loss, repeats=repeats, warmup=warmup),
+        "final": measure_step(gm, flat, assignments["final"].dtype, loss, repeats=repeats, warmup=warmup),
+    }
+    last = iterations[-1]
+    denied = [r for it in iterations for r in it["roots"]]
+    denied_ops = precision.set_index("name").loc[denied, "op"].tolist() if denied else []
+    summary = {
+        "model": traced.model,
+        "iterations": len(iterations),
+        "converged": bool(last["clean"]),
+        "stalled": bool(last["stalled"]),
+        "denied_nodes": denied,
+        "denied_ops": denied_ops,
+        "roots_per_iteration": [it["roots"] for it in iterations],
+        "final_loss": last["loss"],
+        "inherent_fp32_bad_nodes": last["inherent"],
+        "shares": {name: fp16_shares(t) for name, t in tables.items()},
+        "cost": {name: c.to_dict() for name, c in costs.items()},
+        "final_policy": final.to_dict(),
+    }
+    if injected:
+        summary["injection"] = injection_scores(injected, denied)
+    return OverflowSummary(summary, precision, findings_frame(iterations))

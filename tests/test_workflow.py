@@ -1,0 +1,101 @@
+"""The workflow end to end on a tiny study: artifacts, caching, and clear config errors (Snakemake subprocess)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "tests" / "config" / "config.yaml"
+
+pytestmark = pytest.mark.workflow
+
+
+def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(config), "--cores", "2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+
+
+def planned_jobs(workdir: Path, config: Path) -> dict[str, int]:
+    """Rule -> job count of a dry run."""
+    out = snakemake(workdir, config, "--dry-run", "--quiet", "rules")
+    assert out.returncode == 0, out.stderr
+    jobs = {}
+    for line in (out.stdout + out.stderr).splitlines():
+        m = re.fullmatch(r"(\w+)\s+(\d+)", line.strip())
+        if m and m.group(1) != "total":
+            jobs[m.group(1)] = int(m.group(2))
+    return jobs
+
+
+def edited(tmp: Path, name: str, edit) -> Path:
+    cfg = yaml.safe_load(TINY.read_text())
+    edit(cfg)
+    path = tmp / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("study")
+    out = snakemake(workdir, TINY)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return workdir
+
+
+def test_artifacts_parse(study):
+    for model in ("tiny_gpt2", "small_cnn"):
+        nodes = pd.read_parquet(study / f"results/export/{model}/nodes.parquet")
+        tensors = pd.read_parquet(study / f"results/export/{model}/tensors.parquet")
+        graph = json.loads((study / f"results/export/{model}/graph.json").read_text())
+        assert graph["n_ops"] == len(nodes) > 20
+        assert set(tensors.kind) >= {"parameter", "activation", "gradient", "input"}
+        ops = pd.read_parquet(study / f"results/profile/{model}/cpu/ops.parquet")
+        assert ops.name.tolist() == nodes.name.tolist()
+        summary = json.loads((study / f"results/profile/{model}/cpu/summary.json").read_text())
+        assert summary["op_sum_over_step"] == pytest.approx(summary["op_sum_s"] / summary["step_time_s"])
+        assert (study / f"logs/export/{model}.log").read_text()
+
+
+def test_rerun_is_a_noop(study):
+    assert planned_jobs(study, TINY) == {}
+
+
+def test_new_budget_reruns_no_export_or_profile(study, tmp_path):
+    cfg = edited(tmp_path, "budget.yaml", lambda c: c.update(budgets=[0.6, 0.4]))
+    jobs = planned_jobs(study, cfg)
+    assert "export" not in jobs and "profile" not in jobs
+
+
+def test_changed_model_reruns_only_that_model(study, tmp_path):
+    cfg = edited(tmp_path, "model.yaml", lambda c: c["models"]["tiny_gpt2"]["inputs"].update(seq_len=8))
+    out = snakemake(study, cfg, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    assert "model=tiny_gpt2" in text and "model=small_cnn" not in text
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda c: c.update(modles=c.pop("models")), "modles"),
+        (lambda c: c["models"]["tiny_gpt2"].update(architecture="GPT9LMHeadModel"), "GPT9LMHeadModel"),
+        (lambda c: c["study"].update(plan=["tiny_gpt2", "nosuchmodel"]), "nosuchmodel"),
+        (lambda c: c.update(budgets=[1.5]), "budgets"),
+    ],
+)
+def test_bad_config_fails_fast_naming_the_key(tmp_path, edit, named):
+    cfg = edited(tmp_path, "bad.yaml", edit)
+    out = snakemake(tmp_path / "w", cfg, "--dry-run")
+    assert out.returncode != 0
+    assert named in out.stderr + out.stdout
+    assert not (tmp_path / "w" / "results").exists()

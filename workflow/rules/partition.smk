@@ -1,0 +1,59 @@
+rule partition:
+    input:
+        unpack(export_inputs),
+        profile="results/profile/{model}/{device}/ops.parquet",
+    output:
+        "results/partition/{model}/{device}/k{k}/partition.json",
+    log:
+        "logs/partition/{model}/{device}/k{k}.log",
+    benchmark:
+        "benchmarks/partition/{model}/{device}/k{k}.tsv"
+    params:
+        k=lambda wildcards: int(wildcards.k),
+        tolerance=config["balance"]["tolerance"],
+        micro_batches=config["balance"]["micro_batches"],
+        memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
+        code=code_version(
+            "partition.graph", "partition.tables", "partition.memory_limit", "partition.split",
+            "partition.refine", "partition.stages", "partition.partition",
+        ),
+    wildcard_constraints:
+        k=r"[1-9][0-9]*",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/partition.py"
+
+
+rule balance:
+    input:
+        unpack(export_inputs),
+        profile="results/profile/{model}/{device}/ops.parquet",
+        partition="results/partition/{model}/{device}/k{k}/partition.json",
+    output:
+        plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+        iterations="results/balance/{model}/{device}/k{k}/b{budget}/iterations.json",
+    log:
+        "logs/balance/{model}/{device}/k{k}/b{budget}.log",
+    benchmark:
+        "benchmarks/balance/{model}/{device}/k{k}/b{budget}.tsv"
+    params:
+        budget_fraction=lambda wildcards: float(wildcards.budget),
+        bandwidth=lambda wildcards: device_spec(wildcards)["host_link_gbytes_per_s"] * 1e9,
+        memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
+        balance=config["balance"],
+        solver=config["solver"],
+        code=code_version(
+            "partition.graph", "partition.tables", "partition.memory_limit", "partition.split",
+            "partition.refine", "partition.stages", "partition.partition", "partition.pipeline",
+            "partition.stage_schedule", "partition.balance", "stage_problem", "schedule.solve",
+            "schedule.mip", "schedule.heuristic", "schedule.baselines", "schedule.bounds",
+        ),
+    threads: config["solver"]["workers"]
+    wildcard_constraints:
+        k=r"[1-9][0-9]*",
+        budget=r"[0-9]*\.?[0-9]+",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/balance.py"

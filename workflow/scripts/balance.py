@@ -1,0 +1,25 @@
+"""Snakemake adapter: schedule each stage at the budget, re-partition for balance, compare with the DP."""
+
+from trainplan.artifacts import read_profiled_graph
+from trainplan.io import read_json, write_json
+from trainplan.logs import log_to
+from trainplan.partition import (BalanceSettings, MemoryLimit, SolverSettings, StageScheduler, balance,
+                                 iterations_dict, partition_from_dict, pipeline_graph, plan_dict, range_tables)
+
+with log_to(snakemake.log[0]) as log:
+    inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards
+    graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
+    pipeline = pipeline_graph(graph.nodes, graph.tensors)
+    tables = range_tables(pipeline)
+    settings = BalanceSettings(**par.balance)
+    memory = MemoryLimit(par.memory_bytes, settings.micro_batches)
+    first = partition_from_dict(pipeline, read_json(inp.partition))
+    solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
+    scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=par.bandwidth,
+                               budget_fraction=par.budget_fraction, solver=solver)
+    result = balance(pipeline, tables, first, scheduler, settings, memory)
+    head = {"model": wc.model, "device": wc.device, "k": first.k, "budget_fraction": par.budget_fraction}
+    log.info("chosen iteration %d of %d (%s); %d stage schedules solved", result.chosen,
+             len(result.iterations), result.stop_reason, scheduler.solved)
+    write_json(snakemake.output.iterations, {**head, **iterations_dict(result)})
+    write_json(snakemake.output.plan, {**head, **plan_dict(pipeline, result, settings, memory)})
