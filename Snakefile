@@ -15,6 +15,7 @@ include: "workflow/rules/profile.smk"
 include: "workflow/rules/partition.smk"
 include: "workflow/rules/schedule.smk"
 include: "workflow/rules/overflow.smk"
+include: "workflow/rules/validate.smk"
 
 
 rule all:

@@ -1,40 +1,51 @@
 """Benchmark: partition + balance loop vs the exact min-max DP on the real artifacts (prints a table).
 
-    python bench/bench_partition.py [--models gpt2 resnet50] [--ks 2 4 8] [--budget 0.5] [--json out.json]
+    python bench/bench_partition.py [--models gpt2 resnet50] [--ks 2 4 8] [--budget 0.5] [--time-limit S]
 
 Solver settings, device bandwidth/memory and balance settings come from config/config.yaml unless
-overridden. Times are wall seconds on this machine for the whole loop, schedules included.
+overridden. ``wall_s``: wall seconds of the whole loop, schedules included; ``cpu_s``: this process's CPU
+seconds (all threads; CP-SAT runs ``workers`` threads); ``load``: the 1-minute load average at the end,
+since other work on a shared machine inflates wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import yaml
 
 from trainplan.artifacts import read_profiled_graph
-from trainplan.partition import (BalanceSettings, MemoryLimit, SolverSettings, StageScheduler, balance,
-                                 partition_graph, pipeline_graph, range_tables)
+from trainplan.partition import (
+    BalanceSettings,
+    MemoryLimit,
+    SolverSettings,
+    StageScheduler,
+    balance,
+    partition_graph,
+    pipeline_graph,
+    range_tables,
+)
 from trainplan.partition.balance import comparison
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["model", "k", "b", "dp_opt_s", "dp_tmax_s", "ours_tmax_s", "tmax_ratio", "dp_rate", "ours_rate",
-           "dp_MB", "ours_MB", "bytes_ratio", "iters", "solves", "wall_s"]
+           "dp_MB", "ours_MB", "bytes_ratio", "iters", "solves", "wall_s", "cpu_s", "load"]
 
 
-def run(model: str, k: int, budget: float, config: dict, time_limit_s: float) -> dict:
+def run(model: str, k: int, budget: float, config: dict, time_limit_s: float, art: Path) -> dict:
     device = config["devices"][config["device"]]
-    art = ROOT / "results"
-    graph = read_profiled_graph(art / f"export/{model}/nodes.parquet", art / f"export/{model}/tensors.parquet",
-                                art / f"export/{model}/graph.json", art / f"profile/{model}/{config['device']}/ops.parquet")
+    export = art / "export" / model
+    graph = read_profiled_graph(export / "nodes.parquet", export / "tensors.parquet", export / "graph.json",
+                                art / "profile" / model / config["device"] / "ops.parquet")
     bal = config.get("balance", {})
     settings = BalanceSettings(bal.get("threshold", 0.9), bal.get("max_iterations", 5),
                                bal.get("micro_batches", 8), bal.get("tolerance", 0.02))
     solver = config.get("solver", {})
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pg = pipeline_graph(graph.nodes, graph.tensors)
     tables = range_tables(pg)
     memory = MemoryLimit(int(device["memory_gib"] * 2**30), settings.micro_batches)
@@ -43,7 +54,7 @@ def run(model: str, k: int, budget: float, config: dict, time_limit_s: float) ->
                                budget_fraction=budget,
                                solver=SolverSettings(time_limit_s, solver.get("workers", 2), solver.get("seed", 0)))
     result = balance(pg, tables, first, scheduler, settings, memory)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     cmp = comparison(pg, result)
     dp, ours = result.dp, result.final
     return {
@@ -52,7 +63,7 @@ def run(model: str, k: int, budget: float, config: dict, time_limit_s: float) ->
         "dp_rate": dp.metrics.rate, "ours_rate": ours.metrics.rate,
         "dp_MB": dp.boundary_bytes / 1e6, "ours_MB": ours.boundary_bytes / 1e6,
         "bytes_ratio": cmp["boundary_bytes_ratio"], "iters": len(result.iterations),
-        "solves": scheduler.solved, "wall_s": wall,
+        "solves": scheduler.solved, "wall_s": wall, "cpu_s": cpu, "load": os.getloadavg()[0],
     }
 
 
@@ -74,6 +85,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.5)
     parser.add_argument("--time-limit", type=float, default=None, help="per-stage solver limit (default: config)")
     parser.add_argument("--config", default=str(ROOT / "config/config.yaml"))
+    parser.add_argument("--results", default=str(ROOT / "results"), help="folder holding export/ and profile/")
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args()
     config = yaml.safe_load(Path(args.config).read_text())
@@ -81,7 +93,7 @@ def main() -> None:
     rows = []
     for model in args.models:
         for k in args.ks:
-            rows.append(run(model, k, args.budget, config, limit))
+            rows.append(run(model, k, args.budget, config, limit, Path(args.results)))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     print(f"\nper-stage solver time limit {limit} s\n")
     print(table(rows))

@@ -54,3 +54,26 @@ def plot_memory(memory: pd.DataFrame, summary: dict[str, Any], path: str) -> Non
     ax.set_title(f"{summary['model']}: peak {summary['peak_bytes'] / mib:.0f} MiB at {summary['peak_node']}")
     ax.legend(loc="upper left")
     _save(fig, path)
+
+
+def plot_schedule_comparison(table: pd.DataFrame, path: str) -> None:
+    """Step-time overhead over no recompute, per method, against the memory budget (sum over stages)."""
+    per_budget = (
+        table.groupby(["budget_fraction", "method"])
+        .agg(time_s=("time_s", lambda s: s.sum(min_count=len(s))), status=("status", lambda s: ",".join(sorted(set(s)))))
+        .reset_index()
+    )
+    base = per_budget[per_budget.method == "no_recompute"].set_index("budget_fraction").time_s
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method, part in per_budget.groupby("method"):
+        if method == "no_recompute":
+            continue
+        ok = part.time_s.notna()
+        overhead = part.time_s[ok].to_numpy() / base.loc[part.budget_fraction[ok]].to_numpy() - 1.0
+        ax.plot(part.budget_fraction[ok], overhead * 100, marker="o", label=str(method))
+    ax.set_xlabel("memory budget (fraction of the no-recompute activation peak)")
+    ax.set_ylabel("step-time overhead over no recompute (%)")
+    ax.invert_xaxis()
+    ax.set_title(f"{table.model.iloc[0]}, k={table.k.iloc[0]}: methods that found a schedule within the budget")
+    ax.legend()
+    _save(fig, path)

@@ -47,6 +47,8 @@ _check_config()
 wildcard_constraints:
     model="|".join(sorted(config["models"])),
     device="[A-Za-z0-9_-]+",
+    k="[1-9][0-9]*",
+    budget=r"[0-9]*\.?[0-9]+",
 
 
 def code_version(*modules):
@@ -84,6 +86,26 @@ def export_inputs(wildcards):
     return graph_files(wildcards.model)
 
 
+def schedule_tables(wildcards):
+    """Schedule comparison tables of one model, device and k over every budget."""
+    return expand(
+        "results/schedule/{model}/{device}/k{k}/b{budget}/compare.csv",
+        budget=config["budgets"],
+        **wildcards,
+    )
+
+
+def validation_files():
+    """Validation documents of every planned model, budget and stage count."""
+    return expand(
+        "results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
+        model=MODELS,
+        device=DEVICE,
+        k=config["stages"],
+        budget=config["budgets"],
+    )
+
+
 def all_targets():
     """Every final artifact of the study."""
     return expand(
@@ -97,14 +119,16 @@ def all_targets():
     ) + expand(
         [
             "results/partition/{model}/{device}/k{k}/partition.json",
-            "results/schedule/{model}/{device}/k{k}/b{budget}/compare.csv",
+            "results/plots/{model}/{device}/k{k}/schedule_overhead.png",
             "results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+            "results/plots/{model}/{device}/k{k}/b{budget}/balance.png",
+            "results/plots/{model}/{device}/k{k}/b{budget}/validation.png",
         ],
         model=MODELS,
         device=DEVICE,
         k=config["stages"],
         budget=config["budgets"],
-    ) + (
+    ) + ["results/validate/summary.csv"] + (
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []

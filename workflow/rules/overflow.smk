@@ -1,47 +1,18 @@
-# Stage 7 (seed 000): fp16 overflow loop. Each S1-S3 pass is one checkpoint job (cached per iteration);
-# `overflow_iterations` walks the passes until one converges or `overflow.max_iterations` is reached.
+# Stage 7 (seed 000): fp16 overflow loop. Each S1-S3 pass is one checkpoint job (cached per pass);
+# the summary's input walks the passes until one converges or `overflow.max_iterations` is reached.
+from trainplan.precision import paths as overflow_paths
+
+OVERFLOW = config["overflow"]
+OVERFLOW_CODE = [f"precision.{m}" for m in ("assign", "cases", "detect", "interpreter", "iterate", "policy")]
 
 
 wildcard_constraints:
     i=r"\d+",
 
 
-def overflow_iteration_inputs(wildcards):
-    """Policy a pass starts from (the configured default at pass 0) and the previous pass's findings."""
-    i = int(wildcards.i)
-    if i == 0:
-        return {"policy": config["overflow"]["policy"]}
-    previous = f"results/overflow/{wildcards.model}/iter{i - 1}"
-    return {"policy": f"{previous}/policy_next.yaml", "previous": f"{previous}/findings.json"}
-
-
-def overflow_iterations(wildcards):
-    """Findings of every pass up to the first converged one (checkpoint walk, capped)."""
-    import json
-
-    files = []
-    for i in range(config["overflow"]["max_iterations"]):
-        findings = checkpoints.overflow_iteration.get(model=wildcards.model, i=i).output.findings
-        files.append(findings)
-        with open(findings) as handle:
-            if json.load(handle)["converged"]:
-                break
-    return files
-
-
-def overflow_final_policy(wildcards):
-    """Policy after the last pass the walk reached."""
-    return overflow_iterations(wildcards)[-1].replace("findings.json", "policy_next.yaml")
-
-
-def overflow_case(key):
-    """Per-model overflow setting (`inject` or `param_scale`) of the wildcard's model."""
-    return lambda wildcards: config["overflow"][key].get(wildcards.model, [])
-
-
 checkpoint overflow_iteration:
     input:
-        unpack(overflow_iteration_inputs),
+        unpack(lambda w: overflow_paths.iteration_inputs(w.model, int(w.i), OVERFLOW["policy"])),
     output:
         findings="results/overflow/{model}/iter{i}/findings.json",
         policy="results/overflow/{model}/iter{i}/policy_next.yaml",
@@ -52,20 +23,26 @@ checkpoint overflow_iteration:
     params:
         spec=model_spec,
         seed=config["seed"],
-        iteration=lambda wildcards: int(wildcards.i),
-        inject=overflow_case("inject"),
-        param_scale=overflow_case("param_scale"),
-        saturate=config["overflow"]["saturate"],
+        iteration=lambda w: int(w.i),
+        inject=lambda w: OVERFLOW["inject"].get(w.model, []),
+        param_scale=lambda w: OVERFLOW["param_scale"].get(w.model, []),
+        saturate=OVERFLOW["saturate"],
+        emulate_matmul=OVERFLOW["emulate_matmul"],
+        code=code_version("models", "trace", *OVERFLOW_CODE),
     threads: 1
+    conda:
+        "../envs/trainplan.yaml"
     script:
         "../scripts/overflow_iteration.py"
 
 
 rule overflow_summary:
     input:
-        iterations=overflow_iterations,
-        final_policy=overflow_final_policy,
-        policy=config["overflow"]["policy"],
+        iterations=lambda w: overflow_paths.walk_iterations(checkpoints.overflow_iteration, w.model, OVERFLOW["max_iterations"]),
+        final_policy=lambda w: overflow_paths.final_policy(
+            overflow_paths.walk_iterations(checkpoints.overflow_iteration, w.model, OVERFLOW["max_iterations"])[-1]
+        ),
+        policy=OVERFLOW["policy"],
         nodes="results/export/{model}/nodes.parquet",
     output:
         summary="results/overflow/{model}/summary.json",
@@ -79,20 +56,24 @@ rule overflow_summary:
     params:
         spec=model_spec,
         seed=config["seed"],
-        inject=overflow_case("inject"),
-        param_scale=overflow_case("param_scale"),
-        max_iterations=config["overflow"]["max_iterations"],
-        repeats=config["overflow"]["repeats"],
-        warmup=config["overflow"]["warmup"],
+        inject=lambda w: OVERFLOW["inject"].get(w.model, []),
+        param_scale=lambda w: OVERFLOW["param_scale"].get(w.model, []),
+        max_iterations=OVERFLOW["max_iterations"],
+        repeats=OVERFLOW["repeats"],
+        warmup=OVERFLOW["warmup"],
+        emulate_matmul=OVERFLOW["emulate_matmul"],
+        code=code_version("models", "trace", *OVERFLOW_CODE, "precision.cost", "precision.lists", "precision.summary"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
+    conda:
+        "../envs/trainplan.yaml"
     script:
         "../scripts/overflow_summary.py"
 
 
 rule overflow_report:
     input:
-        summaries=expand("results/overflow/{model}/summary.json", model=config["study"].get("overflow", [])),
+        summaries=expand("results/overflow/{model}/summary.json", model=config["study"]["overflow"]),
     output:
         table="results/overflow/study.csv",
         plot=report(
@@ -103,5 +84,9 @@ rule overflow_report:
         ),
     log:
         "logs/overflow/report.log",
+    params:
+        code=code_version("precision.report"),
+    conda:
+        "../envs/trainplan.yaml"
     script:
         "../scripts/overflow_report.py"

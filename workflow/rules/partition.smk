@@ -57,3 +57,24 @@ rule balance:
         "../envs/trainplan.yaml"
     script:
         "../scripts/balance.py"
+
+
+rule plot_balance:
+    input:
+        iterations="results/balance/{model}/{device}/k{k}/b{budget}/iterations.json",
+    output:
+        report(
+            "results/plots/{model}/{device}/k{k}/b{budget}/balance.png",
+            caption="../report/partition_balance.rst",
+            category="Balance",
+            labels={"model": "{model}", "k": "{k}", "budget": "{budget}", "figure": "stage times"},
+        ),
+    log:
+        "logs/plot_balance/{model}/{device}/k{k}/b{budget}.log",
+    wildcard_constraints:
+        k=r"[1-9][0-9]*",
+        budget=r"[0-9]*\.?[0-9]+",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/plot_balance.py"

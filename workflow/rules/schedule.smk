@@ -18,10 +18,26 @@ rule schedule:
         seed=config["solver"]["seed"],
         code=code_version("stage_problem", "stage_schedule", "schedule.solve", "schedule.mip", "schedule.heuristic", "schedule.baselines", "schedule.checkmate"),
     threads: config["solver"]["workers"]
-    wildcard_constraints:
-        k=r"[1-9][0-9]*",
-        budget=r"[0-9]*\.?[0-9]+",
     conda:
         "../envs/trainplan.yaml"
     script:
         "../scripts/schedule.py"
+
+
+rule schedule_summary:
+    input:
+        tables=schedule_tables,
+    output:
+        table="results/schedule/{model}/{device}/k{k}/compare.csv",
+        plot=report(
+            "results/plots/{model}/{device}/k{k}/schedule_overhead.png",
+            caption="../report/schedule_overhead.rst",
+            category="Schedule",
+            labels={"model": "{model}", "stages": "{k}", "figure": "overhead vs budget"},
+        ),
+    log:
+        "logs/schedule_summary/{model}/{device}/k{k}.log",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/schedule_summary.py"

@@ -3,8 +3,18 @@
 from trainplan.artifacts import read_profiled_graph
 from trainplan.io import read_json, write_json
 from trainplan.logs import log_to
-from trainplan.partition import (BalanceSettings, MemoryLimit, SolverSettings, StageScheduler, balance,
-                                 iterations_dict, partition_from_dict, pipeline_graph, plan_dict, range_tables)
+from trainplan.partition import (
+    BalanceSettings,
+    MemoryLimit,
+    SolverSettings,
+    StageScheduler,
+    balance,
+    iterations_dict,
+    partition_from_dict,
+    pipeline_graph,
+    plan_dict,
+    range_tables,
+)
 
 with log_to(snakemake.log[0]) as log:
     inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards

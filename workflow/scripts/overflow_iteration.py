@@ -16,7 +16,7 @@ with log_to(snakemake.log[0]) as log:
     injections = parse_injections(p.inject, traced.gm, model)
     previous = read_json(snakemake.input.previous)["inherent"] if "previous" in snakemake.input.keys() else None
     result = run_iteration(traced, flat, load_policy(snakemake.input.policy), p.iteration, injections,
-                           saturating=p.saturate, inherent=previous)
+                           saturating=p.saturate, emulate_matmul=p.emulate_matmul, inherent=previous)
     log.info("model %s iteration %d: %d ops recorded, roots %s, loss %.4f",
              model, p.iteration, len(result.findings), result.roots, result.loss)
     write_yaml(snakemake.output.policy, result.next_policy.to_dict())

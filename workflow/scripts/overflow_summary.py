@@ -17,7 +17,7 @@ with log_to(snakemake.log[0]) as log:
     final = load_policy(snakemake.input.final_policy)
     result = summarize(traced, flat, iterations, load_policy(snakemake.input.policy), final,
                        dict(zip(nodes.name, nodes.flops)), injected=[e["node"] for e in p.inject],
-                       repeats=p.repeats, warmup=p.warmup)
+                       repeats=p.repeats, warmup=p.warmup, emulate_matmul=p.emulate_matmul)
     s = result.summary
     s["max_iterations"] = p.max_iterations
     log.info("model %s: %d iterations, converged %s, denied %s, fp16 FLOP share final %.4f vs autocast %.4f",

@@ -15,30 +15,48 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class StageTimes:
-    """Wall time of each stage's events in every timed repetition (s) and their median."""
+class Timings:
+    """Per stage, the summed wall time of its events in every timed repetition (s), for the plan and for
+    the no-recompute baseline run alternately with it (same machine load); per plan event, the median."""
 
-    runs: list[float]
+    stage_runs: list[list[float]]
+    baseline_runs: list[list[float]]
+    event_median_s: list[float]  # in the run's event order
 
-    @property
-    def median(self) -> float:
-        return statistics.median(self.runs)
+    def stage_median(self, stage: int) -> float:
+        return statistics.median(self.stage_runs[stage])
+
+    def baseline_median(self, stage: int) -> float:
+        return statistics.median(self.baseline_runs[stage])
 
 
-def time_runs(run: Callable[[], RunResult], n_stages: int, *, repeats: int, warmup: int) -> list[StageTimes]:
-    """Execute ``run`` ``warmup + repeats`` times; per stage, the summed wall time of its events per run."""
-    per_stage: list[list[float]] = [[] for _ in range(n_stages)]
+def _stage_totals(result: RunResult, n_stages: int) -> list[float]:
+    totals = [0.0] * n_stages
+    for rec in result.records:
+        totals[rec.stage] += rec.seconds
+    return totals
+
+
+def time_runs(run: Callable[[], RunResult], baseline: Callable[[], RunResult], n_stages: int, *, repeats: int,
+              warmup: int) -> Timings:
+    """Execute ``run`` and ``baseline`` alternately ``warmup + repeats`` times (``repeats`` >= 1)."""
+    stage_runs: list[list[float]] = [[] for _ in range(n_stages)]
+    baseline_runs: list[list[float]] = [[] for _ in range(n_stages)]
+    per_event: list[list[float]] = []
     for i in range(warmup + repeats):
         result = run()
+        base = _stage_totals(baseline(), n_stages)
         if i < warmup:
             continue
-        totals = [0.0] * n_stages
-        for rec in result.records:
-            totals[rec.stage] += rec.seconds
-        for s, t in enumerate(totals):
-            per_stage[s].append(t)
+        for j, rec in enumerate(result.records):
+            if j == len(per_event):
+                per_event.append([])
+            per_event[j].append(rec.seconds)
+        for s, (t, b) in enumerate(zip(_stage_totals(result, n_stages), base)):
+            stage_runs[s].append(t)
+            baseline_runs[s].append(b)
         del result
-    return [StageTimes(runs) for runs in per_stage]
+    return Timings(stage_runs, baseline_runs, [statistics.median(x) for x in per_event])
 
 
 def _cpu_allocator_peak(run: Callable[[], RunResult]) -> int | None:

@@ -48,6 +48,8 @@ def _stage(pos: int, raw: Any, where: str) -> StagePlan:
     for key in ("nodes", "problem", "schedule"):
         if key not in raw:
             raise PlanError(f"{where}: stages[{pos}] lacks key '{key}'")
+    if raw.get("index", pos) != pos:
+        raise PlanError(f"{where}: stages[{pos}] has index {raw['index']!r}; stages must be listed in order 0..k-1")
     try:
         problem = problem_from_dict(raw["problem"])
     except ProblemError as exc:
@@ -55,8 +57,11 @@ def _stage(pos: int, raw: Any, where: str) -> StagePlan:
     for op in raw["problem"]["ops"]:
         if not isinstance(op.get("nodes"), list) or not isinstance(op.get("storages"), list):
             raise PlanError(f"{where}: stages[{pos}] op '{op['id']}' lacks 'nodes'/'storages' (not a stage_problem plan)")
-    stage = StagePlan(int(raw.get("index", pos)), list(raw["nodes"]), raw["problem"], problem, raw["schedule"])
+    stage = StagePlan(pos, list(raw["nodes"]), raw["problem"], problem, raw["schedule"])
     if stage.executable:
+        for key in ("time", "peak_bytes", "budget_bytes"):
+            if not isinstance(stage.schedule.get(key), (int, float)) or isinstance(stage.schedule.get(key), bool):
+                raise PlanError(f"{where}: stage {pos} schedule lacks a numeric '{key}'")
         try:
             replay(problem, stage.events)
         except ScheduleError as exc:

@@ -40,6 +40,7 @@ class EventRecord:
     bytes_peak: int = -1
     host_bytes: int = -1
     op_bytes: int = -1  # real bytes of the op's storages after a compute
+    unplanned: dict[str, int] = field(default_factory=dict)  # op -> bytes held for it outside the plan
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Shared:
     channel: dict[int, torch.UntypedStorage] = field(default_factory=dict)
     surprises: set[str] = field(default_factory=set)  # nodes the plan took for views that allocated
     regenerated: list[str] = field(default_factory=list)  # ops whose storage had to be re-made by its kernel
+    shadowed: set[str] = field(default_factory=set)  # extra kernel outputs held after their free (see _free)
 
 
 class StageRunner:
@@ -62,6 +64,7 @@ class StageRunner:
         self.pool = DevicePool({sid: layout.fixed[sid].untyped_storage() for sid in stage.fixed})
         self.host = HostPool(device)
         self.scalars: dict[str, Any] = {}
+        self.carried: dict[str, list[int]] = {}  # op -> pending extra outputs swapped out with it
         self.position = 0
         self._probe: Callable[[], None] | None = None
         self._peak = 0
@@ -100,12 +103,23 @@ class StageRunner:
             record.bytes_after = self.pool.device_bytes()
             record.bytes_peak = max(self._peak, record.bytes_after)
             record.host_bytes = self.host.nbytes()
+            record.unplanned = self._unplanned()
             if kind == "compute":
                 held = {self.pool.resident[s].data_ptr(): self.pool.resident[s].nbytes()
                         for s in op.storages if s in self.pool.resident}
                 record.op_bytes = int(sum(held.values()))
         self.position += 1
         return record
+
+    def _unplanned(self) -> dict[str, int]:
+        """Bytes held outside the plan's accounting: pending extra kernel outputs and views that allocated."""
+        out: dict[str, int] = {}
+        for sid, (st, _) in self.pool.pending.items():
+            op = self.stage.holder.get(sid, f"storage {sid}")
+            out[op] = out.get(op, 0) + st.nbytes()
+        for (node, _), (t, _) in self.pool.extras.items():
+            out[f"view {node}"] = t.untyped_storage().nbytes()
+        return out
 
     def _measure(self) -> None:
         self._peak = max(self._peak, self.pool.device_bytes())
@@ -128,17 +142,34 @@ class StageRunner:
                 self.shared.channel.setdefault(sid, self.pool.resident[sid])
 
     def _free(self, op: OpSpec) -> None:
+        """Drop the op's storages. An extra kernel output freed while its kernel's first output is resident
+        stays held (pending on it): the plan may recompute it from that output, which only keeping it allows."""
         for sid in op.storages:
+            kernel = self.layout.producer[sid]
+            storage = self.pool.resident.get(sid)
             self.pool.drop(sid)
+            source = self.stage.ops.get(kernel)
+            if kernel != op.id and storage is not None and source is not None and all(
+                    s in self.pool.resident for s in source.storages):
+                self.pool.pending[sid] = (storage, kernel)
+                self.shared.shadowed.add(op.id)
         self.pool.drop_pending_of(op.id)
 
     def _swap_out(self, op: OpSpec) -> None:
+        """Copy the op's storages to the host, with any extra kernel outputs still pending on it (the plan
+        reads those from the op, so they travel with it)."""
         for sid in op.storages:
             self.host.save(sid, self.pool.resident[sid])
+        self.carried[op.id] = [sid for sid, (_, owner) in self.pool.pending.items() if owner == op.id]
+        for sid in self.carried[op.id]:
+            self.host.save(sid, self.pool.pending[sid][0])
 
     def _swap_in(self, op: OpSpec) -> None:
         for sid in op.storages:
             self.pool.put(sid, self.host.load(sid))
+        for sid in self.carried.get(op.id, []):
+            if sid not in self.pool.resident:
+                self.pool.pending[sid] = (self.host.load(sid), op.id)
 
     # --- values -------------------------------------------------------------------------------
     def _run_node(self, node: torch.fx.Node, op: OpSpec) -> None:

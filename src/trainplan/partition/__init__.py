@@ -6,7 +6,7 @@ Public API: :func:`pipeline_graph` (validated pipeline view of a profiled graph)
 :func:`plan_dict`, :func:`iterations_dict`, :class:`PartitionError`.
 """
 
-from trainplan.partition.balance import BalanceSettings, Balanced, balance, iterations_dict, plan_dict
+from trainplan.partition.balance import Balanced, BalanceSettings, balance, iterations_dict, plan_dict
 from trainplan.partition.errors import PartitionError
 from trainplan.partition.graph import PipelineGraph, pipeline_graph
 from trainplan.partition.memory_limit import MemoryLimit, in_flight

@@ -4,7 +4,7 @@ is below the threshold and improving; compare with the exact min-max DP partitio
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -76,12 +76,14 @@ def _stage_numbers(st: StageStats, sc: ScheduledStage) -> dict[str, Any]:
 
 @dataclass
 class Balanced:
+    """Every iteration (its partition and schedules), the chosen one, and the DP partition scheduled."""
+
+    partitions: list[Partition]
     iterations: list[Evaluated]
     chosen: int
     stop_reason: str
     dp: Evaluated
     dp_bottleneck_s: float  # the DP's optimum of the profiled bottleneck
-    partitions: list[Partition] = field(default_factory=list)
 
     @property
     def final(self) -> Evaluated:
@@ -135,7 +137,7 @@ def balance(graph: PipelineGraph, tables: RangeTables, first: Partition, schedul
     names = tuple(graph.names[i] for i in np.flatnonzero(graph.forward))
     dp_cuts = min_max_cuts(graph.position_weights(graph.time), k, tables, memory, names)
     dp = evaluate(graph, tables, dp_cuts, scheduler, settings.micro_batches)
-    return Balanced(iters, chosen, reason, dp, cuts_bottleneck(graph, dp_cuts), parts)
+    return Balanced(parts, iters, chosen, reason, dp, cuts_bottleneck(graph, dp_cuts))
 
 
 def comparison(graph: PipelineGraph, result: Balanced) -> dict[str, Any]:

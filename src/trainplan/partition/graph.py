@@ -5,9 +5,15 @@ to it. Every op gets a *key*, the forward position whose stage it joins, so that
 of the forward sequence fixes the stage of every op:
 
 1. a forward op: its own position in the forward sequence (topological order);
-2. a backward op that reads activations (tensors produced by forward ops): the largest position among
-   those producers -- the stage that ran the latest forward op it differentiates, which also holds the
-   activations that stage received from earlier stages;
+2. a backward op that reads activations (outputs of forward ops): let g be the smallest key of its
+   backward producers (where its incoming gradient comes from). Each activation a it reads is held in
+   forward by its producer's stage and by the stages of its forward readers (they received it); take
+   h(a) = the largest of those holder positions below g (the forward op it differentiates runs before
+   the op whose backward sent the gradient), or the producer's position when none is below g or the op
+   reads no gradient (a gradient from a producer placed only by rule 4, such as the loss seed, counts
+   as coming from position n_forward, the end). The key is max_a h(a). So the weight gradient of the
+   first op of a stage, which reads only the activation that stage received, stays in that stage, and
+   an op differentiating a producer (relu's backward reads relu's output) stays with the producer;
 3. otherwise, a backward op that reads tensors of backward producers: the smallest key among those
    producers, so gradients only flow from stage s+1 to stage s;
 4. otherwise (it reads only parameters, buffers, the batch, or nothing): the largest key among its
@@ -107,7 +113,8 @@ def _cycle(names: list[str], preds: list[set[int]], done: set[int]) -> str:
         seen[v] = len(path)
         path.append(v)
         v = next(u for u in sorted(preds[v]) if u not in done)
-    return " -> ".join(repr(names[u]) for u in path[seen[v]:] + [v])
+    loop = path[seen[v]:] + [v]  # each reads the next: reverse it to follow the data flow
+    return " -> ".join(repr(names[u]) for u in reversed(loop))
 
 
 def _reads(pairs: set[tuple[int, int]]) -> Reads:
@@ -138,12 +145,12 @@ def pipeline_graph(nodes: pd.DataFrame, tensors: pd.DataFrame) -> PipelineGraph:
                                      f"'{producer_of[tid]}' (dangling edge)")
     inputs = [list(x) for x in nodes["inputs"]]
     preds = [{index[producer_of[t]] for t in ins if not fixed_tensor[t]} for ins in inputs]
-    order = _topological_order(names, preds)
     forward_tbl = (nodes["phase"] == "forward").to_numpy()
     for v in range(len(names)):
-        bad = [names[u] for u in preds[v] if forward_tbl[v] and not forward_tbl[u]]
+        bad = [names[u] for u in sorted(preds[v]) if forward_tbl[v] and not forward_tbl[u]]
         if bad:
             raise PartitionError(f"forward node '{names[v]}' reads the backward result of '{bad[0]}'")
+    order = _topological_order(names, preds)
     fwd_order = [v for v in order if forward_tbl[v]]
     if not fwd_order:
         raise PartitionError("graph has no forward ops to partition")
@@ -159,11 +166,17 @@ def _keys(order: list[int], fwd_order: list[int], preds: list[set[int]], forward
     for v, ps in enumerate(preds):
         for u in ps:
             succs[u].append(v)
+    holders: list[list[int]] = [[int(key[u])] for u in range(len(forward))]  # forward: producer + readers
+    for v in fwd_order:
+        for u in preds[v]:
+            holders[u].append(int(key[v]))
     for v in order:
         if forward[v]:
             continue
-        acts = [key[u] for u in preds[v] if forward[u]]
-        grads = [key[u] for u in preds[v] if not forward[u] and key[u] >= 0]
+        backward = [u for u in preds[v] if not forward[u]]
+        grads = [int(key[u]) for u in backward if key[u] >= 0]
+        source = min(grads, default=len(fwd_order)) if backward else None  # unplaced sources: the loss end
+        acts = [_holder_below(holders[u], source) for u in preds[v] if forward[u]]
         if acts:
             key[v] = max(acts)
         elif grads:
@@ -174,6 +187,12 @@ def _keys(order: list[int], fwd_order: list[int], preds: list[set[int]], forward
             consumers = [key[w] for w in succs[v] if key[w] >= 0]
             key[v] = max(consumers) if consumers else last
     return key
+
+
+def _holder_below(holders: list[int], source: int | None) -> int:
+    """Largest holder position below the gradient source; the producer's (first) without one."""
+    below = [h for h in holders if source is not None and h < source]
+    return max(below) if below else holders[0]
 
 
 def _assemble(nodes: pd.DataFrame, tensors: pd.DataFrame, names: list[str], order: list[int],

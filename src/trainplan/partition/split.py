@@ -41,7 +41,8 @@ def min_max_cuts(position_weights: np.ndarray, k: int, tables: RangeTables | Non
             step[~memory.admissible(tables, s, k)] = np.inf
         choice[s] = np.argmin(step, axis=0)
         best = step[choice[s], np.arange(n + 1)]
-        if not np.isfinite(best[: n - (k - 1 - s) + 1]).any():  # no end leaving room for later stages
+        ends = [n] if s == k - 1 else range(s + 1, n - (k - 1 - s) + 1)  # room for the later stages
+        if not np.isfinite(best[list(ends)]).any():
             raise _no_fit(tables, memory, s, k, names)
     cuts = [n]
     for s in range(k - 1, 0, -1):
@@ -51,11 +52,15 @@ def min_max_cuts(position_weights: np.ndarray, k: int, tables: RangeTables | Non
 
 def _no_fit(tables: RangeTables | None, memory: MemoryLimit | None, stage: int, k: int,
             names: tuple[str, ...]) -> PartitionError:
+    """The error for a stage no admissible range can hold, with the least it would need."""
     assert tables is not None and memory is not None  # without a memory limit every split is admissible
-    need = memory.need(tables, stage, k).astype(float)
-    need[np.tril_indices(len(need))] = np.inf
-    i, _ = np.unravel_index(int(np.argmin(need)), need.shape)
-    where = f" (its cheapest range starts at forward node '{names[i]}')" if names else ""
+    n = len(tables.fixed) - 1
+    starts = np.array([0] if stage == 0 else range(stage, n))
+    ends = np.array([n] if stage == k - 1 else range(stage + 1, n - (k - 1 - stage) + 1))
+    need = memory.need(tables, stage, k)[np.ix_(starts, ends)].astype(float)
+    need[starts[:, None] >= ends[None, :]] = np.inf
+    row, _ = np.unravel_index(int(np.argmin(need)), need.shape)
+    where = f" (its cheapest range starts at forward node '{names[starts[row]]}')" if names else ""
     return PartitionError(
         f"no split into k={k} stages fits the memory limit of {memory.capacity_bytes} B: stage {stage} "
         f"(holding up to {min(k - stage, memory.micro_batches)} micro-batches) needs at least "

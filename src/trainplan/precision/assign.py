@@ -35,9 +35,8 @@ def data_nodes(gm: torch.fx.GraphModule) -> set[str]:
     """Op nodes whose values depend on a floating placeholder (model data), not only on constants."""
     data: set[str] = set()
     for node in gm.graph.nodes:
-        if node.op == "placeholder" and is_floating(node):
-            data.add(node.name)
-        elif node.op == "call_function" and any(a.name in data for a in node.all_input_nodes):
+        floating_input = node.op == "placeholder" and is_floating(node)
+        if floating_input or (node.op == "call_function" and any(a.name in data for a in node.all_input_nodes)):
             data.add(node.name)
     return data
 
@@ -91,6 +90,11 @@ def _inferred(node: torch.fx.Node, policy: Policy, data: set[str], dtype: dict[s
         elif arg.name in data or policy.infer_mode == "promote":
             voters.append(dtype[arg.name])
     return FP16 if voters and all(v == FP16 for v in voters) else FP32
+
+
+def fp32_dtypes(gm: torch.fx.GraphModule) -> dict[str, torch.dtype]:
+    """Every op in fp32 (the all-fp32 baseline)."""
+    return {n.name: FP32 for n in gm.graph.nodes if n.op == "call_function"}
 
 
 def sentinel_nodes(gm: torch.fx.GraphModule) -> set[str]:

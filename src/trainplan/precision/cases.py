@@ -9,8 +9,9 @@ which exceed 65504 in fp16 and are why transformers keeps ``wo`` in fp32).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 

@@ -46,7 +46,7 @@ def fp16_shares(table: pd.DataFrame) -> dict[str, float]:
         "fp16_op_fraction": float(half.mean()) if len(fl) else 0.0,
         "fp16_flop_share": float(table.flops[table.dtype == "float16"].sum() / total) if total else 0.0,
         "n_fp16_ops": int(half.sum()),
-        "n_floating_ops": int(len(fl)),
+        "n_floating_ops": len(fl),
     }
 
 
@@ -90,21 +90,23 @@ class _LiveBytes:
 
 
 def measure_step(
-    gm: torch.fx.GraphModule, flat: list[torch.Tensor], dtypes: dict[str, torch.dtype], loss_node: str, *, repeats: int = 3, warmup: int = 1
+    gm: torch.fx.GraphModule,
+    flat: list[torch.Tensor],
+    dtypes: dict[str, torch.dtype],
+    loss_node: str,
+    *,
+    repeats: int = 3,
+    warmup: int = 1,
+    emulate_matmul: bool = True,
 ) -> StepCost:
     """Median wall time of the step under ``dtypes`` (same interpreter for every policy) and its activation bytes."""
     times = []
     with torch.no_grad():
         for i in range(warmup + repeats):
             start = time.perf_counter()
-            PrecisionInterpreter(gm, dtypes).run(*flat)
+            PrecisionInterpreter(gm, dtypes, emulate_matmul=emulate_matmul).run(*flat)
             if i >= warmup:
                 times.append(time.perf_counter() - start)
         live = _LiveBytes(flat, loss_node)
-        PrecisionInterpreter(gm, dtypes, on_step=live).run(*flat)
+        PrecisionInterpreter(gm, dtypes, emulate_matmul=emulate_matmul, on_step=live).run(*flat)
     return StepCost(statistics.median(times), times, live.peak, live.at_loss)
-
-
-def fp32_dtypes(gm: torch.fx.GraphModule) -> dict[str, torch.dtype]:
-    """Every op in fp32 (the all-fp32 baseline)."""
-    return {n.name: torch.float32 for n in gm.graph.nodes if n.op == "call_function"}

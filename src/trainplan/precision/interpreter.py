@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
@@ -17,6 +18,9 @@ INJECT_MODES = ("internal", "output")
 # Arguments a kernel needs in fp32 whatever the op's precision (the fp16 flash-attention kernels keep
 # their logsumexp in fp32): op overload -> positional indices left uncast.
 FP32_ARGS = {"aten._scaled_dot_product_flash_attention_for_cpu_backward.default": (5,)}
+# Matmul-family ops whose fp16 run may be emulated as accelerators run them: fp16 inputs, fp32
+# accumulation, output rounded to fp16 (CPU fp16 GEMM is 20-250x slower than fp32 on the dev machines).
+EMULATED_FP16 = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.convolution_backward"}
 
 
 class InjectionError(ValueError):
@@ -98,12 +102,22 @@ def _kept_args(node: torch.fx.Node) -> tuple[int, ...]:
     return ((0,) if is_inplace(op) else ()) + FP32_ARGS.get(op, ())
 
 
+def _emulated_fp16(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run an fp16 matmul with fp32 accumulation: inputs already rounded to fp16, output rounded to fp16."""
+    up = (lambda x: x.float() if isinstance(x, torch.Tensor) and x.dtype == torch.float16 else x)
+    value = op(*tree_map(up, list(args)), **tree_map(up, kwargs))
+    return tree_map(lambda x: x.half() if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x, value)
+
+
 Observer = Callable[[torch.fx.Node, Any], None]
 
 
 class PrecisionInterpreter(torch.fx.Interpreter):
     """fx Interpreter that runs each op in its dtype: floating inputs are cast to it before the op runs.
 
+    ``saturating``: fp16 values are clamped to +-65504 instead of becoming inf (NPU-style hardware).
+    ``emulate_matmul``: fp16 matmul-family ops run with fp32 accumulation on fp16-rounded inputs and
+    round their output to fp16 (as tensor cores do); False runs the native CPU fp16 kernels.
     ``observer(node, value)`` sees every placeholder and op value as stored (after injection and
     saturation). ``on_step(interpreter, node)`` runs after each op, e.g. to measure live memory.
     """
@@ -115,6 +129,7 @@ class PrecisionInterpreter(torch.fx.Interpreter):
         injections: dict[str, Injection] | None = None,
         *,
         saturating: bool = False,
+        emulate_matmul: bool = True,
         observer: Observer | None = None,
         on_step: Callable[[PrecisionInterpreter, torch.fx.Node], None] | None = None,
     ) -> None:
@@ -122,6 +137,7 @@ class PrecisionInterpreter(torch.fx.Interpreter):
         self.dtypes = dtypes
         self.injections = injections or {}
         self.saturating = saturating
+        self.emulate_matmul = emulate_matmul
         self.observer = observer
         self.on_step = on_step
 
@@ -133,7 +149,10 @@ class PrecisionInterpreter(torch.fx.Interpreter):
             dtype = self.dtypes.get(n.name)
             if dtype is not None and n.target is not operator.getitem:  # getitem selects, never casts
                 args, kwargs = _cast_args(args, kwargs, dtype, _kept_args(n), self.saturating)
-            value = n.target(*args, **kwargs)
+            if dtype == torch.float16 and self.emulate_matmul and str(getattr(n.target, "overloadpacket", "")) in EMULATED_FP16:
+                value = _emulated_fp16(n.target, args, kwargs)
+            else:
+                value = n.target(*args, **kwargs)
             if n.name in self.injections:
                 value = self.injections[n.name].apply(value)
             if self.saturating:
@@ -152,8 +171,10 @@ def run_step(
     injections: dict[str, Injection] | None = None,
     *,
     saturating: bool = False,
+    emulate_matmul: bool = True,
     observer: Observer | None = None,
 ) -> Any:
     """One training step of ``gm`` (outputs ``(loss, *grads)``) with per-op precision ``dtypes``."""
     with torch.no_grad():
-        return PrecisionInterpreter(gm, dtypes, injections, saturating=saturating, observer=observer).run(*flat)
+        interp = PrecisionInterpreter(gm, dtypes, injections, saturating=saturating, emulate_matmul=emulate_matmul, observer=observer)
+        return interp.run(*flat)

@@ -7,11 +7,10 @@ from typing import Any
 
 import torch
 
-from trainplan.precision.assign import assign_precision, sentinel_nodes
+from trainplan.precision.assign import assign_precision, fp32_dtypes, sentinel_nodes
 from trainplan.precision.detect import Finding, OverflowDetector, analyse
 from trainplan.precision.interpreter import Injection, run_step
 from trainplan.precision.policy import Policy
-from trainplan.precision.cost import fp32_dtypes
 from trainplan.trace import TracedStep
 
 
@@ -75,17 +74,19 @@ def run_iteration(
     injections: dict[str, Injection] | None = None,
     *,
     saturating: bool = False,
+    emulate_matmul: bool = True,
     inherent: list[str] | None = None,
 ) -> IterationResult:
     """Run one real training step under ``policy`` and apply S1-S3 to it.
 
     ``inherent``: nodes bad in the all-fp32 step, ignored by S1 (computed with an extra fp32 run when None).
+    ``saturating`` / ``emulate_matmul``: see PrecisionInterpreter.
     """
     if inherent is None:
         inherent = inherent_bad_nodes(traced, flat, injections)
     assignment = assign_precision(traced.gm, policy, traced.loss_node)
     detector = OverflowDetector(sentinel_nodes(traced.gm), set(inherent))
-    out = run_step(traced.gm, flat, assignment.dtype, injections, saturating=saturating, observer=detector)
+    out = run_step(traced.gm, flat, assignment.dtype, injections, saturating=saturating, emulate_matmul=emulate_matmul, observer=detector)
     findings = analyse(traced.gm, detector.checks, assignment.dtype, assignment.phase)
     roots = [f.node for f in findings if f.is_root]
     next_policy = policy.with_denied_nodes(roots, name=f"{policy.name.split('+')[0]}+iter{iteration + 1}")
@@ -122,12 +123,13 @@ def fix_overflow(
     *,
     max_iterations: int = 8,
     saturating: bool = False,
+    emulate_matmul: bool = True,
 ) -> FixResult:
     """Iterate S1-S3 in process until a pass is clean, no root can be found, or ``max_iterations``."""
     result = FixResult()
     inherent = inherent_bad_nodes(traced, flat, injections)
     for i in range(max_iterations):
-        it = run_iteration(traced, flat, policy, i, injections, saturating=saturating, inherent=inherent)
+        it = run_iteration(traced, flat, policy, i, injections, saturating=saturating, emulate_matmul=emulate_matmul, inherent=inherent)
         result.iterations.append(it)
         if it.clean or it.stalled:
             break

@@ -7,10 +7,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from trainplan.io import atomic_path  # noqa: E402
+from trainplan.io import atomic_path
 
 
 def study_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:
@@ -29,6 +29,7 @@ def study_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:
                 "fp16_flop_share_final": sh["final"]["fp16_flop_share"],
                 "fp16_flop_share_default": sh["default"]["fp16_flop_share"],
                 "fp16_flop_share_autocast": sh["autocast"]["fp16_flop_share"],
+                "fp16_flop_share_autocast_denied": sh["autocast_denied"]["fp16_flop_share"],
                 "step_s_fp32": cost["fp32"]["step_time_s"],
                 "step_s_default": cost["default"]["step_time_s"],
                 "step_s_final": cost["final"]["step_time_s"],
@@ -44,22 +45,28 @@ def study_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def plot_study(table: pd.DataFrame, path: str) -> None:
-    """fp16 FLOP share (default, final, autocast), step time and saved activations per model."""
+    """FLOP share left in fp32 (default, final, autocast), step time and saved activations per model."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     x = range(len(table))
-    width = 0.27
+    width = 0.2
     panels = [
-        (axes[0], ["fp16_flop_share_default", "fp16_flop_share_final", "fp16_flop_share_autocast"], ["default", "final", "CUDA autocast"], 1.0, "FLOP share in fp16"),
+        (
+            axes[0],
+            ["fp16_flop_share_default", "fp16_flop_share_final", "fp16_flop_share_autocast", "fp16_flop_share_autocast_denied"],
+            ["default", "final", "CUDA autocast", "autocast + loop's roots denied"],
+            None,
+            "FLOP share left in fp32 (1 - fp16 share)",
+        ),
         (axes[1], ["step_s_fp32", "step_s_default", "step_s_final"], ["all fp32", "default", "final"], 1.0, "step time on CPU (s)"),
         (axes[2], ["saved_bytes_fp32", "saved_bytes_final"], ["all fp32", "final"], 2**-20, "activations held for backward (MiB)"),
     ]
     for ax, cols, labels, scale, ylabel in panels:
         for k, (col, label) in enumerate(zip(cols, labels)):
-            ax.bar([i + (k - 1) * width for i in x], table[col] * scale, width=width, label=label)
+            values = 1.0 - table[col] if scale is None else table[col] * scale
+            ax.bar([i + (k - (len(cols) - 1) / 2) * width for i in x], values, width=width, label=label)
         ax.set_xticks(list(x), [f"{m}\n{it} iter, {n} denied" for m, it, n in zip(table.model, table.iterations, table.n_denied)])
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
-    axes[0].set_ylim(0, 1.05)
     fig.suptitle("fp16 overflow loop (S1 detect, S2 root cause, S3 deny) per model")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")

@@ -8,8 +8,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from trainplan.precision.assign import assign_precision
-from trainplan.precision.cost import fp16_shares, fp32_dtypes, measure_step, precision_table
+from trainplan.precision.assign import assign_precision, fp32_dtypes
+from trainplan.precision.cost import fp16_shares, measure_step, precision_table
 from trainplan.precision.lists import autocast_policy
 from trainplan.precision.policy import Policy
 from trainplan.trace import TracedStep
@@ -53,19 +53,28 @@ def summarize(
     injected: list[str] | None = None,
     repeats: int = 3,
     warmup: int = 1,
+    emulate_matmul: bool = True,
 ) -> OverflowSummary:
-    """Compare all-fp32, the starting policy, the final policy and CUDA autocast on the same graph."""
+    """Compare all-fp32, the starting policy, the final policy and CUDA autocast on the same graph.
+
+    Shares are also given for autocast with the loop's roots denied (``autocast_denied``): plain
+    autocast keeps every matmul in fp16 even where one overflows.
+    """
     gm, loss = traced.gm, traced.loss_node
-    assignments = {name: assign_precision(gm, pol, loss) for name, pol in (("default", start), ("final", final), ("autocast", autocast_policy()))}
+    policies = {
+        "default": start,
+        "final": final,
+        "autocast": autocast_policy(),
+        # autocast with the loop's roots denied too: the fair comparison when a root is a matmul
+        "autocast_denied": autocast_policy().with_denied_nodes(list(final.deny_nodes)),
+    }
+    assignments = {name: assign_precision(gm, pol, loss) for name, pol in policies.items()}
     tables = {name: precision_table(gm, a, flops) for name, a in assignments.items()}
     precision = tables["final"].rename(columns={"dtype": "dtype_final", "list": "list_final"})
     for name in ("default", "autocast"):
         precision[f"dtype_{name}"] = tables[name].dtype.values
-    costs = {
-        "fp32": measure_step(gm, flat, fp32_dtypes(gm), loss, repeats=repeats, warmup=warmup),
-        "default": measure_step(gm, flat, assignments["default"].dtype, loss, repeats=repeats, warmup=warmup),
-        "final": measure_step(gm, flat, assignments["final"].dtype, loss, repeats=repeats, warmup=warmup),
-    }
+    measured = {"fp32": fp32_dtypes(gm), "default": assignments["default"].dtype, "final": assignments["final"].dtype}
+    costs = {name: measure_step(gm, flat, d, loss, repeats=repeats, warmup=warmup, emulate_matmul=emulate_matmul) for name, d in measured.items()}
     last = iterations[-1]
     denied = [r for it in iterations for r in it["roots"]]
     denied_ops = precision.set_index("name").loc[denied, "op"].tolist() if denied else []

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from trainplan.schedule.problem import Problem
 
 Events = list[tuple[str, str]]
-POLICIES = ("belady", "cost")
+POLICIES = ("cost", "belady")
 INF = math.inf
 
 
@@ -63,8 +63,7 @@ class Simulator:
             return 0.0
         memo = {} if memo is None else memo
         if u not in memo:
-            memo[u] = INF
-            best = 2 * INF
+            best = INF
             if u in self.host and self.can_swap(u):
                 best = self.p.transfer_time(u)
             if self.can_recompute(u):

@@ -1,0 +1,135 @@
+"""Measured against predicted, stage by stage: peak, budget, time, and the events and ops the plan missed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainplan.execute.plan import StagePlan
+from trainplan.execute.predict import Predicted
+from trainplan.execute.runner import EventRecord
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Pass thresholds: relative peak and time errors, budget overrun, per-event/op byte error (as a
+    fraction of the stage's predicted peak), and ``allclose`` tolerances of loss and gradients."""
+
+    peak_rel: float = 0.10
+    budget_over: float = 0.05
+    time_rel: float = 0.20
+    event_rel: float = 0.10
+    grad_rtol: float = 1e-5
+    grad_atol: float = 1e-6
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def _rel(measured: float, predicted: float) -> float | None:
+    return (measured - predicted) / predicted if predicted else None
+
+
+def _event(stage: StagePlan, rec: EventRecord, predicted: int) -> dict[str, Any]:
+    raw = next(o for o in stage.raw["ops"] if o["id"] == rec.op)
+    return {"position": rec.position, "kind": rec.kind, "op": rec.op, "nodes": raw["nodes"][:5],
+            "storages": raw["storages"], "predicted_bytes": predicted, "measured_bytes": rec.bytes_peak}
+
+
+def _size_mismatches(stage: StagePlan, records: list[EventRecord]) -> list[dict[str, Any]]:
+    """Ops whose real storages hold other bytes than the plan's ``bytes``, largest difference first."""
+    plan = {o["id"]: o for o in stage.raw["ops"]}
+    seen: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        op = plan[rec.op]
+        if rec.kind == "compute" and rec.op_bytes >= 0 and rec.op_bytes != op["bytes"] and rec.op not in seen:
+            seen[rec.op] = {"op": rec.op, "nodes": op["nodes"][:5], "storages": op["storages"],
+                            "plan_bytes": op["bytes"], "real_bytes": rec.op_bytes}
+    return sorted(seen.values(), key=lambda m: -abs(m["real_bytes"] - m["plan_bytes"]))
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """Measured step time of a stage (median, runs) and of its no-recompute baseline run alongside it."""
+
+    median_s: float
+    runs_s: list[float]
+    baseline_s: float
+
+
+def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, measured: StageTime,
+                 tol: Tolerances) -> dict[str, Any]:
+    """One stage's predicted vs measured numbers, named mismatches, and the reasons it failed (if any)."""
+    sched, i = stage.schedule, stage.index
+    stated_peak, stated_time, budget = int(sched["peak_bytes"]), float(sched["time"]), int(sched["budget_bytes"])
+    measured_peak = max(r.bytes_peak for r in records)
+    reasons: list[str] = []
+    if stated_peak != pred.peak:
+        reasons.append(f"stage {i}: the plan states peak_bytes {stated_peak} B but its events replay to {pred.peak} B")
+    if abs(stated_time - pred.time) > 1e-9 * max(1.0, pred.time):
+        reasons.append(f"stage {i}: the plan states time {stated_time:.6f} s but its events replay to {pred.time:.6f} s")
+    tol_bytes = tol.event_rel * pred.peak
+    diverged = [(r, p) for r, p in zip(records, pred.bytes_peak) if abs(r.bytes_peak - p) > tol_bytes]
+    first = _event(stage, *diverged[0]) if diverged else None
+    peak_at = max(range(len(records)), key=lambda j: records[j].bytes_peak)
+    peak_event = {**_event(stage, records[peak_at], pred.bytes_peak[peak_at]),
+                  "unplanned_bytes": records[peak_at].unplanned}
+    held = ", ".join(f"'{op}' {b} B" for op, b in sorted(peak_event["unplanned_bytes"].items(), key=lambda x: -x[1])[:5])
+    why = f"; at the measured peak (event {peak_at} {records[peak_at].kind} '{records[peak_at].op}') the device also held " \
+          f"kernel outputs the plan does not count: {held}" if held else ""
+    peak_err = _rel(measured_peak, stated_peak)
+    if peak_err is None or abs(peak_err) > tol.peak_rel:
+        over = next((r for r in records if r.bytes_peak > stated_peak * (1 + tol.peak_rel)), None)
+        where = f"; first above it at event {over.position} {over.kind} '{over.op}'" if over else ""
+        reasons.append(f"stage {i}: measured peak {measured_peak} B is {peak_err:+.1%} off the planned "
+                       f"{stated_peak} B (tolerance {tol.peak_rel:.0%}){where}{why}")
+    if first is not None:
+        reasons.append(f"stage {i}: device bytes diverge from the prediction at event {first['position']} "
+                       f"{first['kind']} '{first['op']}' (predicted {first['predicted_bytes']} B, measured "
+                       f"{first['measured_bytes']} B; {len(diverged)} event(s) beyond {tol.event_rel:.0%} of the peak)")
+    sizes = _size_mismatches(stage, records)
+    for m in (m for m in sizes if abs(m["real_bytes"] - m["plan_bytes"]) > tol_bytes):
+        reasons.append(f"stage {i}: op '{m['op']}' (storages {m['storages']}) holds {m['real_bytes']} B, "
+                       f"the plan says {m['plan_bytes']} B")
+    over_budget = measured_peak / budget - 1 if budget else None
+    respected = over_budget is not None and over_budget <= tol.budget_over
+    if not respected:
+        reasons.append(f"stage {i}: measured peak {measured_peak} B exceeds the budget {budget} B by "
+                       f"{over_budget:.1%} (tolerance {tol.budget_over:.0%}){why}")
+    time_s = measured.median_s
+    time_err = _rel(time_s, stated_time)
+    # the machine's speed now vs when it was profiled, from the no-recompute run timed alongside the plan
+    load = measured.baseline_s / stage.problem.compute_time if stage.problem.compute_time else None
+    if time_err is None or abs(time_err) > tol.time_rel:
+        reasons.append(f"stage {i}: step time {time_s:.4f} s is {time_err:+.1%} off the planned "
+                       f"{stated_time:.4f} s (tolerance {tol.time_rel:.0%})")
+    return {
+        "index": i,
+        "status": "failed" if reasons else "passed",
+        "reasons": reasons,
+        "budget_bytes": budget,
+        "requested_budget_bytes": int(stage.raw.get("budget_bytes", budget)),
+        "predicted_peak_bytes": stated_peak,
+        "measured_peak_bytes": measured_peak,
+        "peak_rel_err": peak_err,
+        "budget_respected": respected,
+        "over_budget_rel": over_budget,
+        "host_peak_bytes": max(r.host_bytes for r in records),
+        "predicted_time_s": stated_time,
+        "measured_time_s": time_s,
+        "measured_time_runs_s": measured.runs_s,
+        "time_rel_err": time_err,
+        "no_recompute_predicted_s": stage.problem.compute_time,
+        "no_recompute_measured_s": measured.baseline_s,
+        "load_factor": load,
+        "time_rel_err_load_adjusted": _rel(time_s / load, stated_time) if load else None,
+        "events": len(records),
+        "recomputes": sched.get("recomputes"),
+        "swap_ins": sched.get("swap_ins"),
+        "swap_outs": sched.get("swap_outs"),
+        "peak_event": peak_event,
+        "first_divergence": first,
+        "diverging_events": len(diverged),
+        "size_mismatches": sizes[:10],
+        "size_mismatch_count": len(sizes),
+    }

@@ -1,0 +1,170 @@
+"""Validate a plan on the real model: execute it, measure it, compare it with its prediction."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from trainplan.execute.check import compare_outputs
+from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
+from trainplan.execute.layout import GraphLayout, stage_layouts
+from trainplan.execute.measure import allocator_peak, time_runs
+from trainplan.execute.plan import PlanError, StagePlan
+from trainplan.execute.predict import predict
+from trainplan.execute.runner import ExecutionError, RunResult, run_plan
+from trainplan.io import ArtifactError
+from trainplan.models import BuiltModel
+from trainplan.schedule import solve
+from trainplan.trace import TracedStep, make_step_fn, trace_training_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ValidateSettings:
+    """Timing repetitions (after ``warmup``), the device to execute on, and the pass tolerances."""
+
+    repeats: int = 3
+    warmup: int = 1
+    device: str = "cpu"
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    allocator_check: bool = True
+
+
+@dataclass
+class Validation:
+    """The validation document (JSON) and the per-event timeline (predicted vs measured bytes and time)."""
+
+    report: dict[str, Any]
+    timeline: pd.DataFrame
+
+
+def _check_graph(traced: TracedStep, stages: list[StagePlan], export_names: list[str] | None) -> None:
+    names = [n.name for n in traced.gm.graph.nodes if n.op == "call_function"]
+    if export_names is not None and names != export_names:
+        raise ArtifactError(f"model '{traced.model}': the traced graph ({len(names)} ops) differs from the exported "
+                            f"one ({len(export_names)} ops); re-run the export for this device and torch version")
+    known = set(names)
+    for st in stages:
+        unknown = [n for n in st.nodes if n not in known]
+        if unknown:
+            raise PlanError(f"stage {st.index} names fx node(s) {unknown[:3]} that the traced graph lacks")
+
+
+def _references(built: BuiltModel, traced: TracedStep, flat: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The unmodified compiled step (``traced.gm``) and the eager autograd step on the same inputs."""
+    with torch.no_grad():
+        compiled = [t.detach().clone() for t in traced.gm(*flat)]
+    step = make_step_fn(built, traced.param_names, traced.buffer_names, traced.batch_names)
+    n_params = len(traced.param_names)
+    inputs = [t.detach().clone().requires_grad_(i < n_params) for i, t in enumerate(flat)]
+    eager = [t.detach() for t in step(*inputs)]
+    return compiled, eager
+
+
+def _timeline(stages: list[StagePlan], measured: RunResult, event_s: list[float]) -> pd.DataFrame:
+    preds = {st.index: predict(st.problem, st.events) for st in stages}
+    rows = []
+    for rec, sec in zip(measured.records, event_s):
+        p = preds[rec.stage]
+        rows.append({"stage": rec.stage, "position": rec.position, "kind": rec.kind, "op": rec.op,
+                     "predicted_bytes_after": p.bytes_after[rec.position], "predicted_bytes_peak": p.bytes_peak[rec.position],
+                     "measured_bytes_after": rec.bytes_after, "measured_bytes_peak": rec.bytes_peak,
+                     "host_bytes": rec.host_bytes, "predicted_s": p.seconds[rec.position], "measured_s": sec})
+    return pd.DataFrame(rows)
+
+
+def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], tensors: pd.DataFrame, *,
+                  export_names: list[str] | None = None, settings: ValidateSettings = ValidateSettings()) -> Validation:
+    """Execute every stage's schedule on ``built``'s real training step and compare it with the plan.
+
+    A plan whose stage has no schedule, or whose measurements fall outside ``settings.tolerances``, is
+    reported ``failed`` with the reasons; an unreadable plan raises PlanError before this point.
+    """
+    tol, dev = settings.tolerances, torch.device(settings.device)
+    head = {"model": built.name, "device": plan.get("device", settings.device), "k": len(stages),
+            "budget_fraction": plan.get("budget_fraction"), "tolerances": tol.to_dict(),
+            "settings": {"repeats": settings.repeats, "warmup": settings.warmup, "device": settings.device,
+                         "threads": torch.get_num_threads(), "torch": torch.__version__}}
+    missing = [st for st in stages if not st.executable]
+    if missing:
+        reasons = [f"stage {st.index}: no schedule to execute (status {st.schedule.get('status')}: "
+                   f"{st.schedule.get('note', '')})" for st in missing]
+        return Validation({**head, "status": "failed", "reasons": reasons, "stages": []}, pd.DataFrame())
+    traced, flat = trace_training_step(built)
+    _check_graph(traced, stages, export_names)
+    flat = [t.detach().to(dev) for t in flat]
+    gm = traced.gm.to(dev)
+    compiled, eager = _references(built, traced, flat)
+    layout = GraphLayout.build(gm, flat, tensors)
+    layouts = stage_layouts(stages, layout)
+    events = [st.events for st in stages]
+
+    base_events = [solve(st.problem, method="no_recompute").events for st in stages]
+
+    def run(measure: bool = False) -> RunResult:
+        return run_plan(layouts, events, layout, gm, device=dev, measure=measure)
+
+    def baseline() -> RunResult:
+        return run_plan(layouts, base_events, layout, gm, device=dev)
+
+    log.info("measured run: %d events over %d stage(s)", sum(map(len, events)), len(stages))
+    try:
+        measured = run(measure=True)
+    except ExecutionError as exc:
+        return Validation({**head, "status": "failed", "reasons": [f"not executable: {exc}"], "stages": []},
+                          pd.DataFrame())
+    names = ["loss", *traced.param_names]
+    vs_compiled = compare_outputs(measured.outputs, compiled, names, rtol=tol.grad_rtol, atol=tol.grad_atol)
+    vs_eager = compare_outputs(measured.outputs, eager, names, rtol=tol.grad_rtol, atol=tol.grad_atol)
+    start_bytes = sum(st.nbytes() for st in {id(t.untyped_storage()): t.untyped_storage() for t in flat}.values())
+    storage_peak = max(r.bytes_peak for r in measured.records)
+    del measured.outputs[:]
+    alloc = allocator_peak(run, dev, start_bytes) if settings.allocator_check else None
+    log.info("timing: %d warm-up + %d runs", settings.warmup, settings.repeats)
+    timings = time_runs(run, baseline, len(stages), repeats=settings.repeats, warmup=settings.warmup)
+    reports = []
+    for pos, st in enumerate(stages):
+        recs = [r for r in measured.records if r.stage == st.index]
+        times = StageTime(timings.stage_median(pos), timings.stage_runs[pos], timings.baseline_median(pos))
+        reports.append(stage_report(st, recs, predict(st.problem, st.events), times, tol))
+    reasons = [r for rep in reports for r in rep["reasons"]]
+    if not vs_compiled.within_tolerance:
+        reasons.append(f"gradients differ from the unmodified step: max abs error {vs_compiled.max_abs_err:.3g}, "
+                       f"max rel error {vs_compiled.max_rel_err:.3g} at '{vs_compiled.worst_output}'")
+    report = {
+        **head,
+        "status": "failed" if reasons else "passed",
+        "reasons": reasons,
+        "gradients": {"vs_compiled_step": vs_compiled.to_dict(), "vs_eager_autograd": vs_eager.to_dict()},
+        "allocator": {"method": "torch.cuda.max_memory_allocated" if dev.type == "cuda" else "torch.profiler memory events",
+                      "peak_bytes": alloc, "storage_peak_bytes_all_stages": storage_peak,
+                      "over_storage_rel": (alloc / storage_peak - 1) if alloc else None},
+        "unplanned": {"views_that_allocated": sorted(measured.shared.surprises),
+                      "regenerated_ops": sorted(set(measured.shared.regenerated)),
+                      "extra_outputs_held_after_free": sorted(measured.shared.shadowed)},
+        "predicted_time_s": sum(r["predicted_time_s"] for r in reports),
+        "measured_time_s": sum(r["measured_time_s"] for r in reports),
+        "stages": reports,
+    }
+    return Validation(report, _timeline(stages, measured, timings.event_median_s))
+
+
+def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per stage of a validation document, for the workflow-level summary table."""
+    base = {k: report.get(k) for k in ("model", "device", "k", "budget_fraction")}
+    grads = report.get("gradients", {}).get("vs_compiled_step", {})
+    rows = []
+    for st in report["stages"] or [{"index": None, "reasons": report["reasons"]}]:
+        rows.append({**base, "stage": st.get("index"), "status": report["status"],
+                     "stage_status": st.get("status", "failed"),
+                     **{k: st.get(k) for k in ("predicted_peak_bytes", "measured_peak_bytes", "peak_rel_err",
+                                               "budget_bytes", "budget_respected", "over_budget_rel",
+                                               "predicted_time_s", "measured_time_s", "time_rel_err")},
+                     "grad_max_abs_err": grads.get("max_abs_err"), "grad_max_rel_err": grads.get("max_rel_err"),
+                     "reasons": " | ".join(st.get("reasons", []))})
+    return rows

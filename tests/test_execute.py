@@ -1,0 +1,266 @@
+"""The event executor: real gradients under any schedule, storage-exact bytes, and named failures."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from trainplan.execute import (
+    GraphLayout,
+    PlanError,
+    ValidateSettings,
+    load_plan,
+    parse_plan,
+    run_plan,
+    stage_layouts,
+    validate_plan,
+)
+from trainplan.execute.diagnose import Tolerances
+from trainplan.export import graph_tables
+from trainplan.models import build_model
+from trainplan.schedule import problem_from_dict, replay, solve
+from trainplan.stage_problem import stage_problem
+from trainplan.trace import make_step_fn, trace_training_step
+
+MSE_MLP: dict[str, Any] = {"source": "callable", "callable": "tests.test_execute:mse_mlp", "kwargs": {}}
+LOOSE_TIME = Tolerances(time_rel=1e9)  # tiny models: per-event overhead dominates, time is not under test
+
+
+def mse_mlp(width: int = 32, depth: int = 3, batch_size: int = 8) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A ReLU MLP with a squared-error loss: every kernel makes exactly one output storage."""
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.ReLU())])
+            self.head = nn.Linear(width, 1)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return (self.head(self.body(x)) - y).pow(2).mean()
+
+    gen = torch.Generator().manual_seed(0)
+    return MLP(), {"x": torch.randn(batch_size, width, generator=gen), "y": torch.randn(batch_size, 1, generator=gen)}
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    built = build_model("mse_mlp", MSE_MLP, seed=0)
+    traced, flat = trace_training_step(built)
+    return built, traced, flat, graph_tables(traced)
+
+
+def timed(nodes: pd.DataFrame) -> pd.DataFrame:
+    """Nodes with a stand-in op time (the executor does not read it)."""
+    return nodes.assign(time_s=1e-5)
+
+
+def plan_for(tables, stages: list[list[str]], events_of) -> dict[str, Any]:
+    """A plan whose stage i runs ``events_of(problem)``; time and peak come from replay."""
+    out = []
+    for i, names in enumerate(stages):
+        raw = stage_problem(timed(tables.nodes), tables.tensors, names, bandwidth=1e9, budget_bytes=2**40)
+        problem = problem_from_dict(raw)
+        events = events_of(problem)
+        rep = replay(problem, events)
+        out.append({"index": i, "nodes": names, "problem": raw,
+                    "schedule": {"status": "feasible", "events": [list(e) for e in events], "time": rep.time,
+                                 "peak_bytes": rep.peak_bytes, "budget_bytes": rep.peak_bytes}})
+    return {"model": "m", "device": "cpu", "k": len(stages), "budget_fraction": 1.0, "stages": out}
+
+
+def no_recompute(problem) -> list[tuple[str, str]]:
+    return list(solve(problem, method="no_recompute").events)
+
+
+def _evict(problem, events: list[tuple[str, str]], mode: str, skip: set[str]) -> tuple[list[tuple[str, str]], str] | None:
+    """``events`` with one op evicted after its first compute and restored before its next reader (a
+    recompute keeps the op's inputs until then); the op chosen is returned too."""
+    readers = {op.id: {problem.ops[v].id for v in problem.users[i]} for i, op in enumerate(problem.ops)}
+    for a, (kind, u) in enumerate(events):
+        op = problem.ops[problem.index[u]]
+        if kind != "compute" or u in skip or op.bytes == 0 or not (op.recompute if mode == "recompute" else op.swap):
+            continue
+        b = next((j for j in range(a + 1, len(events)) if events[j][0] == "compute" and events[j][1] in readers[u]), None)
+        if b is None or b == a + 1:
+            continue
+        if mode == "swap":
+            trial = events[: a + 1] + [("swap_out", u), ("free", u)] + events[a + 1 : b] + [("swap_in", u)] + events[b:]
+        else:
+            held = [e for e in events[a + 1 : b] if e[0] == "free" and e[1] in op.inputs]
+            middle = [e for e in events[a + 1 : b] if e not in held]
+            trial = events[: a + 1] + [("free", u)] + middle + [("compute", u)] + held + events[b:]
+        try:
+            replay(problem, trial)
+            return trial, u
+        except ValueError:
+            continue
+    return None
+
+
+def swap_and_recompute(problem) -> list[tuple[str, str]]:
+    """No-recompute events with two ops swapped out and back and two dropped and recomputed."""
+    events, done = no_recompute(problem), set()
+    for mode in ("swap", "recompute", "swap", "recompute"):
+        found = _evict(problem, events, mode, done)
+        assert found is not None, f"no op to {mode}"
+        events, u = found
+        done.add(u)
+    rep = replay(problem, events)
+    assert rep.recomputes == 2 and rep.swap_ins == 2
+    return events
+
+
+def execute(traced, flat, tables, plan):
+    stages = parse_plan(plan)
+    layout = GraphLayout.build(traced.gm, [t.detach() for t in flat], tables.tensors)
+    return stages, run_plan(stage_layouts(stages, layout), [s.events for s in stages], layout, traced.gm,
+                            device=torch.device("cpu"), measure=True)
+
+
+def reference(traced, flat) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return list(traced.gm(*[t.detach() for t in flat]))
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "tiny_gpt2", "mlp"])
+@pytest.mark.parametrize("events_of", [no_recompute, swap_and_recompute])
+def test_executed_schedule_gives_the_unmodified_step(model, events_of, request):
+    built, traced, flat, tables = request.getfixturevalue(model)
+    _, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], events_of))
+    want = reference(traced, flat)
+    assert len(result.outputs) == len(want) == 1 + len(traced.param_names)
+    for got, ref in zip(result.outputs, want):
+        assert torch.equal(got, ref)  # same kernels on the same values: bit-exact on CPU
+    n = len(traced.param_names)
+    step = make_step_fn(built, traced.param_names, traced.buffer_names, traced.batch_names)
+    eager = step(*[t.detach().clone().requires_grad_(i < n) for i, t in enumerate(flat)])
+    for got, ref in zip(result.outputs, eager):
+        torch.testing.assert_close(got, ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("events_of", [no_recompute, swap_and_recompute])
+def test_measured_bytes_equal_the_replay_when_every_storage_is_real(mlp, events_of):
+    _, traced, flat, tables = mlp
+    stages, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], events_of))
+    problem, events = stages[0].problem, stages[0].events
+    used = problem.fixed_bytes
+    for rec, (kind, oid) in zip(result.records, events):
+        op = problem.ops[problem.index[oid]]
+        during = used + op.bytes
+        used += {"compute": op.bytes, "swap_in": op.bytes, "free": -op.bytes}.get(kind, 0)
+        assert rec.bytes_after == used, (rec.position, kind, oid)
+        assert rec.bytes_peak == (during if kind == "compute" else used), (rec.position, kind, oid)
+    assert max(r.bytes_peak for r in result.records) == replay(problem, events).peak_bytes
+    swaps = [r for r in result.records if r.kind == "swap_out"]
+    assert bool(swaps) == (events_of is swap_and_recompute)
+    assert all(r.host_bytes > 0 for r in swaps)  # the host pool holds the copies, apart from device bytes
+
+
+def middle_cut(tables) -> int:
+    """The cut nearest the middle that stage_problem accepts (it raises KeyError when a stage's first use of
+    a storage from an earlier stage is a view of it)."""
+    names = tables.nodes.name.tolist()
+    for cut in sorted(range(1, len(names)), key=lambda c: abs(c - len(names) // 2)):
+        try:
+            stage_problem(timed(tables.nodes), tables.tensors, names[cut:], bandwidth=1e9)
+            return cut
+        except KeyError:
+            continue
+    raise AssertionError("no cut")
+
+
+def test_two_stages_run_interleaved_on_their_own_pools(small_cnn):
+    _, traced, flat, tables = small_cnn
+    names = tables.nodes.name.tolist()
+    cut = middle_cut(tables)
+    plan = plan_for(tables, [names[:cut], names[cut:]], swap_and_recompute)
+    stages, result = execute(traced, flat, tables, plan)
+    for got, ref in zip(result.outputs, reference(traced, flat)):
+        assert torch.equal(got, ref)
+    received = [op for op in stages[1].raw["ops"] if op.get("boundary")]
+    assert received and result.shared.channel
+    first_receive = next(i for i, r in enumerate(result.records)
+                         if r.stage == 1 and r.op == received[0]["id"])
+    producer = next(i for i, r in enumerate(result.records) if r.stage == 0 and r.kind == "compute"
+                    and set(received[0]["storages"]) & set(next(o["storages"] for o in stages[0].raw["ops"] if o["id"] == r.op)))
+    assert producer < first_receive  # a stage waits for the storage it receives
+
+
+def test_validation_passes_a_faithful_plan_and_reports_everything(mlp):
+    built, _, _, tables = mlp
+    plan = plan_for(tables, [tables.nodes.name.tolist()], swap_and_recompute)
+    v = validate_plan(built, plan, parse_plan(plan), tables.tensors, export_names=tables.nodes.name.tolist(),
+                      settings=ValidateSettings(repeats=1, warmup=0, tolerances=LOOSE_TIME))
+    rep = v.report
+    assert rep["status"] == "passed", rep["reasons"]
+    st = rep["stages"][0]
+    assert st["measured_peak_bytes"] == st["predicted_peak_bytes"] and st["peak_rel_err"] == 0.0
+    assert st["budget_respected"] and st["first_divergence"] is None and st["size_mismatch_count"] == 0
+    assert rep["gradients"]["vs_compiled_step"]["bit_exact"]
+    assert rep["allocator"]["peak_bytes"] >= st["measured_peak_bytes"]  # the allocator also sees temporaries
+    assert len(v.timeline) == len(plan["stages"][0]["schedule"]["events"])
+    assert (v.timeline.measured_bytes_peak == v.timeline.predicted_bytes_peak).all()
+
+
+def test_a_plan_that_mispredicts_an_op_is_failed_by_name(mlp):
+    built, _, _, tables = mlp
+    plan = plan_for(tables, [tables.nodes.name.tolist()], no_recompute)
+    stage = plan["stages"][0]
+    victim = max((o for o in stage["problem"]["ops"] if not o.get("boundary")), key=lambda o: o["bytes"])
+    victim["bytes"] //= 100  # the plan now believes this op is 100x smaller than it is
+    rep = replay(problem_from_dict(stage["problem"]), [tuple(e) for e in stage["schedule"]["events"]])
+    stage["schedule"].update(time=rep.time, peak_bytes=rep.peak_bytes, budget_bytes=rep.peak_bytes)
+    v = validate_plan(built, plan, parse_plan(plan), tables.tensors,
+                      settings=ValidateSettings(repeats=1, warmup=0, tolerances=LOOSE_TIME, allocator_check=False))
+    assert v.report["status"] == "failed"
+    named = [r for r in v.report["reasons"] if f"'{victim['id']}'" in r]
+    assert named, v.report["reasons"]
+    assert v.report["stages"][0]["size_mismatches"][0]["op"] == victim["id"]
+
+
+def test_a_plan_whose_events_were_edited_is_failed(mlp):
+    built, _, _, tables = mlp
+    plan = plan_for(tables, [tables.nodes.name.tolist()], no_recompute)
+    stage = plan["stages"][0]
+    events = stage["schedule"]["events"]
+    size = {o["id"]: o["bytes"] for o in stage["problem"]["ops"]}
+    first_free = next(i for i, e in enumerate(events) if e[0] == "free" and size[e[1]] > 0)
+    op = events.pop(first_free)[1]
+    events.append(["free", op])  # held to the end, but the stated peak is left as it was
+    assert replay(problem_from_dict(stage["problem"]), [tuple(e) for e in events]).peak_bytes > stage["schedule"]["peak_bytes"]
+    v = validate_plan(built, plan, parse_plan(plan), tables.tensors,
+                      settings=ValidateSettings(repeats=1, warmup=0, tolerances=LOOSE_TIME, allocator_check=False))
+    assert v.report["status"] == "failed"
+    assert any("replay" in r for r in v.report["reasons"]), v.report["reasons"]
+
+
+def test_an_unscheduled_stage_is_failed_not_executed(mlp):
+    built, _, _, tables = mlp
+    plan = plan_for(tables, [tables.nodes.name.tolist()], no_recompute)
+    plan["stages"][0]["schedule"] = {"status": "infeasible", "events": [], "time": None, "peak_bytes": None,
+                                     "budget_bytes": 1, "note": "proven infeasible"}
+    v = validate_plan(built, plan, parse_plan(plan), tables.tensors)
+    assert v.report["status"] == "failed" and "no schedule" in v.report["reasons"][0]
+
+
+def test_corrupt_plans_raise_a_clear_error(mlp, tmp_path):
+    _, _, _, tables = mlp
+    bad = tmp_path / "plan.json"
+    bad.write_text("{not json")
+    with pytest.raises(PlanError, match="corrupt JSON"):
+        load_plan(bad)
+    plan = plan_for(tables, [tables.nodes.name.tolist()], no_recompute)
+    with pytest.raises(PlanError, match="non-empty 'stages'"):
+        parse_plan({"stages": []})
+    broken = json.loads(json.dumps(plan))
+    broken["stages"][0]["schedule"]["events"].insert(0, ["free", broken["stages"][0]["problem"]["ops"][-1]["id"]])
+    with pytest.raises(PlanError, match="stage 0 schedule: event 0 free"):
+        parse_plan(broken)
+    del broken["stages"][0]["problem"]["ops"][0]["nodes"]
+    with pytest.raises(PlanError, match="lacks 'nodes'"):
+        parse_plan(broken)

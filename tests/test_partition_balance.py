@@ -1,0 +1,135 @@
+"""Balance rates and pipeline formulas, the re-partition loop on a small graph, artifact round trip."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_partition_graph import training_graph
+
+from trainplan.partition import (
+    BalanceSettings,
+    MemoryLimit,
+    PartitionError,
+    SolverSettings,
+    StageScheduler,
+    balance,
+    iterations_dict,
+    partition_from_dict,
+    partition_graph,
+    pipeline_graph,
+    pipeline_metrics,
+    plan_dict,
+    range_tables,
+)
+from trainplan.partition.balance import scaled_weights
+from trainplan.schedule import problem_from_dict, replay
+
+SOLVER = SolverSettings(time_limit_s=0.5, workers=1, seed=0)
+
+
+def test_pipeline_metrics_formulas():
+    m = pipeline_metrics([2.0, 4.0, 1.0], peaks=[100, 200, 300], activation_bytes=[10, 20, 30], micro_batches=2)
+    assert (m.t_max_s, m.t_min_s, m.bottleneck_stage) == (4.0, 1.0, 1)
+    assert m.rate == 0.25 and m.spread == 0.75
+    assert m.gpipe_step_time_s == (2 + 3 - 1) * 4.0
+    # in flight: min(k - s, m) = 2, 2, 1 micro-batches: one runs, the others' stashes wait
+    assert m.peak_1f1b_bytes == [110, 220, 300]
+    assert pipeline_metrics([3.0], [5], [7], 8).peak_1f1b_bytes == [5]  # one stage: nothing else in flight
+
+
+@pytest.fixture(scope="module")
+def small():
+    nodes, tensors = training_graph(12, seed=4, skip_prob=0.3)
+    g = pipeline_graph(nodes, tensors)
+    return nodes, tensors, g, range_tables(g)
+
+
+def scheduler(nodes, tensors, fraction=0.5) -> StageScheduler:
+    return StageScheduler(nodes, tensors, bandwidth=1e6, budget_fraction=fraction, solver=SOLVER)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5])
+def test_budget_fraction_out_of_range(small, fraction):
+    nodes, tensors, _, _ = small
+    with pytest.raises(PartitionError, match=f"budget fraction {fraction} must be in"):
+        scheduler(nodes, tensors, fraction)
+
+
+def test_balance_loop_records_consistent_numbers(small):
+    nodes, tensors, g, t = small
+    settings = BalanceSettings(threshold=0.999, max_iterations=3, micro_batches=4, tolerance=0.02)
+    memory = MemoryLimit(2**40, settings.micro_batches)
+    first = partition_graph(g, t, 3, tolerance=settings.tolerance, memory=memory)
+    sched = scheduler(nodes, tensors)
+    result = balance(g, t, first, sched, settings, memory)
+    assert 1 <= len(result.iterations) <= settings.max_iterations
+    assert result.iterations[0].cuts == first.cuts
+    t_max = [it.metrics.t_max_s for it in result.iterations]
+    assert result.final.metrics.t_max_s == min(t_max)
+    for it in result.iterations:
+        times = it.times
+        assert it.metrics.rate == pytest.approx(min(times) / max(times))
+        assert it.metrics.spread == pytest.approx((max(times) - min(times)) / max(times))
+    # a stop reason that matches the numbers
+    rates = [it.metrics.rate for it in result.iterations]
+    if "threshold" in result.stop_reason:
+        assert rates[-1] >= settings.threshold
+    elif "stopped improving" in result.stop_reason:
+        assert rates[-1] <= rates[-2]
+    plan = plan_dict(g, result, settings, memory)
+    assert plan["balance"]["rate"] == result.final.metrics.rate
+    assert sorted(n for s in plan["stages"] for n in s["nodes"]) == sorted(nodes.name)
+    for stage in plan["stages"]:
+        problem = problem_from_dict(stage["problem"])
+        assert problem.budget_bytes == stage["problem"]["budget_bytes"] > 0
+        events = [tuple(e) for e in stage["schedule"]["events"]]
+        assert replay(problem, events, stage["schedule"]["budget_bytes"]).time == pytest.approx(stage["time_s"])
+        assert stage["peak_1f1b_bytes"] == stage["peak_bytes"] + (stage["in_flight"] - 1) * stage["activation_bytes"]
+    cmp = plan["balance"]["dp_comparison"]
+    assert cmp["bottleneck_ratio"] == pytest.approx(result.final.metrics.t_max_s / result.dp.metrics.t_max_s)
+    assert cmp["dp"]["profiled_bottleneck_s"] <= cmp["ours_profiled_bottleneck_s"] * (1 + 1e-12)
+    json.dumps(plan)
+    assert len(iterations_dict(result)["iterations"]) == len(result.iterations)
+    assert sched.solved <= 3 * (len(result.iterations) + 1)  # identical stages are solved once
+
+
+def test_scaled_weights_apply_each_stages_overhead(small):
+    nodes, tensors, g, t = small
+    first = partition_graph(g, t, 2, tolerance=0.0)
+    settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=2, tolerance=0.0)
+    result = balance(g, t, first, scheduler(nodes, tensors, 0.3), settings)
+    it = result.iterations[0]
+    w = scaled_weights(g, it)
+    for stage, time in zip(it.stages, it.times):
+        mine = np.isin(np.array(g.names), stage.nodes)
+        assert w[mine].sum() == pytest.approx(time)
+
+
+def test_partition_round_trip_and_stale_artifact(small):
+    nodes, tensors, g, t = small
+    part = partition_graph(g, t, 3, tolerance=0.05)
+    data = json.loads(json.dumps(part.to_dict()))
+    back = partition_from_dict(g, data)
+    assert back.cuts == part.cuts and back.split_cuts == part.split_cuts and back.stages == part.stages
+    other = partition_graph(g, t, 3, tolerance=0.05, weights=g.time[::-1].copy())
+    data["stages"][0]["nodes"] = other.stages[0].nodes if other.cuts != part.cuts else ["x"]
+    with pytest.raises(PartitionError, match="stage 0 of the partition does not match the graph"):
+        partition_from_dict(g, data)
+    data["cuts"] = [0, 5, 5, g.n_forward]
+    with pytest.raises(PartitionError, match="are not increasing"):
+        partition_from_dict(g, data)
+
+
+def test_a_stage_without_any_schedule_is_named(small, monkeypatch):
+    from trainplan.partition import stage_schedule
+    from trainplan.schedule.schedule_io import no_schedule
+
+    nodes, tensors, g, t = small
+    monkeypatch.setattr(stage_schedule, "solve", lambda problem, *a: no_schedule(
+        problem.budget_bytes, "ours", 0.0, "proven infeasible"))
+    part = partition_graph(g, t, 2, tolerance=0.0)
+    with pytest.raises(PartitionError, match=r"stage 0 \(\d+ nodes, first 'f1'\): no schedule meets budget "
+                                             r"\d+ B \(0.5 of its peak\): proven infeasible"):
+        balance(g, t, part, scheduler(nodes, tensors), BalanceSettings(0.9, 2, 2, 0.0))

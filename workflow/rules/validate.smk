@@ -1,0 +1,69 @@
+rule validate:
+    input:
+        unpack(export_inputs),
+        plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+    output:
+        validation="results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
+        timeline="results/validate/{model}/{device}/k{k}/b{budget}/timeline.parquet",
+    log:
+        "logs/validate/{model}/{device}/k{k}/b{budget}.log",
+    benchmark:
+        "benchmarks/validate/{model}/{device}/k{k}/b{budget}.tsv"
+    params:
+        spec=model_spec,
+        seed=config["seed"],
+        device=device_spec,
+        settings=config["validate"],
+        code=code_version(
+            "execute.plan", "execute.layout", "execute.pool", "execute.runner", "execute.predict",
+            "execute.measure", "execute.check", "execute.diagnose", "execute.validate",
+        ),
+    # Timing needs the machine to itself: take every core the run was given.
+    threads: workflow.cores
+    wildcard_constraints:
+        k=r"[1-9][0-9]*",
+        budget=r"[0-9]*\.?[0-9]+",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/validate.py"
+
+
+rule plot_validate:
+    input:
+        validation="results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
+        timeline="results/validate/{model}/{device}/k{k}/b{budget}/timeline.parquet",
+    output:
+        report(
+            "results/plots/{model}/{device}/k{k}/b{budget}/validation.png",
+            caption="../report/validate.rst",
+            category="Validate",
+            labels={"model": "{model}", "k": "{k}", "budget": "{budget}", "figure": "predicted vs measured"},
+        ),
+    log:
+        "logs/plot_validate/{model}/{device}/k{k}/b{budget}.log",
+    wildcard_constraints:
+        k=r"[1-9][0-9]*",
+        budget=r"[0-9]*\.?[0-9]+",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/plot_validate.py"
+
+
+rule validate_summary:
+    input:
+        validation_files(),
+    output:
+        table=report(
+            "results/validate/summary.csv",
+            caption="../report/validate_summary.rst",
+            category="Validate",
+            labels={"figure": "summary table"},
+        ),
+    log:
+        "logs/validate/summary.log",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/validate_summary.py"
