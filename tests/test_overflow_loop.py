@@ -14,6 +14,7 @@ from trainplan.precision.interpreter import FP16_MAX, Injection, run_step
 from trainplan.precision.iterate import fix_overflow, run_iteration
 from trainplan.precision.lists import default_policy
 from trainplan.precision.summary import findings_frame
+from trainplan.trace import TracedStep
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,21 @@ def test_analyse_blames_producer_not_consumer():
     run_step(gm, [torch.full((4,), 100.0)], dtypes, observer=detector)
     findings = analyse(gm, detector.checks, dtypes, {})
     assert [(f.node, f.is_root) for f in findings] == [("mul", True), ("add", False), ("sum_1", False)]
+
+
+def test_bad_graph_input_stalls_without_blaming_anyone():
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return (torch.sum(torch.mul(x, 2.0)),)
+
+    traced = TracedStep("net", torch.fx.symbolic_trace(Net()), [], [], ["x"], "sum_1")
+    x = torch.tensor([1.0, 2.0])
+    assert fix_overflow(traced, [x], default_policy()).converged
+    result = fix_overflow(traced, [torch.tensor([1.0, float("nan")])], default_policy())
+    # NaN in the input is bad in fp32 too (inherent): nothing to fix, nobody blamed
+    assert result.converged and result.denied == []
+    it = run_iteration(traced, [torch.tensor([1.0, float("nan")])], default_policy(), inherent=[])
+    assert it.stalled and not it.roots and [f.node for f in it.findings] == ["mul", "sum_1"]
 
 
 def test_injection_only_overflows_in_fp16(gpt2):

@@ -10,7 +10,7 @@ from overflow_cases import GPT2_EAGER, T5_TINY, op_nodes, traced_case
 
 from trainplan.export import graph_tables
 from trainplan.precision.assign import FP16, FP32, assign_precision, fp32_dtypes
-from trainplan.precision.cost import fp16_shares, precision_table
+from trainplan.precision.cost import fp16_shares, measure_steps, precision_table
 from trainplan.precision.interpreter import InjectionError, parse_injections, run_step
 from trainplan.precision.lists import autocast_policy, default_policy
 from trainplan.precision.policy import PolicyError, load_policy, policy_from_dict
@@ -104,3 +104,12 @@ def test_bad_policy_and_injection_are_clear_errors(gpt2):
     traced, _ = gpt2
     with pytest.raises(InjectionError, match="no_such_node"):
         parse_injections([{"node": "no_such_node", "scale": 10.0}], traced.gm, "gpt2_eager")
+
+
+def test_measured_activation_bytes_shrink_in_fp16(gpt2):
+    traced, flat = gpt2
+    default = assign_precision(traced.gm, default_policy(), traced.loss_node).dtype
+    costs = measure_steps(traced.gm, flat, {"fp32": fp32_dtypes(traced.gm), "default": default}, traced.loss_node, repeats=1, warmup=0)
+    fp32, half = costs["fp32"], costs["default"]
+    assert 0 < half.saved_for_backward_bytes < fp32.saved_for_backward_bytes <= fp32.activation_peak_bytes
+    assert len(fp32.step_time_runs_s) == 1 and fp32.step_time_s > 0

@@ -50,19 +50,12 @@ def check_boundary_inputs(nodes, tensors, k: int) -> None:
         assert received == s.boundary_in_bytes, s.index
 
 
-#: stage_problem raises KeyError when a stage's first reference to another stage's storage is a view
-#: (``(ops | boundary)[source(...)]`` merges before ``source`` adds the boundary op); reported.
-STAGE_PROBLEM_VIEW_BUG = pytest.mark.xfail(raises=KeyError, strict=False,
-                                           reason="stage_problem KeyError on a view of a received storage")
-
-
 @pytest.mark.parametrize("fixture", ["tiny_gpt2", "small_cnn"])
 @pytest.mark.parametrize("k", [2, 3])
 def test_tiny_models_gradient_flow(fixture, k, request):
     check_gradient_flow(*with_times(request.getfixturevalue(fixture)[3]), k)
 
 
-@STAGE_PROBLEM_VIEW_BUG
 @pytest.mark.parametrize("fixture", ["tiny_gpt2", "small_cnn"])
 @pytest.mark.parametrize("k", [2, 3])
 def test_tiny_models_boundary_inputs(fixture, k, request):
@@ -77,7 +70,6 @@ def study_graph(model: str):
     return read_profiled_graph(*paths)
 
 
-@STAGE_PROBLEM_VIEW_BUG
 @pytest.mark.parametrize("model", ["gpt2", "resnet50"])
 def test_study_artifacts(model):
     graph = study_graph(model)

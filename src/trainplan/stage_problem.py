@@ -1,8 +1,10 @@
 """Turn a stage of a profiled graph into a scheduling problem (the dict format of docs/schedule.md).
 
 The problem works on storages, not fx nodes: every node that allocates storage becomes one op whose
-output is that storage; view/alias nodes (no new storage) are folded into the op that produced their
-base, and their time is added to it. Storages read by the stage but produced by an earlier stage are
+output is its first new storage, and each further new storage of a multi-output kernel becomes an op
+``name#i`` that reads the first and may not be recomputed (no kernel recomputes one output alone).
+View/alias nodes (no new storage) are folded into the op that produced their base, and their time is
+added to it. Storages read by the stage but produced by an earlier stage are
 boundary inputs: zero-time ops that may not be recomputed (they are received, not computed). Storages
 the stage hands on (read by a later stage, or graph outputs such as gradients and the loss) are `keep`.
 Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph.
@@ -78,10 +80,15 @@ def stage_problem(
         mutates = is_inplace(str(row.op))
         if own or not out_storages or mutates:
             op = new_op(name, own[:1])
-            for i, sid in enumerate(own[1:], start=1):  # further outputs: free-standing, read from the first
-                new_op(f"{name}#{i}", [sid], inputs=[name])
+            # A further output is taken from the kernel's run: it reads the first output and the kernel's
+            # inputs (all are held while the kernel runs) and cannot be recomputed alone: keep or swap it.
+            extras = [new_op(f"{name}#{i}", [sid], inputs=[name]) for i, sid in enumerate(own[1:], start=1)]
+            for extra in extras:
+                extra["recompute"] = False
         else:  # a view: folded into the op holding its base storage
-            op = (ops | boundary)[source(out_storages[0])]
+            extras = []
+            base = source(out_storages[0])
+            op = ops.get(base) or boundary[base]
         op["nodes"].append(name)
         op["time"] += float(row.time_s)
         if str(row.op).startswith(RANDOM_OPS):
@@ -93,9 +100,11 @@ def stage_problem(
                 continue
             src = source(sid)
             if mutates and src != op["id"]:
-                (ops | boundary)[src]["recompute"] = False  # its value is changed in place
+                (ops.get(src) or boundary[src])["recompute"] = False  # its value is changed in place
             if src != op["id"] and src not in op["inputs"]:
                 op["inputs"].append(src)
+        for extra in extras:
+            extra["inputs"] += [x for x in op["inputs"] if x not in extra["inputs"]]
     consumers_outside = {
         storage_of[tid]
         for row in nodes.itertuples()

@@ -30,6 +30,10 @@ def _rel(measured: float, predicted: float) -> float | None:
     return (measured - predicted) / predicted if predicted else None
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
 def _event(stage: StagePlan, rec: EventRecord, predicted: int) -> dict[str, Any]:
     raw = next(o for o in stage.raw["ops"] if o["id"] == rec.op)
     return {"position": rec.position, "kind": rec.kind, "op": rec.op, "nodes": raw["nodes"][:5],
@@ -81,7 +85,7 @@ def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, 
     if peak_err is None or abs(peak_err) > tol.peak_rel:
         over = next((r for r in records if r.bytes_peak > stated_peak * (1 + tol.peak_rel)), None)
         where = f"; first above it at event {over.position} {over.kind} '{over.op}'" if over else ""
-        reasons.append(f"stage {i}: measured peak {measured_peak} B is {peak_err:+.1%} off the planned "
+        reasons.append(f"stage {i}: measured peak {measured_peak} B is {_pct(peak_err)} off the planned "
                        f"{stated_peak} B (tolerance {tol.peak_rel:.0%}){where}{why}")
     if first is not None:
         reasons.append(f"stage {i}: device bytes diverge from the prediction at event {first['position']} "
@@ -95,13 +99,13 @@ def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, 
     respected = over_budget is not None and over_budget <= tol.budget_over
     if not respected:
         reasons.append(f"stage {i}: measured peak {measured_peak} B exceeds the budget {budget} B by "
-                       f"{over_budget:.1%} (tolerance {tol.budget_over:.0%}){why}")
+                       f"{_pct(over_budget)} (tolerance {tol.budget_over:.0%}){why}")
     time_s = measured.median_s
     time_err = _rel(time_s, stated_time)
     # the machine's speed now vs when it was profiled, from the no-recompute run timed alongside the plan
     load = measured.baseline_s / stage.problem.compute_time if stage.problem.compute_time else None
     if time_err is None or abs(time_err) > tol.time_rel:
-        reasons.append(f"stage {i}: step time {time_s:.4f} s is {time_err:+.1%} off the planned "
+        reasons.append(f"stage {i}: step time {time_s:.4f} s is {_pct(time_err)} off the planned "
                        f"{stated_time:.4f} s (tolerance {tol.time_rel:.0%})")
     return {
         "index": i,

@@ -54,10 +54,11 @@ class HostPool:
 
     def load(self, sid: int) -> torch.UntypedStorage:
         copy = self.copies[sid]
-        if self.stream is None:
+        if isinstance(copy, np.ndarray):
             out = torch.empty(copy.nbytes, dtype=torch.uint8)
             out.copy_(torch.from_numpy(copy))
             return out.untyped_storage()
+        assert self.stream is not None
         out = torch.empty(copy.numel(), dtype=torch.uint8, device=self.device)
         self.stream.wait_event(self.done[sid])
         self.stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.fx.node import map_arg
@@ -174,7 +174,7 @@ class StageRunner:
     # --- values -------------------------------------------------------------------------------
     def _run_node(self, node: torch.fx.Node, op: OpSpec) -> None:
         args, kwargs = map_arg((node.args, node.kwargs), self.value)
-        out = node.target(*args, **kwargs)
+        out = cast(Callable[..., Any], node.target)(*args, **kwargs)
         del args, kwargs
         slots = self.layout.slots.get(node.name)
         if not slots:
@@ -200,7 +200,7 @@ class StageRunner:
 
     def _place(self, name: str, idx: int, sid: int, t: torch.Tensor, op: OpSpec) -> None:
         """Hold a node's output where the plan says: in its op's storage, pending, or nowhere (a duplicate)."""
-        self.shared.meta.setdefault((name, idx), (t.dtype, t.storage_offset(), tuple(t.shape), t.stride()))
+        self.shared.meta.setdefault((name, idx), (t.dtype, int(t.storage_offset()), tuple(t.shape), tuple(t.stride())))
         if sid in self.layout.fixed:
             return
         st = t.untyped_storage()

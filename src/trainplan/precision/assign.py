@@ -49,10 +49,6 @@ class Assignment:
     source: dict[str, str]  # allow / deny / infer
     phase: dict[str, str]
 
-    def fp16_nodes(self) -> set[str]:
-        """Names of nodes that run in fp16."""
-        return {n for n, d in self.dtype.items() if d == FP16}
-
 
 def assign_precision(gm: torch.fx.GraphModule, policy: Policy, loss_node: str) -> Assignment:
     """Resolve ``policy`` over the graph in execution order (infer ops need their producers first)."""

@@ -18,7 +18,13 @@ from trainplan.precision.policy import op_keys
 
 
 def precision_table(gm: torch.fx.GraphModule, assignment: Assignment, flops: dict[str, float]) -> pd.DataFrame:
-    """One row per op node: op, phase, deciding list, dtype, whether it is floating, its FLOPs."""
+    """One row per op node: op, phase, deciding list, dtype, whether it is floating, its FLOPs.
+
+    ``flops`` comes from the export's nodes table; a node it lacks means the graphs differ (an error).
+    """
+    missing = [n.name for n in gm.graph.nodes if n.op == "call_function" and n.name not in flops]
+    if missing:
+        raise ValueError(f"nodes table has no FLOPs for op(s) {missing[:5]}: it was exported from a different graph")
     rows = []
     for node in gm.graph.nodes:
         if node.op != "call_function":
@@ -31,7 +37,7 @@ def precision_table(gm: torch.fx.GraphModule, assignment: Assignment, flops: dic
                 "list": assignment.source[node.name],
                 "dtype": str(assignment.dtype[node.name]).removeprefix("torch."),
                 "floating": is_floating(node),
-                "flops": float(flops.get(node.name, 0.0)),
+                "flops": float(flops[node.name]),
             }
         )
     return pd.DataFrame(rows)
@@ -89,24 +95,32 @@ class _LiveBytes:
             self.at_loss = total
 
 
-def measure_step(
+def measure_steps(
     gm: torch.fx.GraphModule,
     flat: list[torch.Tensor],
-    dtypes: dict[str, torch.dtype],
+    policies: dict[str, dict[str, torch.dtype]],
     loss_node: str,
     *,
     repeats: int = 3,
     warmup: int = 1,
     emulate_matmul: bool = True,
-) -> StepCost:
-    """Median wall time of the step under ``dtypes`` (same interpreter for every policy) and its activation bytes."""
-    times = []
+) -> dict[str, StepCost]:
+    """Median step time of each per-op dtype assignment, and its activation bytes.
+
+    Repetitions are interleaved (one step of every policy per round) so that all policies see the same
+    machine load; every policy runs in the same interpreter, so only precision differs.
+    """
+    times: dict[str, list[float]] = {name: [] for name in policies}
     with torch.no_grad():
         for i in range(warmup + repeats):
-            start = time.perf_counter()
-            PrecisionInterpreter(gm, dtypes, emulate_matmul=emulate_matmul).run(*flat)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-        live = _LiveBytes(flat, loss_node)
-        PrecisionInterpreter(gm, dtypes, emulate_matmul=emulate_matmul, on_step=live).run(*flat)
-    return StepCost(statistics.median(times), times, live.peak, live.at_loss)
+            for name, dtypes in policies.items():
+                start = time.perf_counter()
+                PrecisionInterpreter(gm, dtypes, emulate_matmul=emulate_matmul).run(*flat)
+                if i >= warmup:
+                    times[name].append(time.perf_counter() - start)
+        costs = {}
+        for name, dtypes in policies.items():
+            live = _LiveBytes(flat, loss_node)
+            PrecisionInterpreter(gm, dtypes, emulate_matmul=emulate_matmul, on_step=live).run(*flat)
+            costs[name] = StepCost(statistics.median(times[name]), times[name], live.peak, live.at_loss)
+    return costs

@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 
 from trainplan.precision.assign import assign_precision, fp32_dtypes
-from trainplan.precision.cost import fp16_shares, measure_step, precision_table
+from trainplan.precision.cost import fp16_shares, measure_steps, precision_table
 from trainplan.precision.lists import autocast_policy
 from trainplan.precision.policy import Policy
 from trainplan.trace import TracedStep
@@ -74,7 +74,7 @@ def summarize(
     for name in ("default", "autocast"):
         precision[f"dtype_{name}"] = tables[name].dtype.values
     measured = {"fp32": fp32_dtypes(gm), "default": assignments["default"].dtype, "final": assignments["final"].dtype}
-    costs = {name: measure_step(gm, flat, d, loss, repeats=repeats, warmup=warmup, emulate_matmul=emulate_matmul) for name, d in measured.items()}
+    costs = measure_steps(gm, flat, measured, loss, repeats=repeats, warmup=warmup, emulate_matmul=emulate_matmul)
     last = iterations[-1]
     denied = [r for it in iterations for r in it["roots"]]
     denied_ops = precision.set_index("name").loc[denied, "op"].tolist() if denied else []

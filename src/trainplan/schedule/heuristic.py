@@ -36,6 +36,8 @@ class Simulator:
         self.used = 0
         self.events: Events = []
         self.touched: list[int] = []
+        # restore_cost depends only on (resident, host); every change to either clears this cache
+        self._restore: dict[int, float] = {}
 
     def can_swap(self, u: int) -> bool:
         return self.allow_swap and self.p.ops[u].swap
@@ -49,28 +51,49 @@ class Simulator:
     def _compute(self, u: int) -> None:
         self._emit("compute", u)
         self.resident.add(u)
+        self._restore.clear()
         self.used += self.p.ops[u].bytes
         self.touched.append(u)
 
     def free(self, u: int) -> None:
         self._emit("free", u)
         self.resident.discard(u)
+        self._restore.clear()
         self.used -= self.p.ops[u].bytes
 
-    def restore_cost(self, u: int, memo: dict[int, float] | None = None) -> float:
-        """Estimated seconds to make a non-resident u resident again (inf if impossible)."""
+    def restore_cost(self, u: int) -> float:
+        """Estimated seconds to make a non-resident u resident again (inf if impossible).
+
+        Iterative (no recursion limit) and cached: the value is a pure function of the resident and
+        host sets, and every change to either clears the cache, so results equal the plain recursion
+        min(swap-in, op time + sum of the inputs' restore costs)."""
         if u in self.resident:
             return 0.0
-        memo = {} if memo is None else memo
-        if u not in memo:
+        cache = self._restore
+        if u in cache:
+            return cache[u]
+        p, resident = self.p, self.resident
+        stack = [u]
+        while stack:
+            v = stack[-1]
+            if v in cache:
+                stack.pop()
+                continue
+            rc_ok = self.can_recompute(v)
+            if rc_ok:
+                pending = [w for w in p.inputs[v] if w not in resident and w not in cache]
+                if pending:
+                    stack.extend(pending)
+                    continue
+            stack.pop()
             best = INF
-            if u in self.host and self.can_swap(u):
-                best = self.p.transfer_time(u)
-            if self.can_recompute(u):
-                rc = self.p.ops[u].time + sum(self.restore_cost(w, memo) for w in self.p.inputs[u])
+            if v in self.host and self.can_swap(v):
+                best = p.transfer_time(v)
+            if rc_ok:
+                rc = p.ops[v].time + sum(0.0 if w in resident else cache[w] for w in p.inputs[v])
                 best = min(best, rc)
-            memo[u] = best
-        return memo[u]
+            cache[v] = best
+        return cache[u]
 
     def evict_cost(self, u: int, t: int) -> tuple[float, bool]:
         """(cost, by_swap) of evicting u now and bringing it back at its next use."""
@@ -81,8 +104,7 @@ class Simulator:
             swap = (0.0 if u in self.host else self.p.transfer_time(u)) + self.p.transfer_time(u)
         drop = INF
         if self.can_recompute(u):
-            memo: dict[int, float] = {}
-            drop = self.p.ops[u].time + sum(self.restore_cost(w, memo) for w in self.p.inputs[u])
+            drop = self.p.ops[u].time + sum(self.restore_cost(w) for w in self.p.inputs[u])
         return (swap, True) if swap <= drop else (drop, False)
 
     def make_room(self, need: int, protected: set[int], t: int) -> bool:
@@ -118,6 +140,7 @@ class Simulator:
         if by_swap and cost > 0 and u not in self.host:
             self._emit("swap_out", u)
             self.host.add(u)
+            self._restore.clear()
         self.free(u)
 
     def ensure(self, u: int, protected: set[int], t: int) -> bool:
@@ -135,6 +158,7 @@ class Simulator:
                 return False
             self._emit("swap_in", u)
             self.resident.add(u)
+            self._restore.clear()
             self.used += self.p.ops[u].bytes
             self.touched.append(u)
             return True

@@ -102,22 +102,30 @@ def _ticks(seconds: float, unit: float) -> int:
     return math.floor(seconds / unit + 1e-6)
 
 
+DET_PER_SECOND = 0.5  # deterministic seconds per wall second of limit (calibrated on big stage models)
+WALL_SAFETY = 1.0  # wall-clock cap of a deterministic run, as a multiple of its wall share (a safety net)
+
+
 def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
-              verbose: bool = False) -> cp_model.CpSolver:
-    """A CP-SAT solver with our limits. Deterministic: one worker stopped on deterministic time
-    (``time_limit_s`` deterministic seconds; wall time may be several times longer, capped at
-    10x + 10 s as a safety net). Otherwise ``workers`` threads stopped on wall time."""
+              verbose: bool = False, wall_cap_s: float | None = None) -> cp_model.CpSolver:
+    """A CP-SAT solver with our limits. Deterministic: one worker stopped on deterministic time,
+    DET_PER_SECOND x ``time_limit_s`` deterministic seconds (a function of the limit only, so the
+    answer does not depend on machine speed or load); a wall-clock cap of WALL_SAFETY x
+    ``wall_cap_s`` (default ``time_limit_s``) is the safety net that keeps the limit on a slow or
+    loaded machine, and only then can the answer change. Otherwise ``workers`` threads stopped
+    on wall time (``wall_cap_s``, default ``time_limit_s``)."""
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.random_seed = seed
     prm.log_search_progress = verbose
+    wall = max(0.05, time_limit_s if wall_cap_s is None else wall_cap_s)
     if deterministic:
         prm.num_workers = 1
-        prm.max_deterministic_time = time_limit_s
-        prm.max_time_in_seconds = 10 * time_limit_s + 10
+        prm.max_deterministic_time = DET_PER_SECOND * time_limit_s
+        prm.max_time_in_seconds = WALL_SAFETY * wall
     else:
         prm.num_workers = max(1, workers)
-        prm.max_time_in_seconds = time_limit_s
+        prm.max_time_in_seconds = wall
     return solver
 
 
@@ -267,18 +275,19 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         for (w, c, v, k), y in ys.items():
             m.AddHint(y, hint_cover.get((v, k, w)) == c)
 
-    solver = configure(time_limit_s, workers, seed, deterministic, verbose)
+    build_s = time.perf_counter() - t0  # the model build counts against the wall-clock limit
+    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=time_limit_s - build_s)
     if n > 200:  # probing and symmetry detection dominate presolve on big models; the hint gives a solution
         solver.parameters.cp_model_probing_level = 0
         solver.parameters.symmetry_level = 0
-    build_s = time.perf_counter() - t0
     cb = _FirstSolution()
     code = solver.Solve(m, cb)
     status = solver.StatusName(code)
     wall = time.perf_counter() - t0
     stats = {"copies": C, "slots": K[0], "positions": H, "time_unit_s": tu, "byte_unit": bu,
              "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
-             "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic}
+             "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic,
+             "deterministic_seconds": round(solver.ResponseProto().deterministic_time, 3)}
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         obj, bnd = solver.ObjectiveValue() * tu, solver.BestObjectiveBound() * tu
         log.info("mip %s objective %.6g s bound %.6g s wall %.2f s", status, obj, bnd, wall)

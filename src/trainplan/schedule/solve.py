@@ -11,7 +11,7 @@ from trainplan.schedule import baselines
 from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.bounds import relaxation_bound
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
-from trainplan.schedule.mip import solve_mip
+from trainplan.schedule.mip import MipResult, solve_mip
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
@@ -20,6 +20,12 @@ log = logging.getLogger(__name__)
 Events = list[tuple[str, str]]
 METHODS = ("ours", "no_recompute", "sqrt_checkpoint", "checkmate", "swap_only")
 BISECT_TOLERANCE = 0.005
+HEURISTIC_SHARE = 0.3  # no new greedy variant starts after this share of the time limit (once one is valid)
+MIP_MIN_SHARE = 0.2  # CP-SAT runs only if this share of the time limit is left (or nothing else was found)
+NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the requested budget gets when no greedy fits
+BISECT_SHARE = 0.5  # share of what is left after a failed first attempt that the bisection probes may use
+PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
+MAX_MIP_PROBES = 4  # at most this many bisection probes fall back to CP-SAT (a fixed count: deterministic)
 GREEDY_VARIANTS = {"swap+recompute": (True, True), "recompute": (False, True), "swap": (True, False)}
 
 
@@ -34,9 +40,11 @@ def _valid(problem: Problem, events: Events | None, budget: int) -> float | None
         return None
 
 
-def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False) -> tuple[Events | None, str, float | None]:
+def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False,
+                   deadline_s: float | None = None) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (greedy policies x swap/recompute options, sqrt(n) checkpointing),
-    its name, and the seconds until the first valid one (``first_only``: stop there)."""
+    its name, and the seconds until the first valid one (``first_only``: stop there; past
+    ``deadline_s`` no further greedy variant starts once one is valid)."""
     t0 = time.perf_counter()
     best: tuple[float, Events, str] | None = None
     first = None
@@ -49,6 +57,8 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False) -
                 first = time.perf_counter() - t0 if first is None else first
                 if first_only:
                     return best[1], best[2], first
+            if best is not None and deadline_s is not None and time.perf_counter() - t0 > deadline_s:
+                return best[1], best[2], first
     sqrt_events = baselines.sqrt_checkpoint_events(problem)
     if sqrt_events is not None:
         rep = replay(problem, sqrt_events)  # budget-agnostic: often over the cap, quietly skipped
@@ -59,13 +69,19 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False) -
 
 
 def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, seed: int,
-             deterministic: bool, copies: int | None, verbose: bool) -> Schedule:
+             deterministic: bool, copies: int | None, verbose: bool,
+             limit_if_no_heuristic_s: float | None = None) -> Schedule:
     """Greedy schedules, then the relaxation bound and its guided schedule, then CP-SAT from the
-    best hint; the answer is the best replay-valid schedule with the best proven bound."""
+    best hint; the answer is the best replay-valid schedule with the best proven bound.
+    ``limit_if_no_heuristic_s``: the (shorter) limit to use when no greedy schedule fits, so a
+    budget that is probably infeasible leaves time for the bisection."""
     t0 = time.perf_counter()
-    events, name, first = best_heuristic(problem, budget)
+    events, name, first = best_heuristic(problem, budget, deadline_s=HEURISTIC_SHARE * time_limit_s)
+    if events is None and limit_if_no_heuristic_s is not None:
+        time_limit_s = min(time_limit_s, limit_if_no_heuristic_s)
     heur_time = _valid(problem, events, budget)
-    relax = relaxation_bound(problem, budget, time_limit_s=max(0.1, time_limit_s / 2), workers=workers, seed=seed,
+    relax_s = max(0.1, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
+    relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
                              deterministic=deterministic)
     guided_events = guided(problem, budget, relax.evict) if relax.evict else None
     guided_time = _valid(problem, guided_events, budget)
@@ -78,9 +94,14 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     if relax.infeasible:
         extra["first_feasible_seconds"] = None
         return no_schedule(budget, "ours", time.perf_counter() - t0, "proven infeasible (relaxation)", extra)
-    res = solve_mip(problem, budget, time_limit_s=max(0.1, time_limit_s - (time.perf_counter() - t0)),
-                    workers=workers, seed=seed, hint=events, copies=copies, lower_bound_ticks=relax.ticks,
-                    deterministic=deterministic, verbose=verbose)
+    remaining = time_limit_s - (time.perf_counter() - t0)
+    if events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
+        # heuristics and relaxation used the time; building a big model would overrun the limit
+        res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": f"{remaining:.1f} s left"})
+    else:
+        res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
+                        hint=events, copies=copies, lower_bound_ticks=relax.ticks,
+                        deterministic=deterministic, verbose=verbose)
     mip_time = _valid(problem, res.events, budget)
     if first is None and res.first_solution_s is not None:
         first = time.perf_counter() - t0 - res.wall_s + res.first_solution_s
@@ -101,9 +122,13 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     return no_schedule(budget, "ours", elapsed, note, extra)
 
 
-def min_feasible_budget(probe: Callable[[int], bool], lo: int, hi: int) -> int:
-    """Smallest budget in (lo, hi] that ``probe`` accepts (lo fails, hi passes), to BISECT_TOLERANCE."""
+def min_feasible_budget(probe: Callable[[int], bool], lo: int, hi: int,
+                        deadline: float | None = None) -> int:
+    """Smallest budget in (lo, hi] that ``probe`` accepts (lo fails, hi passes), to BISECT_TOLERANCE;
+    past the ``deadline`` (a perf_counter time; a wall-clock safety net) the best so far (hi)."""
     while hi - lo > max(1, int(BISECT_TOLERANCE * hi)):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         mid = (lo + hi) // 2
         if probe(mid):
             hi = mid
@@ -119,29 +144,51 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: 
 
     For "ours", an infeasible budget triggers a bisection from the memory floor to the no-recompute
     peak (probes: greedy, then a short CP-SAT run); the schedule then records ``budget_bytes`` (the
-    smallest feasible budget found), ``requested_budget_bytes`` and a note.
+    smallest feasible budget found), ``requested_budget_bytes`` and a note. The whole call, bisection
+    included, shares ``time_limit_s`` (see docs/schedule.md, "Time limit").
     """
+    t_start = time.perf_counter()
     budget = problem.budget_bytes if budget_bytes is None else budget_bytes
     prob = problem.with_budget(budget)
     if method != "ours":
         return _baseline(prob, method, time_limit_s, workers, seed)
-    sched = _ours_at(prob, budget, time_limit_s, workers, seed, deterministic, copies, verbose)
-    if sched.ok or not bisect:
-        return sched
+    below_floor = budget < prob.floor_bytes  # no schedule can exist: skip straight to the bisection
+    if not (bisect and below_floor):
+        sched = _ours_at(prob, budget, time_limit_s, workers, seed, deterministic, copies, verbose,
+                         limit_if_no_heuristic_s=NO_HEURISTIC_SHARE * time_limit_s if bisect else None)
+        if sched.ok or not bisect:
+            return sched
     t0 = time.perf_counter()
-    nr_peak = replay(prob, baselines.no_recompute_events(prob)).peak_bytes
-    probe_s = max(0.2, time_limit_s / 20)
+    left = time_limit_s - (t0 - t_start)
+    nr_events = baselines.no_recompute_events(prob)
+    nr_peak = replay(prob, nr_events).peak_bytes
+    probe_s = max(0.1, PROBE_SHARE * time_limit_s)
+    found_events: dict[int, Events] = {nr_peak: nr_events}
+    mip_probes = 0
 
     def probe(b: int) -> bool:
-        if best_heuristic(prob, b, first_only=True)[0] is not None:
-            return True
-        res = solve_mip(prob, b, time_limit_s=probe_s, workers=workers, seed=seed, copies=copies,
-                        deterministic=deterministic)
-        return _valid(prob, res.events, b) is not None
+        nonlocal mip_probes
+        events = best_heuristic(prob, b, first_only=True)[0]
+        if events is None and mip_probes < MAX_MIP_PROBES:
+            mip_probes += 1
+            events = solve_mip(prob, b, time_limit_s=probe_s, workers=workers, seed=seed, copies=copies,
+                               deterministic=deterministic).events
+            events = events if _valid(prob, events, b) is not None else None
+        if events is not None:
+            found_events[b] = events
+        return events is not None
 
-    found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak)
-    new = _ours_at(prob.with_budget(found), found, time_limit_s, workers, seed, deterministic, copies, verbose)
-    new.extra.update({"requested_budget_bytes": budget, "bisection_seconds": round(time.perf_counter() - t0, 3),
+    deadline = t0 + max(0.0, BISECT_SHARE * left)
+    found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak, deadline=deadline)
+    bisect_s = time.perf_counter() - t0
+    final_s = max(0.1, time_limit_s - (time.perf_counter() - t_start))
+    new = _ours_at(prob.with_budget(found), found, final_s, workers, seed, deterministic, copies, verbose)
+    if not new.ok:  # the final run had too little time: fall back on the probe's schedule
+        new = from_events(prob, found_events[found], budget_bytes=found, method="ours",
+                          solve_seconds=new.solve_seconds, extra={**new.extra, "heuristic": "bisection-probe"})
+    new.solve_seconds = time.perf_counter() - t_start
+    new.extra.update({"requested_budget_bytes": budget, "bisection_seconds": round(bisect_s, 3),
+                      "bisection_mip_probes": mip_probes,
                       "note": f"requested budget {budget} B is infeasible; smallest feasible budget found "
                               f"by bisection (tolerance {BISECT_TOLERANCE:.1%}): {found} B"})
     if not new.ok:
