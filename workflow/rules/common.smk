@@ -7,6 +7,19 @@ from snakemake.utils import validate
 
 validate(config, schema="../schemas/config.schema.yaml")
 
+
+def _sorted_keys(value):
+    """The value with every mapping's keys sorted, so params do not depend on the order keys were written in."""
+    if isinstance(value, dict):
+        return {key: _sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(item) for item in value]
+    return value
+
+
+for _key in list(config):
+    config[_key] = _sorted_keys(config[_key])
+
 MODELS = config["study"]["plan"]
 DEVICE = config["device"]
 

@@ -95,7 +95,10 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         extra["first_feasible_seconds"] = None
         return no_schedule(budget, "ours", time.perf_counter() - t0, "proven infeasible (relaxation)", extra)
     remaining = time_limit_s - (time.perf_counter() - t0)
-    if events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
+    if heur_time is not None and heur_time - relax.seconds <= 1e-9 * heur_time:
+        # the relaxation bound proves the schedule optimal: CP-SAT cannot improve it
+        res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the relaxation bound"})
+    elif events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
         # heuristics and relaxation used the time; building a big model would overrun the limit
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": f"{remaining:.1f} s left"})
     else:

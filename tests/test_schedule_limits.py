@@ -1,0 +1,50 @@
+"""The time limit covers the whole solve (bisection included); the restore-cost cache changes nothing."""
+
+import math
+import time
+
+import pytest
+
+from trainplan.schedule import replay, solve
+from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.heuristic import POLICIES, Simulator
+from trainplan.schedule.synthetic import training_graph
+
+
+class _Uncached(Simulator):
+    """The plain recursion the cache must reproduce exactly."""
+
+    def restore_cost(self, u: int) -> float:
+        if u in self.resident:
+            return 0.0
+        best = math.inf
+        if u in self.host and self.can_swap(u):
+            best = self.p.transfer_time(u)
+        if self.can_recompute(u):
+            best = min(best, self.p.ops[u].time + sum(self.restore_cost(w) for w in self.p.inputs[u]))
+        return best
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_restore_cost_cache_gives_identical_schedules(seed):
+    p = training_graph(50, seed)
+    peak = replay(p, no_recompute_events(p)).peak_bytes
+    for frac in (0.8, 0.5, 0.3):
+        b = p.fixed_bytes + int((peak - p.fixed_bytes) * frac)
+        for swap, rc in ((True, True), (False, True), (True, False)):
+            for policy in POLICIES:
+                kw = dict(allow_swap=swap, allow_recompute=rc, policy=policy)
+                assert Simulator(p, b, **kw).run() == _Uncached(p, b, **kw).run(), (frac, swap, rc, policy)
+
+
+@pytest.mark.parametrize("below", [True, False])
+def test_bisection_stays_within_the_time_limit(below):
+    p = training_graph(300, 1)
+    p = p.with_budget(p.floor_bytes - 1 if below else p.floor_bytes)
+    limit = 2.0
+    t0 = time.perf_counter()
+    s = solve(p, time_limit_s=limit, workers=1, seed=0)
+    wall = time.perf_counter() - t0
+    assert s.ok and s.budget_bytes >= p.floor_bytes
+    assert replay(p, s.events, s.budget_bytes).peak_bytes <= s.budget_bytes
+    assert wall <= 1.5 * limit + 1.0, wall  # 20% in practice; slack for a loaded CI host
