@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems", help="directory of problem JSON files (benched at their own budget)")
     ap.add_argument("--methods", nargs="+", default=[*METHODS, RC_ONLY], choices=[*METHODS, RC_ONLY])
     ap.add_argument("--deterministic", action="store_true",
-                    help="single-worker deterministic-time CP-SAT (reproducible unless the wall-clock safety cap stops it)")
+                    help="single-worker deterministic-time CP-SAT (reproducible unless the wall-clock "
+                         "safety cap stops it)")
     args = ap.parse_args(argv)
     print(f"# bench_schedule: time limit {args.time_limit:g} s, {args.workers} workers, seed {args.seed}, "
           f"host link {args.bandwidth:.3g} B/s (synthetic graphs), "

@@ -107,9 +107,10 @@ WALL_SAFETY = 1.0  # wall-clock cap of a deterministic run, as a multiple of its
 
 
 def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
-              verbose: bool = False, wall_cap_s: float | None = None) -> cp_model.CpSolver:
+              verbose: bool = False, wall_cap_s: float | None = None,
+              det_per_second: float = DET_PER_SECOND) -> cp_model.CpSolver:
     """A CP-SAT solver with our limits. Deterministic: one worker stopped on deterministic time,
-    DET_PER_SECOND x ``time_limit_s`` deterministic seconds (a function of the limit only, so the
+    ``det_per_second`` x ``time_limit_s`` deterministic seconds (a function of the limit only, so the
     answer does not depend on machine speed or load); a wall-clock cap of WALL_SAFETY x
     ``wall_cap_s`` (default ``time_limit_s``) is the safety net that keeps the limit on a slow or
     loaded machine, and only then can the answer change. Otherwise ``workers`` threads stopped
@@ -121,7 +122,7 @@ def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
     wall = max(0.05, time_limit_s if wall_cap_s is None else wall_cap_s)
     if deterministic:
         prm.num_workers = 1
-        prm.max_deterministic_time = DET_PER_SECOND * time_limit_s
+        prm.max_deterministic_time = det_per_second * time_limit_s
         prm.max_time_in_seconds = WALL_SAFETY * wall
     else:
         prm.num_workers = max(1, workers)
