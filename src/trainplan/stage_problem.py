@@ -4,9 +4,10 @@ The problem works on storages, not fx nodes: every node that allocates storage b
 output is its first new storage, and each further new storage of a multi-output kernel becomes an op
 ``name#i`` that reads the first and may not be recomputed (no kernel recomputes one output alone).
 View/alias nodes (no new storage) are folded into the op that produced their base, and their time is
-added to it. Storages read by the stage but produced by an earlier stage are
-boundary inputs: zero-time ops that may not be recomputed (they are received, not computed). Storages
-the stage hands on (read by a later stage, or graph outputs such as gradients and the loss) are `keep`.
+added to it. Storages read by the stage but produced by another stage are boundary inputs: zero-time
+ops, placed just before their first reader, that may not be recomputed (they are received, not
+computed). Storages the stage hands on (read by another stage, or graph outputs such as gradients and
+the loss) are `keep`.
 Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph.
 """
 
@@ -51,7 +52,7 @@ def stage_problem(
     for t in tensors.itertuples():
         if t.storage not in fixed and t.storage not in producer:
             producer[t.storage] = t.node
-    ops: dict[str, dict[str, Any]] = {}  # problem ops, in stage order; boundary inputs are put first
+    ops: dict[str, dict[str, Any]] = {}  # problem ops, in stage order
     boundary: dict[str, dict[str, Any]] = {}
     storage_op: dict[int, str] = {}
     fixed_used: set[int] = set()
@@ -113,7 +114,13 @@ def stage_problem(
     }
     outputs = set(tensors.loc[tensors.is_graph_output, "storage"])
     keep = [op_id for op_id, op in ops.items() if any(x in consumers_outside or x in outputs for x in op["storages"])]
-    ordered = list(boundary.values()) + list(ops.values())
+    # A received storage is placed just before its first reader: a stage receives a gradient from the
+    # next stage only when its backward needs it, not at its start (which would deadlock the pipeline).
+    ordered: list[dict[str, Any]] = []
+    for op in ops.values():
+        ordered += [boundary.pop(src) for src in op["inputs"] if src in boundary]
+        ordered.append(op)
+    ordered += list(boundary.values())  # received but only viewed, never read by a compute op
     return {
         "ops": ordered,
         "fixed_bytes": int(sum(size[s] for s in fixed_used)),
