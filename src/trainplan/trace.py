@@ -41,6 +41,10 @@ class TracedStep:
         )
 
 
+#: Attribute reads and metadata queries: not the op a user would look for when tracing fails.
+_NOT_OPS = ("__get__", ".stride", ".size", ".dim", ".numel", ".storage_offset", ".is_contiguous", ".element_size")
+
+
 class _LastCall(TorchFunctionMode):
     """Remember the last torch function called, to name the op where tracing failed."""
 
@@ -50,7 +54,7 @@ class _LastCall(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
-        if not name.endswith("__get__") and not name.startswith("sym_"):  # attribute reads and SymInt casts
+        if not name.endswith(_NOT_OPS) and not name.startswith("sym_"):
             self.last = name
         return func(*args, **(kwargs or {}))
 
