@@ -21,6 +21,7 @@ from trainplan.execute import (
     validate_plan,
 )
 from trainplan.execute.diagnose import Tolerances
+from trainplan.execute.measure import time_runs
 from trainplan.export import graph_tables
 from trainplan.models import build_model
 from trainplan.schedule import problem_from_dict, replay, solve
@@ -189,6 +190,13 @@ def test_two_stages_run_interleaved_on_their_own_pools(small_cnn):
     producer = next(i for i, r in enumerate(result.records) if r.stage == 0 and r.kind == "compute"
                     and set(received[0]["storages"]) & set(next(o["storages"] for o in stages[0].raw["ops"] if o["id"] == r.op)))
     assert producer < first_receive  # a stage waits for the storage it receives
+    received_ids = {op["id"] for op in received}
+    assert all(r.boundary == (r.stage == 1 and r.op in received_ids) for r in result.records)
+    # receiving is communication: timed apart from the stage's own events, and every event counted once
+    timings = time_runs(lambda: result, lambda: result, 2, repeats=1, warmup=0)
+    comm = sum(r.seconds for r in result.records if r.boundary)
+    assert comm > 0 and timings.communication_runs == [[0.0], [comm]]
+    assert sum(timings.stage_runs[s][0] for s in (0, 1)) + comm == pytest.approx(sum(r.seconds for r in result.records))
 
 
 def test_validation_passes_a_faithful_plan_and_reports_everything(mlp):

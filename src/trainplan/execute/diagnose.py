@@ -54,11 +54,13 @@ def _size_mismatches(stage: StagePlan, records: list[EventRecord]) -> list[dict[
 
 @dataclass(frozen=True)
 class StageTime:
-    """Measured step time of a stage (median, runs) and of its no-recompute baseline run alongside it."""
+    """Measured step time of a stage (median, runs) and of its no-recompute baseline run alongside it, both
+    without communication; the median time of receiving (and later freeing) storages from other stages."""
 
     median_s: float
     runs_s: list[float]
     baseline_s: float
+    communication_s: float = 0.0
 
 
 def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, measured: StageTime,
@@ -123,6 +125,7 @@ def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, 
         "measured_time_s": time_s,
         "measured_time_runs_s": measured.runs_s,
         "time_rel_err": time_err,
+        "communication_s": measured.communication_s,
         "no_recompute_predicted_s": stage.problem.compute_time,
         "no_recompute_measured_s": measured.baseline_s,
         "load_factor": load,

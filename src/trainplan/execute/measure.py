@@ -16,11 +16,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Timings:
-    """Per stage, the summed wall time of its events in every timed repetition (s), for the plan and for
-    the no-recompute baseline run alternately with it (same machine load); per plan event, the median."""
+    """Per stage, the summed wall time of its compute, free and swap events in every timed repetition (s),
+    for the plan and for the no-recompute baseline run alternately with it (same machine load); the time of
+    its events on storages received from other stages (communication, which no plan models); per plan
+    event, the median."""
 
     stage_runs: list[list[float]]
     baseline_runs: list[list[float]]
+    communication_runs: list[list[float]]
     event_median_s: list[float]  # in the run's event order
 
     def stage_median(self, stage: int) -> float:
@@ -29,11 +32,16 @@ class Timings:
     def baseline_median(self, stage: int) -> float:
         return statistics.median(self.baseline_runs[stage])
 
+    def communication_median(self, stage: int) -> float:
+        return statistics.median(self.communication_runs[stage])
 
-def _stage_totals(result: RunResult, n_stages: int) -> list[float]:
+
+def _stage_totals(result: RunResult, n_stages: int, boundary: bool = False) -> list[float]:
+    """Per stage, the summed seconds of its events on its own storages (or, with ``boundary``, on received ones)."""
     totals = [0.0] * n_stages
     for rec in result.records:
-        totals[rec.stage] += rec.seconds
+        if rec.boundary == boundary:
+            totals[rec.stage] += rec.seconds
     return totals
 
 
@@ -42,6 +50,7 @@ def time_runs(run: Callable[[], RunResult], baseline: Callable[[], RunResult], n
     """Execute ``run`` and ``baseline`` alternately ``warmup + repeats`` times (``repeats`` >= 1)."""
     stage_runs: list[list[float]] = [[] for _ in range(n_stages)]
     baseline_runs: list[list[float]] = [[] for _ in range(n_stages)]
+    communication_runs: list[list[float]] = [[] for _ in range(n_stages)]
     per_event: list[list[float]] = []
     for i in range(warmup + repeats):
         result = run()
@@ -52,11 +61,13 @@ def time_runs(run: Callable[[], RunResult], baseline: Callable[[], RunResult], n
             if j == len(per_event):
                 per_event.append([])
             per_event[j].append(rec.seconds)
+        comm = _stage_totals(result, n_stages, boundary=True)
         for s, (t, b) in enumerate(zip(_stage_totals(result, n_stages), base)):
             stage_runs[s].append(t)
             baseline_runs[s].append(b)
+            communication_runs[s].append(comm[s])
         del result
-    return Timings(stage_runs, baseline_runs, [statistics.median(x) for x in per_event])
+    return Timings(stage_runs, baseline_runs, communication_runs, [statistics.median(x) for x in per_event])
 
 
 def _cpu_allocator_peak(run: Callable[[], RunResult]) -> int | None:

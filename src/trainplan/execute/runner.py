@@ -40,6 +40,7 @@ class EventRecord:
     bytes_peak: int = -1
     host_bytes: int = -1
     op_bytes: int = -1  # real bytes of the op's storages after a compute
+    boundary: bool = False  # an event on a storage received from another stage (communication, not compute)
     unplanned: dict[str, int] = field(default_factory=dict)  # op -> bytes held for it outside the plan
 
 
@@ -87,7 +88,7 @@ class StageRunner:
         """Run the next event; with ``measure``, record device bytes after every node and after the event."""
         kind, oid = self.events[self.position]
         op = self.stage.ops[oid]
-        record = EventRecord(self.stage.index, self.position, kind, oid, 0.0)
+        record = EventRecord(self.stage.index, self.position, kind, oid, 0.0, boundary=op.boundary)
         self._probe = self._measure if measure else None
         self._peak = 0
         start = time.perf_counter_ns()
@@ -206,14 +207,21 @@ class StageRunner:
         st = t.untyped_storage()
         held = self.pool.storage(sid)
         if held is not None and held.data_ptr() == st.data_ptr():
-            return  # a view or in-place result on a storage already held
+            self._remember(sid, (name, idx), t)  # a view or in-place result on a storage already held
+            return
         if self.layout.producer[sid] != name:  # the plan has a view here, but the kernel allocated
             self.shared.surprises.add(name)
             self.pool.extras[(name, idx)] = (t, sid)
         elif sid in op.storages:
             self.pool.put(sid, st)
+            self._remember(sid, (name, idx), t)
         elif sid not in self.pool.resident:
             self.pool.pending[sid] = (st, op.id)
+
+    def _remember(self, sid: int, slot: Slot, t: torch.Tensor) -> None:
+        """Keep a node's own output as the cached view of its slot, so readers need not rebuild it."""
+        if sid in self.pool.resident:
+            self.pool.views.setdefault(sid, {})[slot] = t
 
     def value(self, node: torch.fx.Node) -> Any:
         """The real value of an fx node, rebuilt from the storages this stage holds."""

@@ -130,7 +130,8 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     reports = []
     for pos, st in enumerate(stages):
         recs = [r for r in measured.records if r.stage == st.index]
-        times = StageTime(timings.stage_median(pos), timings.stage_runs[pos], timings.baseline_median(pos))
+        times = StageTime(timings.stage_median(pos), timings.stage_runs[pos], timings.baseline_median(pos),
+                          timings.communication_median(pos))
         reports.append(stage_report(st, recs, predict(st.problem, st.events), times, tol))
     reasons = [r for rep in reports for r in rep["reasons"]]
     if not vs_compiled.within_tolerance:
@@ -164,7 +165,7 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                      "stage_status": st.get("status", "failed"),
                      **{k: st.get(k) for k in ("predicted_peak_bytes", "measured_peak_bytes", "peak_rel_err",
                                                "budget_bytes", "budget_respected", "over_budget_rel",
-                                               "predicted_time_s", "measured_time_s", "time_rel_err")},
+                                               "predicted_time_s", "measured_time_s", "time_rel_err", "communication_s")},
                      "grad_max_abs_err": grads.get("max_abs_err"), "grad_max_rel_err": grads.get("max_rel_err"),
                      "reasons": " | ".join(st.get("reasons", []))})
     return rows
