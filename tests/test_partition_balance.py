@@ -22,6 +22,7 @@ from trainplan.partition import (
     pipeline_metrics,
     plan_dict,
     range_tables,
+    stage_stats,
 )
 from trainplan.partition.balance import scaled_weights
 from trainplan.schedule import problem_from_dict, replay
@@ -127,9 +128,32 @@ def test_a_stage_without_any_schedule_is_named(small, monkeypatch):
     from trainplan.schedule.schedule_io import no_schedule
 
     nodes, tensors, g, t = small
-    monkeypatch.setattr(stage_schedule, "solve", lambda problem, *a: no_schedule(
-        problem.budget_bytes, "ours", 0.0, "proven infeasible"))
+    monkeypatch.setattr(stage_schedule, "solve_stage", lambda raw, *a: no_schedule(
+        raw["budget_bytes"], "ours", 0.0, "proven infeasible"))
     part = partition_graph(g, t, 2, tolerance=0.0)
     with pytest.raises(PartitionError, match=r"stage 0 \(\d+ nodes, first 'f1'\): no schedule meets budget "
                                              r"\d+ B \(0.5 of its peak\): proven infeasible"):
         balance(g, t, part, scheduler(nodes, tensors), BalanceSettings(0.9, 2, 2, 0.0))
+
+
+def test_schedules_from_the_schedule_rule_are_reused_not_solved_again(small, monkeypatch):
+    from trainplan.partition import stage_schedule
+    from trainplan.schedule.schedule_io import schedule_from_dict
+    from trainplan.stage_schedule import schedule_stages
+
+    nodes, tensors, g, t = small
+    part = partition_graph(g, t, 2, tolerance=0.0)
+    stage_nodes = [s.nodes for s in stage_stats(g, part.cuts)]
+    solved = schedule_stages(nodes, tensors, stage_nodes, fraction=0.5, bandwidth=1e6, solver=SOLVER, progress=False)
+    sched = scheduler(nodes, tensors)
+    for res in solved:
+        raw = json.loads(json.dumps(res.ours.to_dict()))  # through JSON, as the rule writes it
+        sched.reuse(res.nodes, res.problem, schedule_from_dict(problem_from_dict(res.problem), raw))
+    monkeypatch.setattr(stage_schedule, "solve_stage", lambda *a: pytest.fail("solved a reused stage again"))
+    for res in solved:
+        got = sched(res.index, res.nodes).schedule
+        assert (got.events, got.time, got.peak_bytes) == (res.ours.events, res.ours.time, res.ours.peak_bytes)
+    assert sched.reused == 2 and sched.solved == 0
+    tampered = {**res.ours.to_dict(), "time": res.ours.time * 0.5}
+    with pytest.raises(ValueError, match="replay to"):
+        schedule_from_dict(problem_from_dict(res.problem), tampered)

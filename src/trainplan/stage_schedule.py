@@ -1,4 +1,5 @@
-"""Schedule every stage of a partition with our solver and every baseline, at one budget fraction."""
+"""Schedule pipeline stages at a budget fraction: one stage problem builder and solver shared by the
+``schedule`` rule (our solver and every baseline) and the ``balance`` loop (our solver, cached)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,33 @@ import pandas as pd
 from tqdm import tqdm
 
 from trainplan.schedule.problem import problem_from_dict
+from trainplan.schedule.schedule_io import Schedule
 from trainplan.schedule.solve import METHODS, solve
 from trainplan.stage_problem import budget_for, no_recompute_peak, stage_problem
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """CP-SAT time limit (s, per stage schedule, bisection included), workers and seed, from config."""
+
+    time_limit_s: float
+    workers: int
+    seed: int
+
+
+def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *,
+                           fraction: float, bandwidth: float) -> dict[str, Any]:
+    """The stage's problem dict with ``budget_bytes`` at ``fraction`` of its no-recompute activation peak."""
+    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth)
+    raw["budget_bytes"] = budget_for(raw, fraction)
+    raw["budget_fraction"] = fraction
+    raw["no_recompute_peak_bytes"] = no_recompute_peak(raw)
+    return raw
+
+
+def solve_stage(raw: dict[str, Any], solver: SolverSettings, method: str = "ours") -> Schedule:
+    """Solve a budgeted stage problem with one method (ours bisects to the smallest feasible budget)."""
+    return solve(problem_from_dict(raw), solver.time_limit_s, solver.workers, solver.seed, method=method)
 
 
 @dataclass
@@ -18,23 +44,14 @@ class StageSchedules:
     """One stage's problem (dict, budget set), our schedule and every method's schedule at the same budget."""
 
     index: int
+    nodes: list[str]
     problem: dict[str, Any]
-    ours: dict[str, Any]
+    ours: Schedule
     methods: dict[str, dict[str, Any]]
 
 
-def schedule_stages(
-    nodes: pd.DataFrame,
-    tensors: pd.DataFrame,
-    stages: list[list[str]],
-    *,
-    fraction: float,
-    bandwidth: float,
-    time_limit_s: float,
-    workers: int,
-    seed: int,
-    progress: bool = True,
-) -> list[StageSchedules]:
+def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[list[str]], *, fraction: float,
+                    bandwidth: float, solver: SolverSettings, progress: bool = True) -> list[StageSchedules]:
     """Build each stage's problem at ``fraction`` of its no-recompute peak and solve it with every method.
 
     Our method bisects to the smallest feasible budget when the requested one is infeasible; the
@@ -42,15 +59,11 @@ def schedule_stages(
     """
     out: list[StageSchedules] = []
     for index, stage_nodes in enumerate(tqdm(stages, desc="schedule stages", disable=not progress)):
-        raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth)
-        raw["budget_bytes"] = budget_for(raw, fraction)
-        raw["budget_fraction"] = fraction
-        raw["no_recompute_peak_bytes"] = no_recompute_peak(raw)
-        problem = problem_from_dict(raw)
-        ours = solve(problem, time_limit_s, workers, seed)
-        methods = {m: solve(problem, time_limit_s, workers, seed, method=m).to_dict() for m in METHODS if m != "ours"}
+        raw = budgeted_stage_problem(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth)
+        ours = solve_stage(raw, solver)
+        methods = {m: solve_stage(raw, solver, m).to_dict() for m in METHODS if m != "ours"}
         methods["ours"] = ours.to_dict()
-        out.append(StageSchedules(index, raw, ours.to_dict(), methods))
+        out.append(StageSchedules(index, list(stage_nodes), raw, ours, methods))
     return out
 
 

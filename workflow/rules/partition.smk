@@ -30,6 +30,8 @@ rule balance:
         unpack(export_inputs),
         profile="results/profile/{model}/{device}/ops.parquet",
         partition="results/partition/{model}/{device}/k{k}/partition.json",
+        problems="results/schedule/{model}/{device}/k{k}/b{budget}/problems",
+        schedules="results/schedule/{model}/{device}/k{k}/b{budget}/schedules",
     output:
         plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
         iterations="results/balance/{model}/{device}/k{k}/b{budget}/iterations.json",
@@ -46,8 +48,9 @@ rule balance:
         code=code_version(
             "partition.graph", "partition.tables", "partition.memory_limit", "partition.split",
             "partition.refine", "partition.stages", "partition.partition", "partition.pipeline",
-            "partition.stage_schedule", "partition.balance", "stage_problem", "schedule.solve",
-            "schedule.mip", "schedule.heuristic", "schedule.baselines", "schedule.bounds",
+            "partition.stage_schedule", "partition.balance", "stage_problem", "stage_schedule",
+            "schedule.schedule_io", "schedule.solve", "schedule.mip", "schedule.heuristic", "schedule.baselines",
+            "schedule.bounds",
         ),
     threads: config["solver"]["workers"]
     wildcard_constraints:

@@ -16,7 +16,10 @@ rule schedule:
         time_limit_s=config["solver"]["time_limit_s"],
         workers=config["solver"]["workers"],
         seed=config["solver"]["seed"],
-        code=code_version("stage_problem", "stage_schedule", "schedule.solve", "schedule.mip", "schedule.heuristic", "schedule.baselines", "schedule.checkmate"),
+        code=code_version(
+            "stage_problem", "stage_schedule", "schedule.schedule_io", "schedule.solve", "schedule.mip",
+            "schedule.heuristic", "schedule.baselines", "schedule.checkmate", "schedule.bounds",
+        ),
     threads: config["solver"]["workers"]
     conda:
         "../envs/trainplan.yaml"

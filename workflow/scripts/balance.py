@@ -1,7 +1,14 @@
-"""Snakemake adapter: schedule each stage at the budget, re-partition for balance, compare with the DP."""
+"""Snakemake adapter: schedule each stage at the budget, re-partition for balance, compare with the DP.
+
+The first partition's stages reuse the schedule rule's schedules (same stages, budget and solver settings).
+"""
+
+from pathlib import Path
 
 from trainplan.artifacts import read_profiled_graph
 from trainplan.io import read_json, write_json
+from trainplan.schedule import problem_from_dict
+from trainplan.schedule.schedule_io import schedule_from_dict
 from trainplan.logs import log_to
 from trainplan.partition import (
     BalanceSettings,
@@ -27,9 +34,14 @@ with log_to(snakemake.log[0]) as log:
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=par.bandwidth,
                                budget_fraction=par.budget_fraction, solver=solver)
+    for path in sorted(Path(inp.schedules).glob("stage*[0-9].json")):
+        raw = read_json(path)
+        problem = read_json(Path(inp.problems) / path.name)
+        scheduler.reuse(raw.pop("stage_nodes"), problem, schedule_from_dict(problem_from_dict(problem), raw))
+    log.info("reused %d stage schedule(s) from %s", scheduler.reused, inp.schedules)
     result = balance(pipeline, tables, first, scheduler, settings, memory)
     head = {"model": wc.model, "device": wc.device, "k": first.k, "budget_fraction": par.budget_fraction}
-    log.info("chosen iteration %d of %d (%s); %d stage schedules solved", result.chosen,
+    log.info("chosen iteration %d of %d (%s); %d stage schedules solved here", result.chosen,
              len(result.iterations), result.stop_reason, scheduler.solved)
     write_json(snakemake.output.iterations, {**head, **iterations_dict(result)})
     write_json(snakemake.output.plan, {**head, **plan_dict(pipeline, result, settings, memory)})

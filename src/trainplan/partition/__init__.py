@@ -14,7 +14,8 @@ from trainplan.partition.partition import Partition, partition_from_dict, partit
 from trainplan.partition.pipeline import PipelineMetrics, pipeline_metrics
 from trainplan.partition.refine import refine_cuts, total_boundary_bytes
 from trainplan.partition.split import min_max_cuts
-from trainplan.partition.stage_schedule import SolverSettings, StageScheduler
+from trainplan.partition.stage_schedule import StageScheduler
+from trainplan.stage_schedule import SolverSettings
 from trainplan.partition.stages import StageStats, stage_stats
 from trainplan.partition.tables import RangeTables, range_tables
 

@@ -1,4 +1,4 @@
-"""Schedule one stage under its memory budget (stage_problem + budget_for + solve), cached by node list."""
+"""Schedule one stage under its memory budget for the balance loop, cached by node list."""
 
 from __future__ import annotations
 
@@ -10,26 +10,17 @@ from typing import Any
 import pandas as pd
 
 from trainplan.partition.errors import PartitionError
-from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.schedule_io import Schedule
-from trainplan.schedule.solve import solve
-from trainplan.stage_problem import budget_for, stage_problem
+from trainplan.stage_schedule import SolverSettings, budgeted_stage_problem, solve_stage
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class SolverSettings:
-    time_limit_s: float
-    workers: int
-    seed: int
-
-
-@dataclass(frozen=True)
 class ScheduledStage:
-    problem: dict[str, Any]  # stage_problem's dict with budget_bytes set
+    problem: dict[str, Any]  # the budgeted stage problem dict
     schedule: Schedule
-    seconds: float  # wall time of building and solving
+    seconds: float  # wall time of building and solving (0 for a schedule reused from the schedule rule)
 
 
 class StageScheduler:
@@ -42,25 +33,31 @@ class StageScheduler:
         self.nodes, self.tensors = nodes, tensors
         self.bandwidth, self.fraction, self.solver = bandwidth, budget_fraction, solver
         self._cache: dict[tuple[str, ...], ScheduledStage] = {}
+        self.reused = 0
 
     @property
     def solved(self) -> int:
-        return len(self._cache)
+        return len(self._cache) - self.reused
+
+    def reuse(self, stage_nodes: list[str], problem: dict[str, Any], schedule: Schedule) -> None:
+        """Take a stage's schedule solved elsewhere (the schedule rule) with the same settings."""
+        self._cache[tuple(stage_nodes)] = ScheduledStage(problem, schedule, 0.0)
+        self.reused += 1
 
     def __call__(self, index: int, stage_nodes: list[str]) -> ScheduledStage:
         """The stage's problem and schedule; raises PartitionError naming the stage if none meets a budget."""
         key = tuple(stage_nodes)
         if key not in self._cache:
             t0 = time.perf_counter()
-            problem = stage_problem(self.nodes, self.tensors, stage_nodes, bandwidth=self.bandwidth)
-            problem["budget_bytes"] = budget_for(problem, self.fraction)
-            s = self.solver
-            sched = solve(problem_from_dict(problem), s.time_limit_s, s.workers, s.seed)
-            if not sched.ok:
-                raise PartitionError(
-                    f"stage {index} ({len(stage_nodes)} nodes, first '{stage_nodes[0]}'): no schedule meets "
-                    f"budget {problem['budget_bytes']} B ({self.fraction} of its peak): {sched.extra.get('note')}")
+            problem = budgeted_stage_problem(self.nodes, self.tensors, stage_nodes, fraction=self.fraction,
+                                             bandwidth=self.bandwidth)
+            sched = solve_stage(problem, self.solver)
             self._cache[key] = ScheduledStage(problem, sched, time.perf_counter() - t0)
-            log.info("stage %d: %d nodes, budget %d B, %s time %.4f s (%.1f s)", index, len(stage_nodes),
+            log.info("stage %d: %d nodes, budget %d B, %s time %s s (%.1f s)", index, len(stage_nodes),
                      problem["budget_bytes"], sched.status, sched.time, self._cache[key].seconds)
-        return self._cache[key]
+        hit = self._cache[key]
+        if not hit.schedule.ok:
+            raise PartitionError(
+                f"stage {index} ({len(stage_nodes)} nodes, first '{stage_nodes[0]}'): no schedule meets "
+                f"budget {hit.problem['budget_bytes']} B ({self.fraction} of its peak): {hit.schedule.extra.get('note')}")
+        return hit

@@ -61,5 +61,27 @@ def no_schedule(budget_bytes: int, method: str, solve_seconds: float, note: str,
                     {"note": note, **(extra or {})})
 
 
+HEAD_KEYS = ("status", "time", "peak_bytes", "budget_bytes", "bound", "gap", "solve_seconds", "method", "events")
+
+
+def schedule_from_dict(problem: Problem, raw: dict[str, Any]) -> Schedule:
+    """A schedule read back from its JSON, checked by replaying its events on ``problem``.
+
+    Raises ScheduleError if the events are invalid, and ValueError if the stated time or peak is not
+    what they replay to (the file was not written for this problem).
+    """
+    events = [(str(k), str(o)) for k, o in raw.get("events") or []]
+    extra = {k: v for k, v in raw.items() if k not in HEAD_KEYS}
+    if not events:
+        return Schedule(raw["status"], [], None, None, int(raw["budget_bytes"]), None, None,
+                        float(raw["solve_seconds"]), raw["method"], extra)
+    rep = replay(problem, events)
+    if rep.peak_bytes != raw["peak_bytes"] or abs(rep.time - float(raw["time"])) > 1e-9 * max(1.0, rep.time):
+        raise ValueError(f"schedule ({raw['method']}) states time {raw['time']} s / peak {raw['peak_bytes']} B "
+                         f"but its events replay to {rep.time} s / {rep.peak_bytes} B on this problem")
+    return Schedule(raw["status"], events, rep.time, rep.peak_bytes, int(raw["budget_bytes"]), raw.get("bound"),
+                    raw.get("gap"), float(raw["solve_seconds"]), raw["method"], extra)
+
+
 def save_schedule(path: str | Path, schedule: Schedule) -> None:
     write_json(path, schedule.to_dict())
