@@ -3,9 +3,9 @@
 import pytest
 
 from trainplan.io import read_json
-from trainplan.schedule import compare, replay, save_schedule, solve
+from trainplan.schedule import compare, problem_from_dict, replay, save_schedule, solve
 from trainplan.schedule import checkmate as checkmate_module
-from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.baselines import no_recompute_events, sqrt_checkpoint
 from trainplan.schedule.synthetic import training_graph
 
 GRAPH = training_graph(40, 7)
@@ -84,3 +84,24 @@ def test_schedule_file_round_trip(tmp_path):
         assert key in data
     rep = replay(GRAPH, data["events"], data["budget_bytes"])
     assert (rep.time, rep.peak_bytes) == (data["time"], data["peak_bytes"])
+
+
+def test_sqrt_checkpoint_keeps_what_it_could_not_rebuild():
+    """'a' is read again two segments later; rebuilding it needs 'x' (recompute=false), which is dead by
+    then, so 'a' must stay resident. Every other interior tensor is dropped and recomputed as usual."""
+    ops = [{"id": "x", "time": 1.0, "bytes": 10, "inputs": [], "recompute": False},
+           {"id": "a", "time": 1.0, "bytes": 10, "inputs": ["x"]},
+           {"id": "c", "time": 1.0, "bytes": 10, "inputs": ["a"]},
+           {"id": "d", "time": 1.0, "bytes": 10, "inputs": ["c"]},
+           {"id": "e", "time": 1.0, "bytes": 10, "inputs": ["d"]},
+           {"id": "f", "time": 1.0, "bytes": 10, "inputs": ["e"]},
+           {"id": "g", "time": 1.0, "bytes": 10, "inputs": ["f", "a", "d", "c"]},
+           {"id": "h", "time": 1.0, "bytes": 10, "inputs": ["g"]},
+           {"id": "i", "time": 1.0, "bytes": 10, "inputs": ["h"]}]
+    p = problem_from_dict({"ops": ops, "budget_bytes": 1000, "bandwidth": 1.0, "keep": ["i"]})
+    s = sqrt_checkpoint(p)
+    assert s.ok and s.events, s.extra.get("note")
+    assert replay(p, s.events).time == s.time
+    computes = [o for k, o in s.events if k == "compute"]
+    assert computes.count("a") == 1  # kept: its rebuild would need the dead 'x'
+    assert computes.count("d") == 2  # dropped at the segment end, recomputed from checkpoint 'c' (live until g)

@@ -33,18 +33,35 @@ def sqrt_checkpoint_events(problem: Problem) -> list[tuple[str, str]] | None:
 
     Segment boundaries (the last op of each segment), keep ops and recompute=false ops are
     checkpoints. After each step a non-checkpoint tensor whose next reader lies in a later segment
-    is dropped; a reader that finds an input missing recomputes it (and its missing inputs) from
-    the checkpoints, as the backward pass re-runs a segment's interior. No memory cap is applied.
+    is dropped, if it can be rebuilt there: every checkpoint its recomputation reads is still live
+    at that reader (a checkpoint is freed after its own last reader, as in the no-recompute order).
+    A reader that finds an input missing recomputes it (and its missing inputs) from the
+    checkpoints, as the backward pass re-runs a segment's interior. No memory cap is applied.
     """
     n = problem.n
     seg = max(1, math.ceil(math.sqrt(n)))
     checkpoint = {i for i in range(n) if i % seg == seg - 1 or i == n - 1}
     checkpoint |= problem.keep_idx | {i for i, op in enumerate(problem.ops) if not op.recompute}
 
+    def rebuildable(u: int, at: int) -> bool:
+        """u's recomputation at step ``at`` reads only checkpoints live then (through dropped inputs)."""
+        stack, seen = list(problem.inputs[u]), set()
+        while stack:
+            w = stack.pop()
+            if w in seen:
+                continue
+            seen.add(w)
+            if w in checkpoint:
+                if problem.next_use(w, at) is None:
+                    return False
+            else:
+                stack.extend(problem.inputs[w])
+        return True
+
     def drop_interior(sim: Simulator, i: int) -> None:
         for u in sorted(sim.resident):
             nu = problem.next_use(u, i + 1)
-            if u not in checkpoint and nu is not None and nu // seg > i // seg:
+            if u not in checkpoint and nu is not None and nu // seg > i // seg and rebuildable(u, nu):
                 sim.free(u)
 
     return Simulator(problem, None, allow_swap=False).run(after_step=drop_interior)
