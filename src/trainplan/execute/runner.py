@@ -69,6 +69,8 @@ class StageRunner:
         self.position = 0
         self._probe: Callable[[], None] | None = None
         self._peak = 0
+        self._handlers: dict[str, Callable[[OpSpec], None]] = {
+            "compute": self._compute, "free": self._free, "swap_out": self._swap_out, "swap_in": self._swap_in}
 
     @property
     def done(self) -> bool:
@@ -93,7 +95,7 @@ class StageRunner:
         self._peak = 0
         start = time.perf_counter_ns()
         try:
-            getattr(self, f"_{kind}")(op)
+            self._handlers[kind](op)
         except ExecutionError:
             raise
         except Exception as exc:
@@ -201,7 +203,8 @@ class StageRunner:
 
     def _place(self, name: str, idx: int, sid: int, t: torch.Tensor, op: OpSpec) -> None:
         """Hold a node's output where the plan says: in its op's storage, pending, or nowhere (a duplicate)."""
-        self.shared.meta.setdefault((name, idx), (t.dtype, int(t.storage_offset()), tuple(t.shape), tuple(t.stride())))
+        if (name, idx) not in self.shared.meta:
+            self.shared.meta[(name, idx)] = (t.dtype, int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
         if sid in self.layout.fixed:
             return
         st = t.untyped_storage()
