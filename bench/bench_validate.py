@@ -21,7 +21,6 @@ import yaml
 
 from trainplan.artifacts import read_profiled_graph
 from trainplan.execute import Tolerances, ValidateSettings, build_plan, parse_plan, split_nodes, validate_plan
-from trainplan.hostalloc import steady_host_allocator
 from trainplan.io import read_json, write_json
 from trainplan.models import build_model
 
@@ -73,7 +72,6 @@ def main() -> None:
     cfg = yaml.safe_load(Path(args.config).read_text())
     val = cfg.get("validate", {})
     torch.set_num_threads(val.get("threads", 2))
-    steady_host_allocator()  # as the profile and validate rules do
     device = cfg["device"]
     settings = ValidateSettings(repeats=args.repeats or val.get("repeats", 3),
                                 warmup=val.get("warmup", 1) if args.warmup is None else args.warmup,
