@@ -16,7 +16,7 @@ rule validate:
         settings=config["validate"],
         code=code_version(
             "execute.plan", "execute.layout", "execute.pool", "execute.runner", "execute.predict",
-            "execute.measure", "execute.check", "execute.diagnose", "execute.validate", "hostalloc",
+            "execute.measure", "execute.check", "execute.diagnose", "execute.validate",
         ),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores

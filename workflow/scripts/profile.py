@@ -3,7 +3,6 @@
 import torch
 
 from trainplan.artifacts import read_graph
-from trainplan.hostalloc import steady_host_allocator
 from trainplan.io import write_json, write_table
 from trainplan.logs import log_to
 from trainplan.models import build_model
@@ -12,7 +11,6 @@ from trainplan.profile import profile_model
 with log_to(snakemake.log[0]) as log:
     graph = read_graph(snakemake.input.nodes, snakemake.input.tensors, snakemake.input.summary)
     torch.set_num_threads(snakemake.params.torch_threads)
-    allocator = steady_host_allocator() if snakemake.params.device["type"] == "cpu" else "device"
     built = build_model(snakemake.wildcards.model, snakemake.params.spec, seed=snakemake.params.seed)
     result = profile_model(
         built,
@@ -24,4 +22,4 @@ with log_to(snakemake.log[0]) as log:
     log.info("step %.4f s, per-op sum %.4f s, ratio %.3f",
              result.summary["step_time_s"], result.summary["op_sum_s"], result.summary["op_sum_over_step"])
     write_table(snakemake.output.ops, result.ops)
-    write_json(snakemake.output.summary, {**result.summary, "host_allocator": allocator})
+    write_json(snakemake.output.summary, result.summary)

@@ -8,7 +8,6 @@ import torch
 
 from trainplan.artifacts import read_graph
 from trainplan.execute import Tolerances, ValidateSettings, load_plan, validate_plan
-from trainplan.hostalloc import steady_host_allocator
 from trainplan.io import write_json, write_table
 from trainplan.logs import log_to
 from trainplan.models import build_model
@@ -18,7 +17,6 @@ with log_to(snakemake.log[0]) as log:
     graph = read_graph(inp.nodes, inp.tensors, inp.summary)
     plan, stages = load_plan(inp.plan)
     torch.set_num_threads(par.settings["threads"])
-    allocator = steady_host_allocator() if par.device["type"] == "cpu" else "device"
     built = build_model(wc.model, par.spec, seed=par.seed)
     settings = ValidateSettings(
         repeats=par.settings["repeats"],
@@ -30,7 +28,6 @@ with log_to(snakemake.log[0]) as log:
     result = validate_plan(built, plan, stages, graph.tensors, export_names=graph.nodes["name"].tolist(),
                            settings=settings)
     report = result.report
-    report["settings"]["host_allocator"] = allocator
     log.info("%s k=%s b=%s: %s", wc.model, wc.k, wc.budget, report["status"])
     for reason in report["reasons"]:
         log.warning("%s", reason)
