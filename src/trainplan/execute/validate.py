@@ -99,6 +99,7 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     _check_graph(traced, stages, export_names)
     flat = [t.detach().to(dev) for t in flat]
     gm = traced.gm.to(dev)
+    compiled, eager = _references(built, traced, flat)
     layout = GraphLayout.build(gm, flat, tensors)
     layouts = stage_layouts(stages, layout)
     events = [st.events for st in stages]
@@ -111,17 +112,12 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     def baseline() -> RunResult:
         return run_plan(layouts, base_events, layout, gm, device=dev)
 
-    # Time first, in the state the profile measured from (graph traced and run once): the reference
-    # steps, byte probes and profiler below change the host allocator's state, and op times with it.
-    log.info("timing: %d warm-up + %d runs of %d events over %d stage(s)", settings.warmup, settings.repeats,
-             sum(map(len, events)), len(stages))
+    log.info("measured run: %d events over %d stage(s)", sum(map(len, events)), len(stages))
     try:
-        timings = time_runs(run, baseline, len(stages), repeats=settings.repeats, warmup=settings.warmup)
         measured = run(measure=True)
     except ExecutionError as exc:
         return Validation({**head, "status": "failed", "reasons": [f"not executable: {exc}"], "stages": []},
                           pd.DataFrame())
-    compiled, eager = _references(built, traced, flat)
     names = ["loss", *traced.param_names]
     vs_compiled = compare_outputs(measured.outputs, compiled, names, rtol=tol.grad_rtol, atol=tol.grad_atol)
     vs_eager = compare_outputs(measured.outputs, eager, names, rtol=tol.grad_rtol, atol=tol.grad_atol)
@@ -129,6 +125,8 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     storage_peak = max(r.bytes_peak for r in measured.records)
     del measured.outputs[:]
     alloc = allocator_peak(run, dev, start_bytes) if settings.allocator_check else None
+    log.info("timing: %d warm-up + %d runs", settings.warmup, settings.repeats)
+    timings = time_runs(run, baseline, len(stages), repeats=settings.repeats, warmup=settings.warmup)
     reports = []
     for pos, st in enumerate(stages):
         recs = [r for r in measured.records if r.stage == st.index]
