@@ -24,6 +24,7 @@ from trainplan.execute.diagnose import Tolerances
 from trainplan.execute.measure import time_runs
 from trainplan.export import graph_tables
 from trainplan.models import build_model
+from trainplan.partition import pipeline_graph
 from trainplan.schedule import problem_from_dict, replay, solve
 from trainplan.stage_problem import stage_problem
 from trainplan.trace import make_step_fn, trace_training_step
@@ -46,6 +47,35 @@ def mse_mlp(width: int = 32, depth: int = 3, batch_size: int = 8) -> tuple[nn.Mo
 
     gen = torch.Generator().manual_seed(0)
     return MLP(), {"x": torch.randn(batch_size, width, generator=gen), "y": torch.randn(batch_size, 1, generator=gen)}
+
+
+def const_mlp(width: int = 16, batch_size: int = 4) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """An MLP whose forward makes a tensor constant, which the trace lifts into the graph (get_attr)."""
+
+    class ConstMLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.head = nn.Sequential(nn.Linear(width, width), nn.Tanh()), nn.Linear(width, 1)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return (self.head(self.body(x)) * torch.tensor(0.5) - y).pow(2).mean()
+
+    gen = torch.Generator().manual_seed(0)
+    return ConstMLP(), {"x": torch.randn(batch_size, width, generator=gen), "y": torch.randn(batch_size, 1, generator=gen)}
+
+
+@pytest.fixture(scope="module")
+def constant_mlp():
+    built = build_model("const_mlp", {"source": "callable", "callable": "tests.test_execute:const_mlp", "kwargs": {}}, seed=0)
+    traced, flat = trace_training_step(built)
+    return built, traced, flat, graph_tables(traced)
+
+
+def test_lifted_constants_are_fixed_tensors_every_stage_can_read(constant_mlp):
+    _, traced, _, tables = constant_mlp
+    consts = tables.tensors[tables.tensors.kind == "constant"]
+    assert len(consts) == 1 and any(n.op == "get_attr" for n in traced.gm.graph.nodes)
+    pipeline_graph(timed(tables.nodes), tables.tensors)  # a dangling edge here raised PartitionError before
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +158,7 @@ def reference(traced, flat) -> list[torch.Tensor]:
         return list(traced.gm(*[t.detach() for t in flat]))
 
 
-@pytest.mark.parametrize("model", ["small_cnn", "tiny_gpt2", "mlp"])
+@pytest.mark.parametrize("model", ["small_cnn", "tiny_gpt2", "mlp", "constant_mlp"])
 @pytest.mark.parametrize("events_of", [no_recompute, swap_and_recompute])
 def test_executed_schedule_gives_the_unmodified_step(model, events_of, request):
     built, traced, flat, tables = request.getfixturevalue(model)

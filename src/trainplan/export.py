@@ -72,7 +72,7 @@ def graph_tables(traced: TracedStep) -> GraphTables:
             continue
         values = _tensor_values(node.meta.get("val"))
         is_op = node.op == "call_function"
-        kind = next(kinds) if node.op == "placeholder" else None
+        kind = next(kinds) if node.op == "placeholder" else ("constant" if node.op == "get_attr" else None)
         in_tensors = _input_tensors(node, tensor_of)
         in_storages = {storage_of[t] for t in in_tensors}
         ids, new_bytes, aliases = [], 0, False

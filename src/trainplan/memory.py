@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-FIXED_KINDS = ("parameter", "buffer", "input")
+FIXED_KINDS = ("parameter", "buffer", "input", "constant")  # constant: a tensor lifted into the graph (get_attr)
 
 
 @dataclass

@@ -27,13 +27,14 @@ class GraphLayout:
     storage: dict[Slot, int]
     producer: dict[int, str]  # storage -> fx node that allocates it (a later slot on it is a view)
     fixed: dict[int, torch.Tensor]  # fixed storage id -> a real placeholder tensor on it
-    placeholders: dict[str, torch.Tensor]
+    placeholders: dict[str, torch.Tensor]  # graph inputs and lifted constants (get_attr), by node name
 
     @classmethod
     def build(cls, gm: torch.fx.GraphModule, flat: list[torch.Tensor], tensors: pd.DataFrame) -> GraphLayout:
         graph_nodes = {n.name: n for n in gm.graph.nodes}
         ph = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         placeholders = dict(zip(ph, flat))
+        placeholders.update((n.name, getattr(gm, str(n.target))) for n in gm.graph.nodes if n.op == "get_attr")
         slots: dict[str, list[tuple[int, int]]] = {}
         storage: dict[Slot, int] = {}
         producer: dict[int, str] = {}
@@ -84,7 +85,7 @@ class StageLayout:
             layout.storage[(a.name, -1)]
             for name in stage.nodes
             for a in layout.nodes[name].all_input_nodes
-            if a.op == "placeholder"
+            if a.op in ("placeholder", "get_attr")
         }
         return cls(stage.index, ops, holder, fixed)
 

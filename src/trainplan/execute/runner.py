@@ -228,7 +228,7 @@ class StageRunner:
 
     def value(self, node: torch.fx.Node) -> Any:
         """The real value of an fx node, rebuilt from the storages this stage holds."""
-        if node.op == "placeholder":
+        if node.op in ("placeholder", "get_attr"):
             return self.layout.placeholders[node.name]
         if node.name in self.scalars:
             return self.scalars[node.name]
