@@ -27,7 +27,7 @@ class ExecutionError(RuntimeError):
     """A plan cannot be executed on the real graph; the message names the stage, event, op and node."""
 
 
-@dataclass
+@dataclass(slots=True)
 class EventRecord:
     """One executed event: wall time and, in a measured run, device bytes after it and at its peak."""
 
@@ -59,9 +59,9 @@ class StageRunner:
     """Executes one stage's events in order on its own device and host pools."""
 
     def __init__(self, stage: StageLayout, events: list[tuple[str, str]], layout: GraphLayout,
-                 shared: Shared, device: torch.device, sync: Callable[[], None]) -> None:
+                 shared: Shared, device: torch.device, sync: Callable[[], None] | None) -> None:
         self.stage, self.events, self.layout, self.shared = stage, events, layout, shared
-        self.device, self.sync = device, sync
+        self.device, self.sync = device, sync  # sync: None where nothing runs asynchronously (CPU)
         self.pool = DevicePool({sid: layout.fixed[sid].untyped_storage() for sid in stage.fixed})
         self.host = HostPool(device)
         self.scalars: dict[str, Any] = {}
@@ -100,7 +100,8 @@ class StageRunner:
             raise
         except Exception as exc:
             raise ExecutionError(f"{self.waiting_for()}: {type(exc).__name__}: {exc}") from exc
-        self.sync()
+        if self.sync is not None:
+            self.sync()
         record.seconds = (time.perf_counter_ns() - start) / 1e9
         if measure:
             record.bytes_after = self.pool.device_bytes()
@@ -275,7 +276,7 @@ class RunResult:
 def run_plan(stages: list[StageLayout], events: list[list[tuple[str, str]]], layout: GraphLayout,
              gm: torch.fx.GraphModule, *, device: torch.device, measure: bool = False) -> RunResult:
     """Execute every stage's events, interleaving stages as boundary storages become available."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
     shared = Shared()
     runners = [StageRunner(st, ev, layout, shared, device, sync) for st, ev in zip(stages, events)]
     records: list[EventRecord] = []
