@@ -241,6 +241,8 @@ def test_validation_passes_a_faithful_plan_and_reports_everything(mlp):
     assert st["budget_respected"] and st["first_divergence"] is None and st["size_mismatch_count"] == 0
     assert rep["gradients"]["vs_compiled_step"]["bit_exact"]
     assert rep["allocator"]["peak_bytes"] >= st["measured_peak_bytes"]  # the allocator also sees temporaries
+    faults = rep["timing"]["page_faults_per_run"]
+    assert len(faults) == 1 and all(isinstance(f, int) and f >= 0 for f in faults)
     assert len(v.timeline) == len(plan["stages"][0]["schedule"]["events"])
     assert (v.timeline.measured_bytes_peak == v.timeline.predicted_bytes_peak).all()
 

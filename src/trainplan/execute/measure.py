@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import resource
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ class Timings:
     baseline_runs: list[list[float]]
     communication_runs: list[list[float]]
     event_median_s: list[float]  # in the run's event order
+    page_faults: list[int]  # minor page faults of the process during each timed plan run
+    baseline_page_faults: list[int]  # and during each no-recompute run
 
     def stage_median(self, stage: int) -> float:
         return statistics.median(self.stage_runs[stage])
@@ -45,18 +48,31 @@ def _stage_totals(result: RunResult, n_stages: int, boundary: bool = False) -> l
     return totals
 
 
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def time_runs(run: Callable[[], RunResult], baseline: Callable[[], RunResult], n_stages: int, *, repeats: int,
               warmup: int) -> Timings:
-    """Execute ``run`` and ``baseline`` alternately ``warmup + repeats`` times (``repeats`` >= 1)."""
+    """Execute ``run`` and ``baseline`` alternately ``warmup + repeats`` times (``repeats`` >= 1), counting the
+    minor page faults of each: memory the process touches for the first time (or again, after it went back
+    to the system) costs a fault per page, which op times measured elsewhere may not include."""
+    faults: list[int] = []
+    base_faults: list[int] = []
     stage_runs: list[list[float]] = [[] for _ in range(n_stages)]
     baseline_runs: list[list[float]] = [[] for _ in range(n_stages)]
     communication_runs: list[list[float]] = [[] for _ in range(n_stages)]
     per_event: list[list[float]] = []
     for i in range(warmup + repeats):
+        f0 = _minor_faults()
         result = run()
+        f1 = _minor_faults()
         base = _stage_totals(baseline(), n_stages)
+        f2 = _minor_faults()
         if i < warmup:
             continue
+        faults.append(f1 - f0)
+        base_faults.append(f2 - f1)
         for j, rec in enumerate(result.records):
             if j == len(per_event):
                 per_event.append([])
@@ -67,7 +83,8 @@ def time_runs(run: Callable[[], RunResult], baseline: Callable[[], RunResult], n
             baseline_runs[s].append(b)
             communication_runs[s].append(comm[s])
         del result
-    return Timings(stage_runs, baseline_runs, communication_runs, [statistics.median(x) for x in per_event])
+    return Timings(stage_runs, baseline_runs, communication_runs, [statistics.median(x) for x in per_event],
+                   faults, base_faults)
 
 
 def _cpu_allocator_peak(run: Callable[[], RunResult]) -> int | None:

@@ -148,6 +148,8 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
         "unplanned": {"views_that_allocated": sorted(measured.shared.surprises),
                       "regenerated_ops": sorted(set(measured.shared.regenerated)),
                       "extra_outputs_held_after_free": sorted(measured.shared.shadowed)},
+        "timing": {"page_faults_per_run": timings.page_faults,
+                   "baseline_page_faults_per_run": timings.baseline_page_faults},
         "predicted_time_s": sum(r["predicted_time_s"] for r in reports),
         "measured_time_s": sum(r["measured_time_s"] for r in reports),
         "stages": reports,
