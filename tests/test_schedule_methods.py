@@ -105,3 +105,12 @@ def test_sqrt_checkpoint_keeps_what_it_could_not_rebuild():
     computes = [o for k, o in s.events if k == "compute"]
     assert computes.count("a") == 1  # kept: its rebuild would need the dead 'x'
     assert computes.count("d") == 2  # dropped at the segment end, recomputed from checkpoint 'c' (live until g)
+
+
+def test_reported_bound_is_the_relaxation_bound_not_cp_sats(results):
+    """CP-SAT's bound holds only within its model (C copies, K slots); the reported one holds for all schedules."""
+    for by_method in results.values():
+        ours = by_method["ours"]
+        assert ours.bound == max(ours.extra["relaxation"]["bound"], GRAPH.compute_time)
+        if ours.status == "optimal" and ours.gap > 0:
+            assert "copies per op" in ours.extra["optimal_within"]
