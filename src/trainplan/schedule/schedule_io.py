@@ -11,6 +11,9 @@ from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import replay
 
 
+HEAD_KEYS = ("status", "time", "peak_bytes", "budget_bytes", "bound", "gap", "solve_seconds", "method", "events")
+
+
 @dataclass
 class Schedule:
     """A schedule as written to JSON; ``time`` and ``peak_bytes`` always come from :func:`replay`."""
@@ -32,8 +35,7 @@ class Schedule:
         return self.status in ("optimal", "feasible")
 
     def to_dict(self) -> dict[str, Any]:
-        head = {k: getattr(self, k) for k in
-                ("status", "time", "peak_bytes", "budget_bytes", "bound", "gap", "solve_seconds", "method")}
+        head = {k: getattr(self, k) for k in HEAD_KEYS if k != "events"}
         return {**head, **self.extra, "events": [list(e) for e in self.events]}
 
 
@@ -59,9 +61,6 @@ def no_schedule(budget_bytes: int, method: str, solve_seconds: float, note: str,
     """An 'infeasible' schedule without events (no method found one)."""
     return Schedule("infeasible", [], None, None, budget_bytes, None, None, solve_seconds, method,
                     {"note": note, **(extra or {})})
-
-
-HEAD_KEYS = ("status", "time", "peak_bytes", "budget_bytes", "bound", "gap", "solve_seconds", "method", "events")
 
 
 def schedule_from_dict(problem: Problem, raw: dict[str, Any]) -> Schedule:
