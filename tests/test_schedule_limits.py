@@ -7,7 +7,8 @@ import pytest
 
 from trainplan.schedule import replay, solve
 from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.heuristic import POLICIES, Simulator
+from trainplan.schedule.chain import adjoint_chain
+from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
 from trainplan.schedule.synthetic import training_graph
 
 
@@ -48,3 +49,10 @@ def test_bisection_stays_within_the_time_limit(below):
     assert s.ok and s.budget_bytes >= p.floor_bytes
     assert replay(p, s.events, s.budget_bytes).peak_bytes <= s.budget_bytes
     assert wall <= 1.5 * limit + 1.0, wall  # 20% in practice; slack for a loaded CI host
+
+
+def test_greedy_run_is_abandoned_past_stop_at():
+    """A run that passes its deadline returns nothing (solve then keeps its earlier schedules)."""
+    p = adjoint_chain(40, slots=4)
+    assert greedy(p, p.budget_bytes) is not None
+    assert greedy(p, p.budget_bytes, stop_at=time.perf_counter() - 1.0) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 
 from trainplan.schedule.problem import Problem
@@ -22,15 +23,17 @@ class Simulator:
     ``budget_bytes=None`` never evicts. ``policy`` picks the eviction victim: "belady" = furthest
     next use (then largest), "cost" = cheapest restore cost per byte and step held. The eviction
     action (swap out vs drop) and the restore action (swap in vs recompute) are chosen by cost.
+    ``stop_at`` (a ``time.perf_counter()`` instant) abandons the run when it is passed.
     """
 
     def __init__(self, problem: Problem, budget_bytes: int | None, *, allow_swap: bool = True,
-                 allow_recompute: bool = True, policy: str = "belady") -> None:
+                 allow_recompute: bool = True, policy: str = "belady", stop_at: float | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.p = problem
         self.cap = None if budget_bytes is None else budget_bytes - problem.fixed_bytes
         self.allow_swap, self.allow_recompute, self.policy = allow_swap, allow_recompute, policy
+        self.stop_at = stop_at
         self.resident: set[int] = set()
         self.host: set[int] = set()
         self.used = 0
@@ -194,11 +197,13 @@ class Simulator:
         return all(self.ensure(k, keep, self.p.n) for k in sorted(keep))
 
     def run(self, after_step: Callable[[Simulator, int], None] | None = None) -> Events | None:
-        """Simulate the whole program; the events, or None if the cap cannot be met."""
+        """Simulate the whole program; the events, or None if the cap cannot be met (or ``stop_at`` passed)."""
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, 4 * self.p.n + 200))
         try:
             for i in range(self.p.n):
+                if self.stop_at is not None and time.perf_counter() > self.stop_at:
+                    return None
                 if not self.step(i):
                     return None
                 if after_step is not None:
@@ -208,7 +213,8 @@ class Simulator:
             sys.setrecursionlimit(limit)
 
 
-def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]]) -> Events | None:
+def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]], *,
+           stop_at: float | None = None) -> Events | None:
     """Evict after each step the tensors whose gap to their next reader a relaxation chose not to
     keep (see bounds.relaxation_bound); cost-based eviction remains as the fallback under the cap."""
 
@@ -218,11 +224,11 @@ def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]
             if nu is not None and (u, nu) in evict and sim.evict_cost(u, i + 1)[0] < INF:
                 sim.evict(u, i + 1)
 
-    return Simulator(problem, budget_bytes, policy="cost").run(after_step=follow)
+    return Simulator(problem, budget_bytes, policy="cost", stop_at=stop_at).run(after_step=follow)
 
 
 def greedy(problem: Problem, budget_bytes: int, *, allow_swap: bool = True,
-           allow_recompute: bool = True, policy: str = "belady") -> Events | None:
-    """One greedy run under ``budget_bytes``; None if it could not stay under the cap."""
+           allow_recompute: bool = True, policy: str = "belady", stop_at: float | None = None) -> Events | None:
+    """One greedy run under ``budget_bytes``; None if it could not stay under the cap (or ran past ``stop_at``)."""
     return Simulator(problem, budget_bytes, allow_swap=allow_swap, allow_recompute=allow_recompute,
-                     policy=policy).run()
+                     policy=policy, stop_at=stop_at).run()

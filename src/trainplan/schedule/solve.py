@@ -43,14 +43,16 @@ def _valid(problem: Problem, events: Events | None, budget: int) -> float | None
 def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False,
                    deadline_s: float | None = None) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (greedy policies x swap/recompute options, sqrt(n) checkpointing),
-    its name, and the seconds until the first valid one (``first_only``: stop there; past
-    ``deadline_s`` no further greedy variant starts once one is valid)."""
+    its name, and the seconds until the first valid one (``first_only``: stop there; once one is
+    valid, the greedy runs stop at ``deadline_s``: a running variant is abandoned, none starts)."""
     t0 = time.perf_counter()
+    stop_at = None if deadline_s is None else t0 + deadline_s
     best: tuple[float, Events, str] | None = None
     first = None
     for label, (allow_swap, allow_rc) in GREEDY_VARIANTS.items():
         for policy in POLICIES:
-            events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy)
+            events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
+                            stop_at=None if best is None else stop_at)
             t = _valid(problem, events, budget)
             if t is not None and (best is None or t < best[0]):
                 best = (t, events, f"greedy-{policy}-{label}")
@@ -83,7 +85,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     relax_s = max(0.1, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
     relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
                              deterministic=deterministic)
-    guided_events = guided(problem, budget, relax.evict) if relax.evict else None
+    # abandoned at the time limit: on long recompute chains one greedy run can take longer than the limit
+    guided_events = guided(problem, budget, relax.evict, stop_at=t0 + time_limit_s) if relax.evict else None
     guided_time = _valid(problem, guided_events, budget)
     if guided_time is not None and (heur_time is None or guided_time < heur_time):
         events, name, heur_time = guided_events, "relaxation-guided", guided_time

@@ -1,0 +1,94 @@
+"""The linear adjoint chain: the published benchmark of checkpointing (Griewank and Walther's revolve).
+
+A chain of ``length`` steps: states x0 (the input, neither recomputable nor swappable) and
+x1..x_{length-1}, each computed from the previous one in one unit of time and holding ``state_bytes``;
+then the adjoints a_length..a1, where a_i reads x_{i-1} and a_{i+1} and costs no time or memory. So a
+schedule's time is its number of forward steps. revolve's closed form (Griewank 1992; Griewank and
+Walther, ACM TOMS 26(1), 2000) gives the fewest forward steps with c state snapshots, advancing the
+working state in place. Our semantics are not in place (computing x_{i+1} needs x_i and x_{i+1}
+resident), so with a budget of ``slots`` states the optimum lies between revolve with ``slots - 1`` and
+``slots - 2`` snapshots; :func:`chain_min_steps` gives it exactly (the revolve recursion, rewritten for
+our memory model) and :func:`chain_events` a schedule that attains it.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from trainplan.schedule.heuristic import Events
+from trainplan.schedule.problem import Op, Problem
+
+INF = math.inf
+
+
+def adjoint_chain(length: int, state_bytes: int = 1000, *, slots: int | None = None) -> Problem:
+    """The chain of ``length`` steps as a problem; budget ``slots`` states (default: no limit)."""
+    if length < 1:
+        raise ValueError(f"chain length must be >= 1, got {length}")
+    ops = [Op("x0", 0.0, state_bytes, (), recompute=False, swap=False)]
+    ops += [Op(f"x{i}", 1.0, state_bytes, (f"x{i - 1}",), swap=False) for i in range(1, length)]
+    for i in range(length, 0, -1):
+        ins = (f"x{i - 1}",) + ((f"a{i + 1}",) if i < length else ())
+        ops.append(Op(f"a{i}", 0.0, 0, ins, recompute=False, swap=False))
+    budget = 10**18 if slots is None else slots * state_bytes
+    return Problem(tuple(ops), budget_bytes=budget, bandwidth=1e9, keep=("a1",))
+
+
+def revolve_min_steps(length: int, snapshots: int) -> int:
+    """revolve's optimum: r * l - C(c + r, c + 1), r the least with C(c + r, c) >= l (c >= 1)."""
+    if snapshots < 1:
+        raise ValueError("revolve needs at least one snapshot")
+    r = 0
+    while math.comb(snapshots + r, snapshots) < length:
+        r += 1
+    return r * length - math.comb(snapshots + r, snapshots + 1)
+
+
+@lru_cache(maxsize=8)
+def _table(length: int, slots: int) -> tuple[list[list[float]], list[list[int]]]:
+    """cost[m][n], first[m][n]: fewest forward steps to reverse n steps from a resident start state
+    with m states of memory (the start included), and the first advance j that attains it."""
+    cost = [[INF] * (length + 1) for _ in range(slots + 1)]
+    first = [[0] * (length + 1) for _ in range(slots + 1)]
+    for m in range(1, slots + 1):
+        cost[m][1] = 0.0
+        for n in range(2, length + 1):
+            for j in range(1, n):
+                if m < (2 if j == 1 else 3):  # advancing twice needs the start, the input and the output
+                    break
+                c = j + cost[m - 1][n - j] + cost[m][j]
+                if c < cost[m][n]:
+                    cost[m][n], first[m][n] = c, j
+    return cost, first
+
+
+def chain_min_steps(length: int, slots: int) -> float:
+    """Fewest forward steps of any valid schedule of :func:`adjoint_chain` within ``slots`` states
+    (inf if none): advance j steps freeing as you go, keep x_j, reverse the rest with one slot less,
+    free x_j, reverse the first j steps; minimised over j."""
+    return _table(length, slots)[0][slots][length]
+
+
+def chain_events(length: int, slots: int) -> Events:
+    """A schedule of :func:`adjoint_chain` with :func:`chain_min_steps` forward steps."""
+    if chain_min_steps(length, slots) == INF:
+        raise ValueError(f"a chain of {length} steps cannot be reversed within {slots} states")
+    first = _table(length, slots)[1]
+    events: Events = [("compute", "x0")]
+
+    def reverse(start: int, n: int, m: int) -> None:
+        if n == 1:
+            events.append(("compute", f"a{start + 1}"))
+            return
+        j = first[m][n]
+        for i in range(start + 1, start + j + 1):
+            events.append(("compute", f"x{i}"))
+            if i - 1 > start:
+                events.append(("free", f"x{i - 1}"))
+        reverse(start + j, n - j, m - 1)
+        events.append(("free", f"x{start + j}"))
+        reverse(start, j, m)
+
+    reverse(0, length, slots)
+    return events
