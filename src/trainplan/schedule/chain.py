@@ -76,19 +76,22 @@ def chain_events(length: int, slots: int) -> Events:
         raise ValueError(f"a chain of {length} steps cannot be reversed within {slots} states")
     first = _table(length, slots)[1]
     events: Events = [("compute", "x0")]
-
-    def reverse(start: int, n: int, m: int) -> None:
+    # explicit stack of (start, n, m) reversals and pending frees, so long chains need no deep recursion
+    todo: list[tuple[int, int, int] | str] = [(0, length, slots)]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            events.append(("free", item))
+            continue
+        start, n, m = item
         if n == 1:
             events.append(("compute", f"a{start + 1}"))
-            return
+            continue
         j = first[m][n]
         for i in range(start + 1, start + j + 1):
             events.append(("compute", f"x{i}"))
             if i - 1 > start:
                 events.append(("free", f"x{i - 1}"))
-        reverse(start + j, n - j, m - 1)
-        events.append(("free", f"x{start + j}"))
-        reverse(start, j, m)
-
-    reverse(0, length, slots)
+        # reverse the tail with one slot less, free x_{start+j}, then reverse the head
+        todo += [(start, j, m), f"x{start + j}", (start + j, n - j, m - 1)]
     return events
