@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from trainplan.artifacts import read_profiled_graph
+from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.partition import (
     BalanceSettings,
     MemoryLimit,
@@ -50,7 +50,7 @@ def run(model: str, k: int, budget: float, config: dict, time_limit_s: float, ar
     tables = range_tables(pg)
     memory = MemoryLimit(int(device["memory_gib"] * 2**30), settings.micro_batches)
     first = partition_graph(pg, tables, k, tolerance=settings.tolerance, memory=memory)
-    scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=device["host_link_gbytes_per_s"] * 1e9,
+    scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(art / "profile" / model / config["device"] / "summary.json"),
                                budget_fraction=budget,
                                solver=SolverSettings(time_limit_s, solver.get("workers", 2), solver.get("seed", 0)))
     result = balance(pg, tables, first, scheduler, settings, memory)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import yaml
 
-from trainplan.artifacts import read_profiled_graph
+from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.execute import Tolerances, ValidateSettings, build_plan, parse_plan, split_nodes, validate_plan
 from trainplan.io import read_json, write_json
 from trainplan.models import build_model
@@ -40,7 +40,7 @@ def plan_for(model: str, device: str, k: int, budget: float, cfg: dict[str, Any]
     graph = read_profiled_graph(f"{exp}/nodes.parquet", f"{exp}/tensors.parquet", f"{exp}/graph.json", f"{prof}/ops.parquet")
     solver = cfg["solver"]
     plan = build_plan(graph.nodes, graph.tensors, split_nodes(graph.nodes.name.tolist(), k), model=model,
-                      device=device, fraction=budget, bandwidth=cfg["devices"][device]["host_link_gbytes_per_s"] * 1e9,
+                      device=device, fraction=budget, bandwidth=read_host_link(f"{prof}/summary.json"),
                       time_limit_s=solver["time_limit_s"], workers=solver["workers"], seed=solver["seed"])
     write_json(cached, plan)
     return plan, f"built ({cached})"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from trainplan.link import measure_host_link, sample_sizes
 from trainplan.models import build_model
 from trainplan.profile import profile_model, timed_run
 from tests.conftest import SMALL_CNN
@@ -39,3 +41,15 @@ def test_profile_model_covers_every_op(small_cnn):
     assert math.isclose(s["op_sum_s"], ops.time_s.sum())
     assert math.isclose(s["op_sum_over_step"], s["op_sum_s"] / s["step_time_s"])
     assert s["step_time_s"] == sorted(s["step_time_runs_s"])[1]  # the median of three runs
+    assert s["host_link"] == {"source": "config"} and s["host_link_bytes_per_s"] == 2e9
+
+
+def test_measured_host_link_times_the_executors_swap_path():
+    sizes = [1 << 20, 3 << 20, 5000]
+    link = measure_host_link(torch.device("cpu"), sizes, repeats=3, warmup=1)
+    assert (link.tensors, link.bytes_per_direction, link.repeats) == (3, sum(sizes), 3)
+    assert link.swap_out_s > 0 and link.swap_in_s > 0
+    assert link.bytes_per_s == pytest.approx(2 * sum(sizes) / (link.swap_out_s + link.swap_in_s))
+    assert sample_sizes([0, 5, 6, 7, 8], 2) == [5, 7] and sample_sizes([0, 3], 4) == [3]
+    with pytest.raises(ValueError, match="no tensor sizes"):
+        measure_host_link(torch.device("cpu"), [])

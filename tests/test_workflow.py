@@ -63,6 +63,13 @@ def test_artifacts_parse(study):
         assert ops.name.tolist() == nodes.name.tolist()
         summary = json.loads((study / f"results/profile/{model}/cpu/summary.json").read_text())
         assert summary["op_sum_over_step"] == pytest.approx(summary["op_sum_s"] / summary["step_time_s"])
+        link = summary["host_link"]  # measured (the tiny config says so) and used by every stage problem
+        assert link["source"] == "measured" and link["tensors"] > 0
+        assert summary["host_link_bytes_per_s"] == pytest.approx(2 * link["bytes_per_direction"] / (link["swap_out_s"] + link["swap_in_s"]))
+        problems = list((study / f"results/schedule/{model}/cpu").glob("k*/b*/problems/stage*.json"))
+        assert problems
+        for path in problems:
+            assert json.loads(path.read_text())["bandwidth"] == summary["host_link_bytes_per_s"]
         assert (study / f"logs/export/{model}.log").read_text()
 
 
@@ -91,6 +98,7 @@ def test_changed_model_reruns_only_that_model(study, tmp_path):
         (lambda c: c["models"]["tiny_gpt2"].update(architecture="GPT9LMHeadModel"), "GPT9LMHeadModel"),
         (lambda c: c["study"].update(plan=["tiny_gpt2", "nosuchmodel"]), "nosuchmodel"),
         (lambda c: c.update(budgets=[1.5]), "budgets"),
+        (lambda c: c["devices"]["cpu"].update(host_link_gbytes_per_s="fast"), "host_link_gbytes_per_s"),
     ],
 )
 def test_bad_config_fails_fast_naming_the_key(tmp_path, edit, named):

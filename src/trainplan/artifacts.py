@@ -49,6 +49,15 @@ def read_profiled_graph(nodes_path: str | Path, tensors_path: str | Path, summar
     return graph
 
 
+def read_host_link(profile_summary_path: str | Path) -> float:
+    """The host-link bandwidth (bytes/s) the profile costed transfers with: configured or measured."""
+    summary = read_json(profile_summary_path)
+    value = summary.get("host_link_bytes_per_s")
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise ArtifactError(f"{profile_summary_path}: no positive 'host_link_bytes_per_s'; re-run the profile rule")
+    return float(value)
+
+
 def write_graph(nodes_path: str | Path, tensors_path: str | Path, summary_path: str | Path, nodes: pd.DataFrame, tensors: pd.DataFrame, summary: dict[str, Any]) -> None:
     """Write the three graph artifacts atomically."""
     write_table(nodes_path, nodes)

@@ -14,7 +14,9 @@ from tqdm import tqdm
 
 from trainplan.export import is_inplace
 from trainplan.io import ArtifactError
+from trainplan.link import measure_host_link, sample_sizes
 from trainplan.models import BuiltModel
+from trainplan.timing import gc_paused
 from trainplan.trace import TracedStep, trace_training_step
 
 
@@ -102,7 +104,8 @@ def profile_step(
     """Median per-op times, recompute times of ``recompute_ops``, and the median time of the whole compiled step.
 
     Each repetition runs the compiled step, then the op-by-op run, then (on kept values) the recompute run,
-    so the three see the same machine state; the first ``warmup`` repetitions are discarded.
+    so the three see the same machine state, each with the cyclic GC paused; the first ``warmup``
+    repetitions are discarded.
     """
     dev = torch.device(device)
     sync = _sync_fn(dev)
@@ -114,15 +117,18 @@ def profile_step(
     rec_ns: dict[str, list[int]] = {}
     with torch.no_grad():
         for i in tqdm(range(warmup + repeats), desc=f"profile {traced.model}", disable=not progress):
-            sync()
-            start = time.perf_counter_ns()
-            gm(*inputs)
-            sync()
-            whole = time.perf_counter_ns() - start
-            times, _ = timed_run(gm, inputs, sync, keep_values=False)
-            _, env = timed_run(gm, inputs, sync, keep_values=True)
-            recompute = _time_recompute(gm, env, names, sync)
-            del env
+            with gc_paused():
+                sync()
+                start = time.perf_counter_ns()
+                gm(*inputs)
+                sync()
+                whole = time.perf_counter_ns() - start
+            with gc_paused():
+                times = timed_run(gm, inputs, sync, keep_values=False)[0]
+            with gc_paused():
+                _, env = timed_run(gm, inputs, sync, keep_values=True)
+                recompute = _time_recompute(gm, env, names, sync)
+                del env
             if i < warmup:
                 continue
             step_ns.append(whole)
@@ -159,6 +165,22 @@ def profile_step(
     return ProfileResult(ops, summary)
 
 
+def host_link_bytes_per_s(device: dict[str, Any], nodes: pd.DataFrame, *, repeats: int, warmup: int,
+                          max_tensors: int = 256) -> tuple[float, dict[str, Any]]:
+    """The host-link bandwidth plans cost transfers with, and where it comes from.
+
+    ``device["host_link_gbytes_per_s"]`` is either a number (a link to plan for, e.g. an accelerator's PCIe
+    that this machine lacks) or ``"measured"``: the executor's own swap path, timed on up to ``max_tensors``
+    of the model's forward outputs (the tensors a plan swaps) by ``link.measure_host_link``.
+    """
+    setting = device["host_link_gbytes_per_s"]
+    if setting != "measured":
+        return float(setting) * 1e9, {"source": "config"}
+    sizes = sample_sizes(nodes.loc[nodes.phase == "forward", "alloc_bytes"].astype(int).tolist(), max_tensors)
+    link = measure_host_link(torch.device(device["type"]), sizes, repeats=repeats, warmup=warmup)
+    return link.bytes_per_s, {"source": "measured", **link.to_dict()}
+
+
 def profile_model(
     built: BuiltModel,
     nodes: pd.DataFrame,
@@ -170,7 +192,8 @@ def profile_model(
 ) -> ProfileResult:
     """Trace ``built`` again on the device, check it matches the exported ``nodes``, and profile it.
 
-    Adds ``transfer_s`` = bytes the op allocates / host-link bandwidth of ``device``.
+    Adds ``transfer_s`` = bytes the op allocates / the host-link bandwidth of ``device`` (configured or
+    measured, see ``host_link_bytes_per_s``).
     """
     traced, flat = trace_training_step(built)
     traced_names = [n.name for n in traced.gm.graph.nodes if n.op == "call_function"]
@@ -182,8 +205,9 @@ def profile_model(
     recompute = nodes.loc[(nodes.phase == "forward") & ~nodes.is_view & ~nodes.op.map(is_inplace), "name"]
     result = profile_step(traced, flat, recompute.tolist(), repeats=repeats, warmup=warmup,
                           device=device["type"], progress=progress)
-    bandwidth = float(device["host_link_gbytes_per_s"]) * 1e9
+    bandwidth, source = host_link_bytes_per_s(device, nodes, repeats=repeats, warmup=warmup)
     result.ops = nodes[["node_id", "name", "phase"]].merge(result.ops, on="name", validate="one_to_one")
     result.ops["transfer_s"] = nodes["alloc_bytes"].to_numpy() / bandwidth
     result.summary["host_link_bytes_per_s"] = bandwidth
+    result.summary["host_link"] = source
     return result

@@ -4,7 +4,7 @@ The problem works on storages, not fx nodes: every node that allocates storage b
 output is its first new storage, and each further new storage of a multi-output kernel becomes an op
 ``name#i`` that reads the first and may not be recomputed (no kernel recomputes one output alone).
 View/alias nodes (no new storage) are folded into the op that produced their base, and their time is
-added to it. Storages read by the stage but produced by another stage are boundary inputs: zero-time
+added to it. An op whose storage a later node changes in place may be neither recomputed nor swapped. Storages read by the stage but produced by another stage are boundary inputs: zero-time
 ops, placed just before their first reader, that may not be recomputed (they are received, not
 computed). Storages the stage hands on (read by another stage, or graph outputs such as gradients and
 the loss) are `keep`.
@@ -101,7 +101,9 @@ def stage_problem(
                 continue
             src = source(sid)
             if mutates and src != op["id"]:
-                (ops.get(src) or boundary[src])["recompute"] = False  # its value is changed in place
+                # its value is changed in place: a recompute would rebuild, and a host copy taken before the
+                # change would bring back, the old value
+                (ops.get(src) or boundary[src]).update(recompute=False, swap=False)
             if src != op["id"] and src not in op["inputs"]:
                 op["inputs"].append(src)
         for extra in extras:

@@ -29,6 +29,7 @@ rule balance:
     input:
         unpack(export_inputs),
         profile="results/profile/{model}/{device}/ops.parquet",
+        profile_summary="results/profile/{model}/{device}/summary.json",
         partition="results/partition/{model}/{device}/k{k}/partition.json",
         problems="results/schedule/{model}/{device}/k{k}/b{budget}/problems",
         schedules="results/schedule/{model}/{device}/k{k}/b{budget}/schedules",
@@ -41,7 +42,6 @@ rule balance:
         "benchmarks/balance/{model}/{device}/k{k}/b{budget}.tsv"
     params:
         budget_fraction=lambda wildcards: float(wildcards.budget),
-        bandwidth=lambda wildcards: device_spec(wildcards)["host_link_gbytes_per_s"] * 1e9,
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
         balance=config["balance"],
         solver=config["solver"],

@@ -2,6 +2,7 @@ rule schedule:
     input:
         unpack(export_inputs),
         profile="results/profile/{model}/{device}/ops.parquet",
+        profile_summary="results/profile/{model}/{device}/summary.json",
         partition="results/partition/{model}/{device}/k{k}/partition.json",
     output:
         problems=directory("results/schedule/{model}/{device}/k{k}/b{budget}/problems"),
@@ -12,7 +13,6 @@ rule schedule:
     benchmark:
         "benchmarks/schedule/{model}/{device}/k{k}/b{budget}.tsv"
     params:
-        bandwidth=lambda wildcards: device_spec(wildcards)["host_link_gbytes_per_s"] * 1e9,
         time_limit_s=config["solver"]["time_limit_s"],
         workers=config["solver"]["workers"],
         seed=config["solver"]["seed"],

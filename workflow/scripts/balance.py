@@ -5,7 +5,7 @@ The first partition's stages reuse the schedule rule's schedules (same stages, b
 
 from pathlib import Path
 
-from trainplan.artifacts import read_profiled_graph
+from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.io import read_json, write_json
 from trainplan.schedule import problem_from_dict
 from trainplan.schedule.schedule_io import schedule_from_dict
@@ -32,7 +32,7 @@ with log_to(snakemake.log[0]) as log:
     memory = MemoryLimit(par.memory_bytes, settings.micro_batches)
     first = partition_from_dict(pipeline, read_json(inp.partition))
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
-    scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=par.bandwidth,
+    scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(inp.profile_summary),
                                budget_fraction=par.budget_fraction, solver=solver)
     for path in sorted(Path(inp.schedules).glob("stage*[0-9].json")):
         raw = read_json(path)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from trainplan.artifacts import read_profiled_graph
+from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.io import read_json, write_json, write_table
 from trainplan.logs import log_to
 from trainplan.stage_schedule import SolverSettings, comparison_table, schedule_stages
@@ -12,7 +12,7 @@ with log_to(snakemake.log[0]) as log:
     graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
     partition = read_json(inp.partition)
     stages = [stage["nodes"] for stage in partition["stages"]]
-    results = schedule_stages(graph.nodes, graph.tensors, stages, fraction=float(wc.budget), bandwidth=par.bandwidth,
+    results = schedule_stages(graph.nodes, graph.tensors, stages, fraction=float(wc.budget), bandwidth=read_host_link(inp.profile_summary),
                               solver=SolverSettings(par.time_limit_s, par.workers, par.seed))
     for res in results:
         write_json(Path(out.problems) / f"stage{res.index}.json", res.problem)

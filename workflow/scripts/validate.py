@@ -31,5 +31,7 @@ with log_to(snakemake.log[0]) as log:
     log.info("%s k=%s b=%s: %s", wc.model, wc.k, wc.budget, report["status"])
     for reason in report["reasons"]:
         log.warning("%s", reason)
+    for warning in report.get("warnings", []):
+        log.warning("%s", warning)
     write_json(snakemake.output.validation, report)
     write_table(snakemake.output.timeline, result.timeline)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from trainplan.execute.runner import RunResult
+from trainplan.timing import gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,10 @@ def _minor_faults() -> int:
 
 def time_runs(run: Callable[[], RunResult], baseline: Callable[[], RunResult], n_stages: int, *, repeats: int,
               warmup: int) -> Timings:
-    """Execute ``run`` and ``baseline`` alternately ``warmup + repeats`` times (``repeats`` >= 1), counting the
-    minor page faults of each: memory the process touches for the first time (or again, after it went back
-    to the system) costs a fault per page, which op times measured elsewhere may not include."""
+    """Execute ``run`` and ``baseline`` alternately ``warmup + repeats`` times (``repeats`` >= 1), each with the
+    cyclic GC paused after a collection, counting the minor page faults of each: memory the process touches
+    for the first time (or again, after it went back to the system) costs a fault per page, which op times
+    measured elsewhere may not include."""
     faults: list[int] = []
     base_faults: list[int] = []
     stage_runs: list[list[float]] = [[] for _ in range(n_stages)]
@@ -64,11 +66,13 @@ def time_runs(run: Callable[[], RunResult], baseline: Callable[[], RunResult], n
     communication_runs: list[list[float]] = [[] for _ in range(n_stages)]
     per_event: list[list[float]] = []
     for i in range(warmup + repeats):
-        f0 = _minor_faults()
-        result = run()
-        f1 = _minor_faults()
-        base = _stage_totals(baseline(), n_stages)
-        f2 = _minor_faults()
+        with gc_paused():
+            f0 = _minor_faults()
+            result = run()
+            f1 = _minor_faults()
+        with gc_paused():
+            base = _stage_totals(baseline(), n_stages)
+            f2 = _minor_faults()
         if i < warmup:
             continue
         faults.append(f1 - f0)

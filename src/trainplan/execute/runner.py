@@ -67,10 +67,8 @@ class StageRunner:
         self.scalars: dict[str, Any] = {}
         self.carried: dict[str, list[int]] = {}  # op -> pending extra outputs swapped out with it
         self.position = 0
-        self._probe: Callable[[], None] | None = None
+        self._measuring = False
         self._peak = 0
-        self._handlers: dict[str, Callable[[OpSpec], None]] = {
-            "compute": self._compute, "free": self._free, "swap_out": self._swap_out, "swap_in": self._swap_in}
 
     @property
     def done(self) -> bool:
@@ -91,11 +89,11 @@ class StageRunner:
         kind, oid = self.events[self.position]
         op = self.stage.ops[oid]
         record = EventRecord(self.stage.index, self.position, kind, oid, 0.0, boundary=op.boundary)
-        self._probe = self._measure if measure else None
+        self._measuring = measure
         self._peak = 0
         start = time.perf_counter_ns()
         try:
-            self._handlers[kind](op)
+            _HANDLERS[kind](self, op)
         except ExecutionError:
             raise
         except Exception as exc:
@@ -124,9 +122,6 @@ class StageRunner:
         for (node, _), (t, _) in self.pool.extras.items():
             out[f"view {node}"] = t.untyped_storage().nbytes()
         return out
-
-    def _measure(self) -> None:
-        self._peak = max(self._peak, self.pool.device_bytes())
 
     # --- events -------------------------------------------------------------------------------
     def _compute(self, op: OpSpec) -> None:
@@ -184,15 +179,15 @@ class StageRunner:
         if not slots:
             self.scalars[node.name] = out
             return
-        if self._probe is not None:
+        if self._measuring:
             self._peak = max(self._peak, self.pool.device_bytes() + self._unheld_bytes(out))
         for idx, sid in slots:
             t = out if idx < 0 else out[idx]
             if isinstance(t, torch.Tensor):
                 self._place(node.name, idx, sid, t, op)
         del out
-        if self._probe is not None:
-            self._probe()
+        if self._measuring:
+            self._peak = max(self._peak, self.pool.device_bytes())
 
     def _unheld_bytes(self, out: Any) -> int:
         """Bytes of fresh output storages of a kernel that the pool does not hold yet."""
@@ -261,6 +256,13 @@ class StageRunner:
             view = torch.empty(0, dtype=dtype, device=st.device).set_(st, offset, size, stride)
             cache[slot] = view
         return view
+
+
+#: event kind -> handler; a class-level table, so that a runner holds no bound methods of itself (a
+#: reference cycle would keep its pools, and every storage in them, alive until the cyclic GC runs)
+_HANDLERS: dict[str, Callable[[StageRunner, OpSpec], None]] = {
+    "compute": StageRunner._compute, "free": StageRunner._free,
+    "swap_out": StageRunner._swap_out, "swap_in": StageRunner._swap_in}
 
 
 @dataclass

@@ -141,6 +141,7 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
         **head,
         "status": "failed" if reasons else "passed",
         "reasons": reasons,
+        "warnings": [w for rep in reports for w in rep["warnings"]],
         "gradients": {"vs_compiled_step": vs_compiled.to_dict(), "vs_eager_autograd": vs_eager.to_dict()},
         "allocator": {"method": "torch.cuda.max_memory_allocated" if dev.type == "cuda" else "torch.profiler memory events",
                       "peak_bytes": alloc, "storage_peak_bytes_all_stages": storage_peak,
@@ -167,7 +168,8 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                      "stage_status": st.get("status", "failed"),
                      **{k: st.get(k) for k in ("predicted_peak_bytes", "measured_peak_bytes", "peak_rel_err",
                                                "budget_bytes", "budget_respected", "over_budget_rel",
-                                               "predicted_time_s", "measured_time_s", "time_rel_err", "communication_s")},
+                                               "predicted_time_s", "measured_time_s", "time_rel_err", "load_factor",
+                                               "time_rel_err_load_adjusted", "time_basis", "communication_s")},
                      "grad_max_abs_err": grads.get("max_abs_err"), "grad_max_rel_err": grads.get("max_rel_err"),
-                     "reasons": " | ".join(st.get("reasons", []))})
+                     "reasons": " | ".join(st.get("reasons", [])), "warnings": " | ".join(st.get("warnings", []))})
     return rows

@@ -1,0 +1,73 @@
+"""Measure the host link as plans use it: the executor's own swap-out and swap-in of a device storage."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from trainplan.execute.pool import HostPool
+from trainplan.timing import gc_paused
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """Bytes moved in each direction, the median seconds each direction took over the repetitions, and the
+    bandwidth that makes ``bytes / bandwidth`` per transfer add up to the measured round trip."""
+
+    tensors: int
+    bytes_per_direction: int
+    swap_out_s: float
+    swap_in_s: float
+    repeats: int
+
+    @property
+    def bytes_per_s(self) -> float:
+        return 2 * self.bytes_per_direction / (self.swap_out_s + self.swap_in_s)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"tensors": self.tensors, "bytes_per_direction": self.bytes_per_direction,
+                "swap_out_s": self.swap_out_s, "swap_in_s": self.swap_in_s, "repeats": self.repeats,
+                "bytes_per_s": self.bytes_per_s}
+
+
+def sample_sizes(sizes: list[int], limit: int) -> list[int]:
+    """At most ``limit`` of the positive ``sizes``, evenly spaced over the list (all of them if fewer)."""
+    positive = [s for s in sizes if s > 0]
+    if len(positive) <= limit:
+        return positive
+    step = len(positive) / limit
+    return [positive[int(i * step)] for i in range(limit)]
+
+
+def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 3, warmup: int = 1) -> LinkMeasurement:
+    """Swap a fresh device storage of each of ``sizes`` bytes out to the host and back in, through the
+    executor's ``HostPool`` (numpy buffers on CPU, pinned memory on a side stream on CUDA), and time each
+    direction over all sizes: the median of ``repeats`` after ``warmup``. Raises ValueError on no sizes."""
+    if not sizes:
+        raise ValueError("no tensor sizes to measure the host link with")
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sources = [torch.ones(n, dtype=torch.uint8, device=device).untyped_storage() for n in sizes]
+    outs: list[float] = []
+    ins: list[float] = []
+    kept: list[list[torch.UntypedStorage]] = []  # every run swaps into memory no earlier run freed, as a step does
+    for i in range(warmup + repeats):
+        host = HostPool(device)
+        with gc_paused():
+            sync()
+            start = time.perf_counter()
+            for sid, storage in enumerate(sources):
+                host.save(sid, storage)
+            sync()
+            mid = time.perf_counter()
+            back = [host.load(sid) for sid in range(len(sources))]
+            sync()
+            end = time.perf_counter()
+        kept.append(back)
+        del host
+        if i >= warmup:
+            outs.append(mid - start)
+            ins.append(end - mid)
+    return LinkMeasurement(len(sizes), int(sum(sizes)), statistics.median(outs), statistics.median(ins), repeats)
