@@ -33,26 +33,33 @@ class LinkMeasurement:
                 "bytes_per_s": self.bytes_per_s}
 
 
-def sample_sizes(sizes: list[int], limit: int) -> list[int]:
-    """At most ``limit`` of the positive ``sizes``, evenly spaced over the list (all of them if fewer)."""
+def sample_sizes(sizes: list[int], limit: int, max_bytes: int) -> list[int]:
+    """At most ``limit`` of the positive ``sizes``, evenly spaced over the list (all of them if fewer), cut
+    where their sum would pass ``max_bytes`` (the first is kept whatever its size)."""
     positive = [s for s in sizes if s > 0]
-    if len(positive) <= limit:
-        return positive
-    step = len(positive) / limit
-    return [positive[int(i * step)] for i in range(limit)]
+    step = max(1.0, len(positive) / limit)
+    picked = [positive[int(i * step)] for i in range(min(limit, len(positive)))]
+    out: list[int] = []
+    for size in picked:
+        if out and sum(out) + size > max_bytes:
+            break
+        out.append(size)
+    return out
 
 
 def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 3, warmup: int = 1) -> LinkMeasurement:
     """Swap a fresh device storage of each of ``sizes`` bytes out to the host and back in, through the
     executor's ``HostPool`` (numpy buffers on CPU, pinned memory on a side stream on CUDA), and time each
-    direction over all sizes: the median of ``repeats`` after ``warmup``. Raises ValueError on no sizes."""
+    direction over all sizes: the median of ``repeats`` after ``warmup``. On the CPU every run swaps into
+    memory no earlier run freed, as a step at its peak does (fresh pages cost a fault each); CUDA's caching
+    allocator serves both alike. Raises ValueError on no sizes."""
     if not sizes:
         raise ValueError("no tensor sizes to measure the host link with")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     sources = [torch.ones(n, dtype=torch.uint8, device=device).untyped_storage() for n in sizes]
     outs: list[float] = []
     ins: list[float] = []
-    kept: list[list[torch.UntypedStorage]] = []  # every run swaps into memory no earlier run freed, as a step does
+    kept: list[list[torch.UntypedStorage]] = []
     for i in range(warmup + repeats):
         host = HostPool(device)
         with gc_paused():
@@ -65,8 +72,9 @@ def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 
             back = [host.load(sid) for sid in range(len(sources))]
             sync()
             end = time.perf_counter()
-        kept.append(back)
-        del host
+        if device.type == "cpu":
+            kept.append(back)
+        del back, host
         if i >= warmup:
             outs.append(mid - start)
             ins.append(end - mid)

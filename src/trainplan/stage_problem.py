@@ -4,9 +4,9 @@ The problem works on storages, not fx nodes: every node that allocates storage b
 output is its first new storage, and each further new storage of a multi-output kernel becomes an op
 ``name#i`` that reads the first and may not be recomputed (no kernel recomputes one output alone).
 View/alias nodes (no new storage) are folded into the op that produced their base, and their time is
-added to it. An op whose storage a later node changes in place may be neither recomputed nor swapped. Storages read by the stage but produced by another stage are boundary inputs: zero-time
-ops, placed just before their first reader, that may not be recomputed (they are received, not
-computed). Storages the stage hands on (read by another stage, or graph outputs such as gradients and
+added to it. An op whose storage a later node changes in place may be neither recomputed nor swapped.
+Storages read by the stage but produced by another stage are boundary inputs: zero-time ops, placed
+just before their first reader, that may not be recomputed (they are received, not computed). Storages the stage hands on (read by another stage, or graph outputs such as gradients and
 the loss) are `keep`.
 Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph.
 """
