@@ -312,6 +312,21 @@ def test_the_time_gate_holds_the_chosen_error_and_names_the_other(mlp, measured,
         Tolerances(time_basis="median")
 
 
+def test_the_load_adjusted_time_recosts_compute_at_the_load_and_transfers_at_the_link_now(mlp):
+    _, traced, flat, tables = mlp
+    stages, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], swap_and_recompute))
+    st = stages[0]
+    p = st.problem
+    transfer = sum(p.ops[p.index[oid]].bytes / p.bandwidth for kind, oid in st.events if kind in ("swap_in", "swap_out"))
+    planned, profiled = float(st.schedule["time"]), p.compute_time
+    assert transfer > 0
+    times = StageTime(planned, [planned], 1.5 * profiled, link_scale=3.0)  # compute 1.5x slower, link 3x slower
+    rep = stage_report(st, result.records, predict(p, st.events), times, Tolerances())
+    assert rep["predicted_transfer_s"] == pytest.approx(transfer)
+    assert rep["predicted_time_now_s"] == pytest.approx(1.5 * (planned - transfer) + 3.0 * transfer)
+    assert rep["time_rel_err_load_adjusted"] == pytest.approx(planned / rep["predicted_time_now_s"] - 1)
+
+
 def test_an_op_changed_in_place_is_neither_swapped_nor_recomputed():
     """A host copy taken before an in-place change is stale: swapped back in, it gives wrong gradients (the
     T5 validation found this through its position bias). The stage problem forbids both evictions."""

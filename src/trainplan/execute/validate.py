@@ -17,6 +17,7 @@ from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
 from trainplan.io import ArtifactError
+from trainplan.link import LinkMeasurement, measure_host_link, sample_sizes
 from trainplan.models import BuiltModel
 from trainplan.schedule import solve
 from trainplan.trace import TracedStep, make_step_fn, trace_training_step
@@ -78,6 +79,16 @@ def _timeline(stages: list[StagePlan], measured: RunResult, event_s: list[float]
     return pd.DataFrame(rows)
 
 
+def _host_link_now(stages: list[StagePlan], dev: torch.device, settings: ValidateSettings) -> LinkMeasurement | None:
+    """The host link measured in this process on the sizes the plans swap (None if no plan swaps)."""
+    sizes = [op.bytes for st in stages for kind, oid in st.events if kind == "swap_out"
+             for op in [st.problem.ops[st.problem.index[oid]]]]
+    sizes = sample_sizes(sizes, 256, 2**30)
+    if not sizes:
+        return None
+    return measure_host_link(dev, sizes, repeats=settings.repeats, warmup=settings.warmup)
+
+
 def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], tensors: pd.DataFrame, *,
                   export_names: list[str] | None = None, settings: ValidateSettings = ValidateSettings()) -> Validation:
     """Execute every stage's schedule on ``built``'s real training step and compare it with the plan.
@@ -127,11 +138,13 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     alloc = allocator_peak(run, dev, start_bytes) if settings.allocator_check else None
     log.info("timing: %d warm-up + %d runs", settings.warmup, settings.repeats)
     timings = time_runs(run, baseline, len(stages), repeats=settings.repeats, warmup=settings.warmup)
+    link_now = _host_link_now(stages, dev, settings)
     reports = []
     for pos, st in enumerate(stages):
         recs = [r for r in measured.records if r.stage == st.index]
         times = StageTime(timings.stage_median(pos), timings.stage_runs[pos], timings.baseline_median(pos),
-                          timings.communication_median(pos))
+                          timings.communication_median(pos),
+                          st.problem.bandwidth / link_now.bytes_per_s if link_now else 1.0)
         reports.append(stage_report(st, recs, predict(st.problem, st.events), times, tol))
     reasons = [r for rep in reports for r in rep["reasons"]]
     if not vs_compiled.within_tolerance:
@@ -150,7 +163,8 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
                       "regenerated_ops": sorted(set(measured.shared.regenerated)),
                       "extra_outputs_held_after_free": sorted(measured.shared.shadowed)},
         "timing": {"page_faults_per_run": timings.page_faults,
-                   "baseline_page_faults_per_run": timings.baseline_page_faults},
+                   "baseline_page_faults_per_run": timings.baseline_page_faults,
+                   "host_link_now": link_now.to_dict() if link_now else None},
         "predicted_time_s": sum(r["predicted_time_s"] for r in reports),
         "measured_time_s": sum(r["measured_time_s"] for r in reports),
         "stages": reports,
@@ -169,7 +183,8 @@ def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                      **{k: st.get(k) for k in ("predicted_peak_bytes", "measured_peak_bytes", "peak_rel_err",
                                                "budget_bytes", "budget_respected", "over_budget_rel",
                                                "predicted_time_s", "measured_time_s", "time_rel_err", "load_factor",
-                                               "time_rel_err_load_adjusted", "time_basis", "communication_s")},
+                                               "link_scale", "predicted_time_now_s", "time_rel_err_load_adjusted",
+                                               "time_basis", "communication_s")},
                      "grad_max_abs_err": grads.get("max_abs_err"), "grad_max_rel_err": grads.get("max_rel_err"),
                      "reasons": " | ".join(st.get("reasons", [])), "warnings": " | ".join(st.get("warnings", []))})
     return rows
