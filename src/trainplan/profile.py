@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from trainplan.export import is_inplace
 from trainplan.io import ArtifactError
-from trainplan.link import measure_host_link, sample_sizes
+from trainplan.execute.link import measure_host_link, sample_sizes
 from trainplan.models import BuiltModel
 from trainplan.timing import gc_paused
 from trainplan.trace import TracedStep, trace_training_step
@@ -172,7 +172,7 @@ def host_link_bytes_per_s(device: dict[str, Any], nodes: pd.DataFrame, *, repeat
     ``device["host_link_gbytes_per_s"]`` is either a number (a link to plan for, e.g. an accelerator's PCIe
     that this machine lacks) or ``"measured"``: the executor's own swap path, timed on up to ``max_tensors``
     of the model's forward outputs (the tensors a plan swaps), ``max_bytes`` in all, by
-    ``link.measure_host_link``.
+    ``execute.link.measure_host_link``.
     """
     setting = device["host_link_gbytes_per_s"]
     if setting != "measured":

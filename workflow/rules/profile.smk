@@ -15,7 +15,7 @@ rule profile:
         repeats=config["profile"]["repeats"],
         warmup=config["profile"]["warmup"],
         torch_threads=config["profile"]["threads"],
-        code=code_version("models", "trace", "profile", "link", "timing", "execute.pool"),
+        code=code_version("models", "trace", "profile", "execute.link", "timing", "execute.pool"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:

@@ -17,7 +17,7 @@ from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
 from trainplan.io import ArtifactError
-from trainplan.link import LinkMeasurement, measure_host_link, sample_sizes
+from trainplan.execute.link import LinkMeasurement, measure_host_link, sample_sizes
 from trainplan.models import BuiltModel
 from trainplan.schedule import solve
 from trainplan.trace import TracedStep, make_step_fn, trace_training_step
