@@ -299,7 +299,7 @@ def test_the_time_gate_holds_the_chosen_error_and_names_the_other(mlp, measured,
     stages, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], no_recompute))
     st = stages[0]
     planned, profiled = float(st.schedule["time"]), st.problem.compute_time
-    times = StageTime(measured * planned, [measured * planned], baseline * profiled)
+    times = StageTime([measured * planned], [baseline * profiled])
     rep = stage_report(st, result.records, predict(st.problem, st.events), times, Tolerances(time_basis=basis))
     assert rep["status"] == status, rep["reasons"]
     assert rep["time_rel_err"] == pytest.approx(measured - 1)
@@ -320,11 +320,27 @@ def test_the_load_adjusted_time_recosts_compute_at_the_load_and_transfers_at_the
     transfer = sum(p.ops[p.index[oid]].bytes / p.bandwidth for kind, oid in st.events if kind in ("swap_in", "swap_out"))
     planned, profiled = float(st.schedule["time"]), p.compute_time
     assert transfer > 0
-    times = StageTime(planned, [planned], 1.5 * profiled, link_scale=3.0)  # compute 1.5x slower, link 3x slower
+    times = StageTime([planned], [1.5 * profiled], link_scale=3.0)  # compute 1.5x slower, link 3x slower
     rep = stage_report(st, result.records, predict(p, st.events), times, Tolerances())
     assert rep["predicted_transfer_s"] == pytest.approx(transfer)
     assert rep["predicted_time_now_s"] == pytest.approx(1.5 * (planned - transfer) + 3.0 * transfer)
     assert rep["time_rel_err_load_adjusted"] == pytest.approx(planned / rep["predicted_time_now_s"] - 1)
+
+
+def test_each_plan_run_is_held_to_the_baseline_run_beside_it(mlp):
+    """The machine halves its speed after two runs: the medians of the two series would pair a slow plan run
+    with a fast baseline run and call the plan 100% off; run by run, every pair but one agrees."""
+    _, traced, flat, tables = mlp
+    stages, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], no_recompute))
+    st = stages[0]
+    planned, profiled = float(st.schedule["time"]), st.problem.compute_time
+    pred = predict(st.problem, st.events)
+    drifting = StageTime([2 * planned] * 3 + [planned] * 2, [2 * profiled] * 2 + [profiled] * 3)
+    rep = stage_report(st, result.records, pred, drifting, Tolerances())
+    assert rep["time_rel_err_load_adjusted"] == pytest.approx(0.0) and rep["status"] == "passed"
+    slow_plan = StageTime([1.5 * planned] * 3, [profiled] * 3)  # the plan itself 50% over: still failed
+    rep = stage_report(st, result.records, pred, slow_plan, Tolerances())
+    assert rep["time_rel_err_load_adjusted"] == pytest.approx(0.5) and rep["status"] == "failed"
 
 
 def test_an_op_changed_in_place_is_neither_swapped_nor_recomputed():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -68,14 +69,22 @@ def _size_mismatches(stage: StagePlan, records: list[EventRecord]) -> list[dict[
 
 @dataclass(frozen=True)
 class StageTime:
-    """Measured step time of a stage (median, runs) and of its no-recompute baseline run alongside it, both
-    without communication; the median time of receiving (and later freeing) storages from other stages."""
+    """Measured step times of a stage, run by run, and of its no-recompute baseline run right after each,
+    both without communication; the median time of receiving (and later freeing) storages from other
+    stages; the plan's host-link bandwidth over the one measured in this process."""
 
-    median_s: float
     runs_s: list[float]
-    baseline_s: float
+    baseline_runs_s: list[float]
     communication_s: float = 0.0
-    link_scale: float = 1.0  # the plan's host-link bandwidth / the bandwidth measured in this process
+    link_scale: float = 1.0
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.runs_s)
+
+    @property
+    def baseline_s(self) -> float:
+        return statistics.median(self.baseline_runs_s)
 
 
 def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, measured: StageTime,
@@ -120,10 +129,18 @@ def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, 
     time_s = measured.median_s
     time_err = _rel(time_s, stated_time)
     # the machine's speed now vs when it was profiled, from the no-recompute run timed alongside the plan
-    load = measured.baseline_s / stage.problem.compute_time if stage.problem.compute_time else None
+    profiled = stage.problem.compute_time
+    load = measured.baseline_s / profiled if profiled else None
     transfer_s = sum(s for s, (kind, _) in zip(pred.seconds, stage.events) if kind in ("swap_in", "swap_out"))
-    now_s = load * (pred.time - transfer_s) + measured.link_scale * transfer_s if load else None
-    adjusted_err = _rel(time_s, now_s) if now_s else None
+
+    def cost_now(baseline_s: float) -> float:
+        """The plan re-costed at the load one baseline run shows and at the link measured now."""
+        return baseline_s / profiled * (pred.time - transfer_s) + measured.link_scale * transfer_s
+
+    # each plan run against the baseline run right after it: the machine's speed moves within a process
+    now_s = statistics.median(cost_now(b) for b in measured.baseline_runs_s) if profiled else None
+    adjusted_err = statistics.median(t / cost_now(b) - 1 for t, b in zip(measured.runs_s, measured.baseline_runs_s)) \
+        if profiled else None
     gated = adjusted_err if tol.time_basis == "load_adjusted" else time_err
     warnings: list[str] = []
     raw_off = f"step time {time_s:.4f} s is {_pct(time_err)} off the planned {stated_time:.4f} s"

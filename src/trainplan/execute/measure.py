@@ -30,12 +30,6 @@ class Timings:
     page_faults: list[int]  # minor page faults of the process during each timed plan run
     baseline_page_faults: list[int]  # and during each no-recompute run
 
-    def stage_median(self, stage: int) -> float:
-        return statistics.median(self.stage_runs[stage])
-
-    def baseline_median(self, stage: int) -> float:
-        return statistics.median(self.baseline_runs[stage])
-
     def communication_median(self, stage: int) -> float:
         return statistics.median(self.communication_runs[stage])
 

@@ -142,8 +142,7 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     reports = []
     for pos, st in enumerate(stages):
         recs = [r for r in measured.records if r.stage == st.index]
-        times = StageTime(timings.stage_median(pos), timings.stage_runs[pos], timings.baseline_median(pos),
-                          timings.communication_median(pos),
+        times = StageTime(timings.stage_runs[pos], timings.baseline_runs[pos], timings.communication_median(pos),
                           st.problem.bandwidth / link_now.bytes_per_s if link_now else 1.0)
         reports.append(stage_report(st, recs, predict(st.problem, st.events), times, tol))
     reasons = [r for rep in reports for r in rep["reasons"]]
