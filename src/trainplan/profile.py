@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from trainplan.export import is_inplace
 from trainplan.io import ArtifactError
-from trainplan.execute.link import measure_host_link, sample_sizes
+from trainplan.execute.link import measure_host_link
 from trainplan.models import BuiltModel
 from trainplan.timing import gc_paused
 from trainplan.trace import TracedStep, trace_training_step
@@ -165,21 +165,19 @@ def profile_step(
     return ProfileResult(ops, summary)
 
 
-def host_link_bytes_per_s(device: dict[str, Any], nodes: pd.DataFrame, *, repeats: int, warmup: int,
-                          max_tensors: int = 256, max_bytes: int = 2**30) -> tuple[float, dict[str, Any]]:
+def host_link_bytes_per_s(device: dict[str, Any], nodes: pd.DataFrame, *, repeats: int,
+                          warmup: int) -> tuple[float, dict[str, Any]]:
     """The host-link bandwidth plans cost transfers with, and where it comes from.
 
     ``device["host_link_gbytes_per_s"]`` is either a number (a link to plan for, e.g. an accelerator's PCIe
-    that this machine lacks) or ``"measured"``: the executor's own swap path, timed on up to ``max_tensors``
-    of the model's forward outputs (the tensors a plan swaps), ``max_bytes`` in all, by
-    ``execute.link.measure_host_link``.
+    that this machine lacks) or ``"measured"``: the executor's own swap path, timed on a sample of the
+    model's forward outputs (the tensors a plan swaps) by ``execute.link.measure_host_link``.
     """
     setting = device["host_link_gbytes_per_s"]
     if setting != "measured":
         return float(setting) * 1e9, {"source": "config"}
     forward = nodes.loc[nodes.phase == "forward", "alloc_bytes"].astype(int).tolist()
-    sizes = sample_sizes(forward, max_tensors, max_bytes)
-    link = measure_host_link(torch.device(device["type"]), sizes, repeats=repeats, warmup=warmup)
+    link = measure_host_link(torch.device(device["type"]), forward, repeats=repeats, warmup=warmup)
     return link.bytes_per_s, {"source": "measured", **link.to_dict()}
 
 

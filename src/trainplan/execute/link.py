@@ -47,12 +47,14 @@ def sample_sizes(sizes: list[int], limit: int, max_bytes: int) -> list[int]:
     return out
 
 
-def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 3, warmup: int = 1) -> LinkMeasurement:
-    """Swap a fresh device storage of each of ``sizes`` bytes out to the host and back in, through the
-    executor's ``HostPool`` (numpy buffers on CPU, pinned memory on a side stream on CUDA), and time each
-    direction over all sizes: the median of ``repeats`` after ``warmup``. On the CPU every run swaps into
-    memory no earlier run freed, as a step at its peak does (fresh pages cost a fault each); CUDA's caching
-    allocator serves both alike. Raises ValueError on no sizes."""
+def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 3, warmup: int = 1,
+                      max_tensors: int = 256, max_bytes: int = 2**30) -> LinkMeasurement:
+    """Swap a fresh device storage of each of a sample of ``sizes`` bytes (``sample_sizes``) out to the host
+    and back in, through the executor's ``HostPool`` (numpy buffers on CPU, pinned memory on a side stream on
+    CUDA), and time each direction over the sample: the median of ``repeats`` after ``warmup``. On the CPU
+    every run swaps into memory no earlier run freed, as a step at its peak does (fresh pages cost a fault
+    each); CUDA's caching allocator serves both alike. Raises ValueError when no size is positive."""
+    sizes = sample_sizes(sizes, max_tensors, max_bytes)
     if not sizes:
         raise ValueError("no tensor sizes to measure the host link with")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)

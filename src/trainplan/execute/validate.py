@@ -12,12 +12,12 @@ import torch
 from trainplan.execute.check import compare_outputs
 from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
 from trainplan.execute.layout import GraphLayout, stage_layouts
+from trainplan.execute.link import LinkMeasurement, measure_host_link
 from trainplan.execute.measure import allocator_peak, time_runs
 from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
 from trainplan.io import ArtifactError
-from trainplan.execute.link import LinkMeasurement, measure_host_link, sample_sizes
 from trainplan.models import BuiltModel
 from trainplan.schedule import solve
 from trainplan.trace import TracedStep, make_step_fn, trace_training_step
@@ -83,8 +83,7 @@ def _host_link_now(stages: list[StagePlan], dev: torch.device, settings: Validat
     """The host link measured in this process on the sizes the plans swap (None if no plan swaps)."""
     sizes = [op.bytes for st in stages for kind, oid in st.events if kind == "swap_out"
              for op in [st.problem.ops[st.problem.index[oid]]]]
-    sizes = sample_sizes(sizes, 256, 2**30)
-    if not sizes:
+    if not any(size > 0 for size in sizes):
         return None
     return measure_host_link(dev, sizes, repeats=settings.repeats, warmup=settings.warmup)
 
