@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import yaml
 
-from trainplan.artifacts import read_host_link, read_profiled_graph
+from trainplan.artifacts import read_host_link, read_host_link_sizes, read_profiled_graph
 from trainplan.execute import Tolerances, ValidateSettings, build_plan, parse_plan, split_nodes, validate_plan
 from trainplan.io import read_json, write_json
 from trainplan.models import build_model
@@ -36,7 +36,7 @@ def plan_for(model: str, device: str, k: int, budget: float, cfg: dict[str, Any]
     cached = OUT / "plans" / f"{model}_k{k}_b{budget}.json"
     if cached.exists():
         return read_json(cached), str(cached)
-    exp, prof = f"results/export/{model}", f"results/profile/{model}/{device}"
+    exp, prof = f"results/export/{model}/{cfg['devices'][device]['type']}", f"results/profile/{model}/{device}"
     graph = read_profiled_graph(f"{exp}/nodes.parquet", f"{exp}/tensors.parquet", f"{exp}/graph.json", f"{prof}/ops.parquet")
     solver = cfg["solver"]
     plan = build_plan(graph.nodes, graph.tensors, split_nodes(graph.nodes.name.tolist(), k), model=model,
@@ -81,7 +81,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models:
         built = build_model(model, cfg["models"][model], seed=cfg.get("seed", 0))
-        exp = f"results/export/{model}"
+        exp = f"results/export/{model}/{settings.device}"
         graph = read_profiled_graph(f"{exp}/nodes.parquet", f"{exp}/tensors.parquet", f"{exp}/graph.json",
                                     f"results/profile/{model}/{device}/ops.parquet")
         for k in args.k:
@@ -89,7 +89,8 @@ def main() -> None:
                 plan, source = plan_for(model, device, k, budget, cfg)
                 start = time.perf_counter()
                 result = validate_plan(built, plan, parse_plan(plan, source), graph.tensors,
-                                       export_names=graph.nodes.name.tolist(), settings=settings)
+                                       export_names=graph.nodes.name.tolist(), settings=settings,
+                                       link_sizes=read_host_link_sizes(f"results/profile/{model}/{device}/summary.json"))
                 result.report["plan_source"] = source
                 result.report["validate_seconds"] = time.perf_counter() - start
                 write_json(OUT / f"{model}_k{k}_b{budget}.json", result.report)

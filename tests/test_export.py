@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
+from tests.conftest import TINY_GPT2
 from trainplan.export import is_inplace, memory_table
-from trainplan.models import BuiltModel, ModelSpecError, build_model, default_loss
+from trainplan.models import BuiltModel, ModelSpecError, build_model, default_loss, on_device
 from trainplan.trace import TraceError, trace_training_step
 
 
@@ -82,6 +83,17 @@ def test_memory_timeline_matches_independent_tracker(small_cnn):
     Tracker(traced.gm).run(*inputs)
     assert summary["fixed_bytes"] == sum(fixed.values())
     assert summary["activation_peak_bytes"] == peak
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_the_trace_bakes_in_the_device_the_model_is_on(device):
+    """Factory ops keep the device they were traced on (GPT-2's position ids: ``arange(..., device=...)``),
+    so a graph traced on the CPU cannot run on CUDA: each device type gets its own export."""
+    traced, flat = trace_training_step(on_device(build_model("tiny_gpt2", TINY_GPT2, seed=0), device))
+    baked = {torch.device(n.kwargs["device"]).type for n in traced.gm.graph.nodes
+             if n.op == "call_function" and n.kwargs.get("device") is not None}
+    assert baked == {device}
+    assert {t.device.type for t in flat} == {device}
 
 
 def test_is_inplace():

@@ -39,9 +39,9 @@ def workdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("partition")
     (root / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     nodes, tensors = training_graph(16, seed=7)
-    write_table(root / "results/export/syn/nodes.parquet", nodes.drop(columns="time_s"))
-    write_table(root / "results/export/syn/tensors.parquet", tensors)
-    write_json(root / "results/export/syn/graph.json", {"model": "syn"})
+    write_table(root / "results/export/syn/cpu/nodes.parquet", nodes.drop(columns="time_s"))
+    write_table(root / "results/export/syn/cpu/tensors.parquet", tensors)
+    write_json(root / "results/export/syn/cpu/graph.json", {"model": "syn"})
     write_table(root / "results/profile/syn/cpu/ops.parquet",
                 nodes[["node_id", "name", "phase", "time_s"]].assign(recompute_s=nodes.time_s, transfer_s=0.0))
     write_json(root / "results/profile/syn/cpu/summary.json", {"model": "syn", "host_link_bytes_per_s": 1e6,

@@ -48,6 +48,7 @@ def test_measured_host_link_times_the_executors_swap_path():
     sizes = [1 << 20, 3 << 20, 5000]
     link = measure_host_link(torch.device("cpu"), sizes, repeats=3, warmup=1)
     assert (link.tensors, link.bytes_per_direction, link.repeats) == (3, sum(sizes), 3)
+    assert link.sizes == tuple(sizes) and link.to_dict()["sizes"] == sizes
     assert link.swap_out_s > 0 and link.swap_in_s > 0
     assert link.bytes_per_s == pytest.approx(2 * sum(sizes) / (link.swap_out_s + link.swap_in_s))
     assert sample_sizes([0, 5, 6, 7, 8], 2, 100) == [5, 7] and sample_sizes([0, 3], 4, 100) == [3]

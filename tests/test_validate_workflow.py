@@ -55,7 +55,7 @@ def workdir(tmp_path_factory) -> Path:
         "validate": {"repeats": 1, "warmup": 0, "threads": 1, "tolerances": {"time_rel": 1.0e9}},
     }
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    out = snakemake(work, "results/export/small_cnn/nodes.parquet", rules=("export",))
+    out = snakemake(work, "results/profile/small_cnn/cpu/summary.json", rules=("export", "profile"))
     assert out.returncode == 0, out.stderr[-4000:]
     plans = {"0.7": plan_for(tables, names, swap_and_recompute), "0.5": _wrong(plan_for(tables, names, no_recompute))}
     for budget, plan in plans.items():

@@ -54,9 +54,9 @@ def study(tmp_path_factory) -> Path:
 
 def test_artifacts_parse(study):
     for model in ("tiny_gpt2", "small_cnn"):
-        nodes = pd.read_parquet(study / f"results/export/{model}/nodes.parquet")
-        tensors = pd.read_parquet(study / f"results/export/{model}/tensors.parquet")
-        graph = json.loads((study / f"results/export/{model}/graph.json").read_text())
+        nodes = pd.read_parquet(study / f"results/export/{model}/cpu/nodes.parquet")
+        tensors = pd.read_parquet(study / f"results/export/{model}/cpu/tensors.parquet")
+        graph = json.loads((study / f"results/export/{model}/cpu/graph.json").read_text())
         assert graph["n_ops"] == len(nodes) > 20
         assert set(tensors.kind) >= {"parameter", "activation", "gradient", "input"}
         ops = pd.read_parquet(study / f"results/profile/{model}/cpu/ops.parquet")
@@ -70,7 +70,12 @@ def test_artifacts_parse(study):
         assert problems
         for path in problems:
             assert json.loads(path.read_text())["bandwidth"] == summary["host_link_bytes_per_s"]
-        assert (study / f"logs/export/{model}.log").read_text()
+        assert (study / f"logs/export/{model}/cpu.log").read_text()
+        assert len(link["sizes"]) == link["tensors"] and sum(link["sizes"]) == link["bytes_per_direction"]
+        for path in (study / f"results/validate/{model}/cpu").glob("k*/b*/validation.json"):
+            now = json.loads(path.read_text())["timing"]["host_link_now"]
+            if now is not None:  # a plan that swaps: the link timed again on the profile's very transfers
+                assert now["sizes_from"] == "profile" and now["sizes"] == link["sizes"]
 
 
 def test_rerun_is_a_noop(study):

@@ -58,6 +58,17 @@ def read_host_link(profile_summary_path: str | Path) -> float:
     return float(value)
 
 
+def read_host_link_sizes(profile_summary_path: str | Path) -> list[int] | None:
+    """The transfer sizes (bytes) the profile measured the host link on; None when it was configured, not
+    measured (or measured before the sizes were recorded)."""
+    sizes = read_json(profile_summary_path).get("host_link", {}).get("sizes")
+    if sizes is None:
+        return None
+    if not (isinstance(sizes, list) and all(isinstance(s, int) and s >= 0 for s in sizes)):
+        raise ArtifactError(f"{profile_summary_path}: 'host_link.sizes' is not a list of byte counts; re-run the profile rule")
+    return sizes
+
+
 def write_graph(nodes_path: str | Path, tensors_path: str | Path, summary_path: str | Path, nodes: pd.DataFrame, tensors: pd.DataFrame, summary: dict[str, Any]) -> None:
     """Write the three graph artifacts atomically."""
     write_table(nodes_path, nodes)

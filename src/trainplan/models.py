@@ -117,3 +117,12 @@ def build_model(name: str, spec: dict[str, Any], seed: int = 0) -> BuiltModel:
         raise ModelSpecError(f"model '{name}': source must be 'transformers' or 'callable', got '{source}'")
     built.module.train()
     return built
+
+
+def on_device(built: BuiltModel, device: str | torch.device) -> BuiltModel:
+    """``built`` with its module moved to ``device`` (in place, as ``Module.to`` does) and its batch copied
+    there. Trace on the device the step will run on: a trace bakes device-specific kernels (the CPU's
+    flash-attention op, say) and factory devices (``arange(..., device='cpu')``) into the graph."""
+    dev = torch.device(device)
+    batch = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in built.batch.items()}
+    return BuiltModel(built.name, built.module.to(dev), batch, built.loss_fn)

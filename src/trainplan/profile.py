@@ -15,7 +15,8 @@ from tqdm import tqdm
 from trainplan.export import is_inplace
 from trainplan.io import ArtifactError
 from trainplan.execute.link import measure_host_link
-from trainplan.models import BuiltModel
+from trainplan.models import BuiltModel, on_device
+from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.timing import gc_paused
 from trainplan.trace import TracedStep, trace_training_step
 
@@ -195,7 +196,7 @@ def profile_model(
     Adds ``transfer_s`` = bytes the op allocates / the host-link bandwidth of ``device`` (configured or
     measured, see ``host_link_bytes_per_s``).
     """
-    traced, flat = trace_training_step(built)
+    traced, flat = trace_training_step(on_device(built, device["type"]))
     traced_names = [n.name for n in traced.gm.graph.nodes if n.op == "call_function"]
     if traced_names != nodes["name"].tolist():
         raise ArtifactError(
@@ -203,11 +204,13 @@ def profile_model(
             f"({len(nodes)} ops); re-run the export for this device and torch version"
         )
     recompute = nodes.loc[(nodes.phase == "forward") & ~nodes.is_view & ~nodes.op.map(is_inplace), "name"]
-    result = profile_step(traced, flat, recompute.tolist(), repeats=repeats, warmup=warmup,
-                          device=device["type"], progress=progress)
-    bandwidth, source = host_link_bytes_per_s(device, nodes, repeats=repeats, warmup=warmup)
+    with exact_fp32():
+        result = profile_step(traced, flat, recompute.tolist(), repeats=repeats, warmup=warmup,
+                              device=device["type"], progress=progress)
+        bandwidth, source = host_link_bytes_per_s(device, nodes, repeats=repeats, warmup=warmup)
     result.ops = nodes[["node_id", "name", "phase"]].merge(result.ops, on="name", validate="one_to_one")
     result.ops["transfer_s"] = nodes["alloc_bytes"].to_numpy() / bandwidth
     result.summary["host_link_bytes_per_s"] = bandwidth
     result.summary["host_link"] = source
+    result.summary["numerics"] = EXACT_FP32
     return result

@@ -60,6 +60,7 @@ _check_config()
 wildcard_constraints:
     model="|".join(sorted(config["models"])),
     device="[A-Za-z0-9_-]+",
+    backend="cpu|cuda",
     k="[1-9][0-9]*",
     budget=r"[0-9]*\.?[0-9]+",
 
@@ -85,18 +86,23 @@ def device_spec(wildcards):
     return config["devices"][wildcards.device]
 
 
-def graph_files(model):
-    """Paths of the exported graph artifacts of one model."""
+def backend_of(device):
+    """The device type (cpu or cuda) of a key of `devices`: the graph is traced on it."""
+    return config["devices"][device]["type"]
+
+
+def graph_files(model, backend):
+    """Paths of the graph artifacts of one model traced on one device type."""
     return {
-        "nodes": f"results/export/{model}/nodes.parquet",
-        "tensors": f"results/export/{model}/tensors.parquet",
-        "summary": f"results/export/{model}/graph.json",
+        "nodes": f"results/export/{model}/{backend}/nodes.parquet",
+        "tensors": f"results/export/{model}/{backend}/tensors.parquet",
+        "summary": f"results/export/{model}/{backend}/graph.json",
     }
 
 
 def export_inputs(wildcards):
-    """Exported graph artifacts of the wildcard's model."""
-    return graph_files(wildcards.model)
+    """Graph artifacts of the wildcard's model, traced on the wildcard device's type."""
+    return graph_files(wildcards.model, backend_of(wildcards.device))
 
 
 def schedule_tables(wildcards):
@@ -125,11 +131,10 @@ def all_targets():
         [
             "results/profile/{model}/{device}/ops.parquet",
             "results/plots/{model}/{device}/op_time.png",
-            "results/plots/{model}/memory.png",
         ],
         model=MODELS,
         device=DEVICE,
-    ) + expand(
+    ) + expand("results/plots/{model}/{backend}/memory.png", model=MODELS, backend=backend_of(DEVICE)) + expand(
         [
             "results/partition/{model}/{device}/k{k}/partition.json",
             "results/plots/{model}/{device}/k{k}/schedule_overhead.png",

@@ -1,13 +1,15 @@
+# The graph is traced on the device type the step runs on ({backend}: cpu or cuda): a trace bakes
+# device-specific kernels and factory devices into it.
 rule export:
     output:
-        nodes="results/export/{model}/nodes.parquet",
-        tensors="results/export/{model}/tensors.parquet",
-        summary="results/export/{model}/graph.json",
-        memory="results/export/{model}/memory.parquet",
+        nodes="results/export/{model}/{backend}/nodes.parquet",
+        tensors="results/export/{model}/{backend}/tensors.parquet",
+        summary="results/export/{model}/{backend}/graph.json",
+        memory="results/export/{model}/{backend}/memory.parquet",
     log:
-        "logs/export/{model}.log",
+        "logs/export/{model}/{backend}.log",
     benchmark:
-        "benchmarks/export/{model}.tsv"
+        "benchmarks/export/{model}/{backend}.tsv"
     params:
         spec=model_spec,
         seed=config["seed"],
@@ -20,17 +22,17 @@ rule export:
 
 rule plot_memory:
     input:
-        memory="results/export/{model}/memory.parquet",
-        summary="results/export/{model}/graph.json",
+        memory="results/export/{model}/{backend}/memory.parquet",
+        summary="results/export/{model}/{backend}/graph.json",
     output:
         report(
-            "results/plots/{model}/memory.png",
+            "results/plots/{model}/{backend}/memory.png",
             caption="../report/memory.rst",
             category="Export",
             labels={"model": "{model}", "figure": "memory timeline"},
         ),
     log:
-        "logs/plot_memory/{model}.log",
+        "logs/plot_memory/{model}/{backend}.log",
     conda:
         "../envs/trainplan.yaml"
     script:

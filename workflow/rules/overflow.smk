@@ -43,7 +43,7 @@ rule overflow_summary:
             overflow_paths.walk_iterations(checkpoints.overflow_iteration, w.model, OVERFLOW["max_iterations"])[-1]
         ),
         policy=OVERFLOW["policy"],
-        nodes="results/export/{model}/nodes.parquet",
+        nodes="results/export/{model}/cpu/nodes.parquet",  # the loop runs on the CPU
     output:
         summary="results/overflow/{model}/summary.json",
         policy="results/overflow/{model}/final_policy.yaml",

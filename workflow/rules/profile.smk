@@ -15,7 +15,7 @@ rule profile:
         repeats=config["profile"]["repeats"],
         warmup=config["profile"]["warmup"],
         torch_threads=config["profile"]["threads"],
-        code=code_version("models", "trace", "profile", "execute.link", "timing", "execute.pool"),
+        code=code_version("models", "trace", "profile", "execute.link", "timing", "execute.pool", "numerics"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -28,7 +28,7 @@ rule plot_profile:
     input:
         ops="results/profile/{model}/{device}/ops.parquet",
         summary="results/profile/{model}/{device}/summary.json",
-        nodes="results/export/{model}/nodes.parquet",
+        nodes=lambda w: graph_files(w.model, backend_of(w.device))["nodes"],
     output:
         report(
             "results/plots/{model}/{device}/op_time.png",

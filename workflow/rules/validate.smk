@@ -2,6 +2,7 @@ rule validate:
     input:
         unpack(export_inputs),
         plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+        profile_summary="results/profile/{model}/{device}/summary.json",
     output:
         validation="results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
         timeline="results/validate/{model}/{device}/k{k}/b{budget}/timeline.parquet",
@@ -17,6 +18,7 @@ rule validate:
         code=code_version(
             "execute.plan", "execute.layout", "execute.pool", "execute.runner", "execute.predict",
             "execute.measure", "execute.check", "execute.diagnose", "execute.validate",
+            "execute.link", "numerics", "artifacts",
         ),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores

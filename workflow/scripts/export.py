@@ -8,13 +8,14 @@ from trainplan.artifacts import write_graph
 from trainplan.export import graph_tables, memory_table
 from trainplan.io import write_table
 from trainplan.logs import log_to
-from trainplan.models import build_model
+from trainplan.models import build_model, on_device
 from trainplan.trace import trace_training_step
 
 with log_to(snakemake.log[0]) as log:
     name = snakemake.wildcards.model
     start = time.perf_counter()
-    built = build_model(name, snakemake.params.spec, seed=snakemake.params.seed)
+    backend = snakemake.wildcards.backend
+    built = on_device(build_model(name, snakemake.params.spec, seed=snakemake.params.seed), backend)
     traced, _ = trace_training_step(built)
     tables = graph_tables(traced)
     memory, mem_summary = memory_table(tables)
@@ -23,12 +24,12 @@ with log_to(snakemake.log[0]) as log:
         **mem_summary,
         "spec": snakemake.params.spec,
         "seed": snakemake.params.seed,
-        "trace_device": "cpu",
+        "trace_device": backend,
         "torch": torch.__version__,
         "export_seconds": time.perf_counter() - start,
     }
-    log.info("model %s: %d ops (%d forward, %d backward), peak %.1f MiB at %s",
-             name, summary["n_ops"], summary["n_forward"], summary["n_backward"],
+    log.info("model %s on %s: %d ops (%d forward, %d backward), peak %.1f MiB at %s",
+             name, backend, summary["n_ops"], summary["n_forward"], summary["n_backward"],
              summary["peak_bytes"] / 2**20, summary["peak_node"])
     write_table(snakemake.output.memory, memory)
     write_graph(snakemake.output.nodes, snakemake.output.tensors, snakemake.output.summary,

@@ -6,7 +6,7 @@ file stops the rule with a PlanError naming the file and the problem.
 
 import torch
 
-from trainplan.artifacts import read_graph
+from trainplan.artifacts import read_graph, read_host_link_sizes
 from trainplan.execute import Tolerances, ValidateSettings, load_plan, validate_plan
 from trainplan.io import write_json, write_table
 from trainplan.logs import log_to
@@ -26,7 +26,7 @@ with log_to(snakemake.log[0]) as log:
         allocator_check=par.settings["allocator_check"],
     )
     result = validate_plan(built, plan, stages, graph.tensors, export_names=graph.nodes["name"].tolist(),
-                           settings=settings)
+                           settings=settings, link_sizes=read_host_link_sizes(inp.profile_summary))
     report = result.report
     log.info("%s k=%s b=%s: %s", wc.model, wc.k, wc.budget, report["status"])
     for reason in report["reasons"]:

@@ -14,23 +14,31 @@ from trainplan.timing import gc_paused
 
 @dataclass(frozen=True)
 class LinkMeasurement:
-    """Bytes moved in each direction, the median seconds each direction took over the repetitions, and the
-    bandwidth that makes ``bytes / bandwidth`` per transfer add up to the measured round trip."""
+    """The sizes swapped (bytes, one storage each), the median seconds each direction took over the
+    repetitions, and the bandwidth that makes ``bytes / bandwidth`` per transfer add up to the measured round
+    trip. The sizes are recorded so that a later measurement can time the very same transfers."""
 
-    tensors: int
-    bytes_per_direction: int
+    sizes: tuple[int, ...]
     swap_out_s: float
     swap_in_s: float
     repeats: int
 
     @property
+    def tensors(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def bytes_per_direction(self) -> int:
+        return int(sum(self.sizes))
+
+    @property
     def bytes_per_s(self) -> float:
         return 2 * self.bytes_per_direction / (self.swap_out_s + self.swap_in_s)
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | list[int]]:
         return {"tensors": self.tensors, "bytes_per_direction": self.bytes_per_direction,
                 "swap_out_s": self.swap_out_s, "swap_in_s": self.swap_in_s, "repeats": self.repeats,
-                "bytes_per_s": self.bytes_per_s}
+                "bytes_per_s": self.bytes_per_s, "sizes": list(self.sizes)}
 
 
 def sample_sizes(sizes: list[int], limit: int, max_bytes: int) -> list[int]:
@@ -80,4 +88,4 @@ def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 
         if i >= warmup:
             outs.append(mid - start)
             ins.append(end - mid)
-    return LinkMeasurement(len(sizes), int(sum(sizes)), statistics.median(outs), statistics.median(ins), repeats)
+    return LinkMeasurement(tuple(sizes), statistics.median(outs), statistics.median(ins), repeats)

@@ -108,13 +108,16 @@ def _cpu_allocator_peak(run: Callable[[], RunResult]) -> int | None:
 
 
 def allocator_peak(run: Callable[[], RunResult], device: torch.device, start_bytes: int) -> int | None:
-    """Allocator-level peak bytes of one run: ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the bytes
-    held at the start (``start_bytes``) plus the profiler's largest running total of allocations."""
+    """Allocator-level peak bytes of one run: the bytes held at the start (``start_bytes``) plus the most the
+    run allocated on top of what was allocated before it: ``torch.cuda.max_memory_allocated`` on CUDA (less
+    ``memory_allocated`` before, which holds references and earlier results too), the profiler's largest
+    running total of allocations on CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
         result = run()
         del result
-        return int(torch.cuda.max_memory_allocated(device))
+        return start_bytes + int(torch.cuda.max_memory_allocated(device)) - before
     extra = _cpu_allocator_peak(run)
     return None if extra is None else start_bytes + extra

@@ -25,7 +25,9 @@ def clone_storage(storage: torch.UntypedStorage, device: torch.device) -> torch.
 @dataclass
 class HostPool:
     """Host copies of swapped-out storages: numpy buffers on CPU (outside torch's CPU allocator, so the
-    allocator cross-check sees device memory only), pinned tensors copied on a side stream on CUDA."""
+    allocator cross-check sees device memory only), pinned tensors copied on a side stream on CUDA. A
+    storage already in host memory in a CUDA step (efficient attention's philox seed and offset) is copied
+    as on the CPU and comes back there."""
 
     device: torch.device
     copies: dict[int, np.ndarray | torch.Tensor] = field(default_factory=dict)
@@ -38,7 +40,7 @@ class HostPool:
 
     def save(self, sid: int, storage: torch.UntypedStorage) -> None:
         src = byte_view(storage)
-        if self.stream is None:
+        if self.stream is None or storage.device.type != "cuda":
             buf = np.empty(storage.nbytes(), dtype=np.uint8)
             torch.from_numpy(buf).copy_(src)
             self.copies[sid] = buf

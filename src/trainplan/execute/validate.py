@@ -18,7 +18,8 @@ from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
 from trainplan.io import ArtifactError
-from trainplan.models import BuiltModel
+from trainplan.models import BuiltModel, on_device
+from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.schedule import solve
 from trainplan.trace import TracedStep, make_step_fn, trace_training_step
 
@@ -79,32 +80,47 @@ def _timeline(stages: list[StagePlan], measured: RunResult, event_s: list[float]
     return pd.DataFrame(rows)
 
 
-def _host_link_now(stages: list[StagePlan], dev: torch.device, settings: ValidateSettings) -> LinkMeasurement | None:
-    """The host link measured in this process on the sizes the plans swap (None if no plan swaps)."""
+def _host_link_now(stages: list[StagePlan], dev: torch.device, settings: ValidateSettings,
+                   link_sizes: list[int] | None) -> LinkMeasurement | None:
+    """The host link measured in this process (None if no plan swaps a byte): on ``link_sizes``, the
+    transfers the profile timed, so that the ratio to the profile's bandwidth is the machine's drift alone;
+    without them, on the sizes the plans swap."""
     sizes = [op.bytes for st in stages for kind, oid in st.events if kind == "swap_out"
              for op in [st.problem.ops[st.problem.index[oid]]]]
     if not any(size > 0 for size in sizes):
         return None
-    return measure_host_link(dev, sizes, repeats=settings.repeats, warmup=settings.warmup)
+    return measure_host_link(dev, link_sizes or sizes, repeats=settings.repeats, warmup=settings.warmup)
 
 
 def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], tensors: pd.DataFrame, *,
-                  export_names: list[str] | None = None, settings: ValidateSettings = ValidateSettings()) -> Validation:
-    """Execute every stage's schedule on ``built``'s real training step and compare it with the plan.
+                  export_names: list[str] | None = None, settings: ValidateSettings = ValidateSettings(),
+                  link_sizes: list[int] | None = None) -> Validation:
+    """Execute every stage's schedule on ``built``'s real training step and compare it with the plan, with
+    fp32 exact and deterministic kernels (``exact_fp32``), as the profile ran. ``link_sizes``: the
+    transfer sizes the profile measured the host link on (its summary's ``host_link.sizes``), timed again
+    here to re-cost the plan's transfers.
 
     A plan whose stage has no schedule, or whose measurements fall outside ``settings.tolerances``, is
     reported ``failed`` with the reasons; an unreadable plan raises PlanError before this point.
     """
+    with exact_fp32():
+        return _validate(built, plan, stages, tensors, export_names, settings, link_sizes)
+
+
+def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], tensors: pd.DataFrame,
+              export_names: list[str] | None, settings: ValidateSettings, link_sizes: list[int] | None) -> Validation:
     tol, dev = settings.tolerances, torch.device(settings.device)
     head = {"model": built.name, "device": plan.get("device", settings.device), "k": len(stages),
             "budget_fraction": plan.get("budget_fraction"), "tolerances": tol.to_dict(),
             "settings": {"repeats": settings.repeats, "warmup": settings.warmup, "device": settings.device,
-                         "threads": torch.get_num_threads(), "torch": torch.__version__}}
+                         "threads": torch.get_num_threads(), "torch": torch.__version__,
+                         "numerics": EXACT_FP32}}
     missing = [st for st in stages if not st.executable]
     if missing:
         reasons = [f"stage {st.index}: no schedule to execute (status {st.schedule.get('status')}: "
                    f"{st.schedule.get('note', '')})" for st in missing]
         return Validation({**head, "status": "failed", "reasons": reasons, "stages": []}, pd.DataFrame())
+    built = on_device(built, dev)
     traced, flat = trace_training_step(built)
     _check_graph(traced, stages, export_names)
     flat = [t.detach().to(dev) for t in flat]
@@ -137,7 +153,7 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     alloc = allocator_peak(run, dev, start_bytes) if settings.allocator_check else None
     log.info("timing: %d warm-up + %d runs", settings.warmup, settings.repeats)
     timings = time_runs(run, baseline, len(stages), repeats=settings.repeats, warmup=settings.warmup)
-    link_now = _host_link_now(stages, dev, settings)
+    link_now = _host_link_now(stages, dev, settings, link_sizes)
     reports = []
     for pos, st in enumerate(stages):
         recs = [r for r in measured.records if r.stage == st.index]
@@ -162,7 +178,8 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
                       "extra_outputs_held_after_free": sorted(measured.shared.shadowed)},
         "timing": {"page_faults_per_run": timings.page_faults,
                    "baseline_page_faults_per_run": timings.baseline_page_faults,
-                   "host_link_now": link_now.to_dict() if link_now else None},
+                   "host_link_now": {**link_now.to_dict(), "sizes_from": "profile" if link_sizes else "plan swaps"}
+                   if link_now else None},
         "predicted_time_s": sum(r["predicted_time_s"] for r in reports),
         "measured_time_s": sum(r["measured_time_s"] for r in reports),
         "stages": reports,
