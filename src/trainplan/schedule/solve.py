@@ -8,8 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from trainplan.schedule import baselines
-from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.bounds import relaxation_bound
+from trainplan.schedule.chain_dp import chain_dp_events
+from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
 from trainplan.schedule.mip import MipResult, solve_mip
 from trainplan.schedule.problem import Problem
@@ -42,13 +43,20 @@ def _valid(problem: Problem, events: Events | None, budget: int) -> float | None
 
 def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False,
                    deadline_s: float | None = None) -> tuple[Events | None, str, float | None]:
-    """Best valid fast schedule (greedy policies x swap/recompute options, sqrt(n) checkpointing),
-    its name, and the seconds until the first valid one (``first_only``: stop there; once one is
-    valid, the greedy runs stop at ``deadline_s``: a running variant is abandoned, none starts)."""
+    """Best valid fast schedule (the chain DP on adjoint chains, greedy policies x swap/recompute
+    options, sqrt(n) checkpointing), its name, and the seconds until the first valid one
+    (``first_only``: stop there; once one is valid, the greedy runs stop at ``deadline_s``: a running
+    variant is abandoned, none starts)."""
     t0 = time.perf_counter()
     stop_at = None if deadline_s is None else t0 + deadline_s
     best: tuple[float, Events, str] | None = None
     first = None
+    chain_events = chain_dp_events(problem, budget)
+    chain_time = _valid(problem, chain_events, budget)
+    if chain_events is not None and chain_time is not None:
+        best, first = (chain_time, chain_events, "chain-dp"), time.perf_counter() - t0
+        if first_only:
+            return best[1], best[2], first
     for label, (allow_swap, allow_rc) in GREEDY_VARIANTS.items():
         for policy in POLICIES:
             events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
