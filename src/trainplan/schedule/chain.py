@@ -14,6 +14,7 @@ our memory model) and :func:`chain_events` a schedule that attains it.
 from __future__ import annotations
 
 import math
+import random
 from functools import lru_cache
 
 from trainplan.schedule.heuristic import Events
@@ -33,6 +34,25 @@ def adjoint_chain(length: int, state_bytes: int = 1000, *, slots: int | None = N
         ops.append(Op(f"a{i}", 0.0, 0, ins, recompute=False, swap=False))
     budget = 10**18 if slots is None else slots * state_bytes
     return Problem(tuple(ops), budget_bytes=budget, bandwidth=1e9, keep=("a1",))
+
+
+def heterogeneous_chain(length: int, seed: int, *, unit: int = 100, budget_bytes: int = 10**18) -> Problem:
+    """An adjoint chain of ``length`` steps with random costs (Rotor's heterogeneous chains): state i takes
+    0.1-2 s and 1-5 ``unit`` bytes with a workspace of 0, 1 or 3 units; adjoint i takes 0.1-2 s and 0-3
+    units with a workspace of 0 or 1; x0 (0-1 s) is neither recomputable nor swappable, nor is any
+    adjoint; states are not swappable (the DP does not swap)."""
+    if length < 1:
+        raise ValueError(f"chain length must be >= 1, got {length}")
+    rng = random.Random(seed)
+    ops = [Op("x0", rng.uniform(0, 1), rng.randint(1, 5) * unit, (), recompute=False, swap=False)]
+    for i in range(1, length):
+        ops.append(Op(f"x{i}", rng.uniform(0.1, 2), rng.randint(1, 5) * unit, (f"x{i - 1}",),
+                      workspace=rng.choice([0, 0, 1, 3]) * unit, swap=False))
+    for i in range(length, 0, -1):
+        ins = (f"x{i - 1}",) + ((f"a{i + 1}",) if i < length else ())
+        ops.append(Op(f"a{i}", rng.uniform(0.1, 2), rng.randint(0, 3) * unit, ins,
+                      workspace=rng.choice([0, 1]) * unit, recompute=False, swap=False))
+    return Problem(tuple(ops), budget_bytes=budget_bytes, bandwidth=1e9, keep=("a1",))
 
 
 def revolve_min_steps(length: int, snapshots: int) -> int:
