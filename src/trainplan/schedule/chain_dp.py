@@ -20,11 +20,12 @@ O(L^3 M / 6) element operations.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import reduce
 
 import numpy as np
 
-from trainplan.schedule.problem import Problem
+from trainplan.schedule.problem import Op, Problem
 
 Events = list[tuple[str, str]]
 MAX_WORK = 3e8  # element operations the DP may spend (about 1-3 s of numpy on this host)
@@ -117,7 +118,7 @@ def chain_dp_events(problem: Problem, budget_bytes: int, *, max_work: float = MA
     return _events(xs, adj, X, split, mu)
 
 
-def _events(xs: tuple, adj: list, X: np.ndarray, split: np.ndarray, mu: int) -> Events:
+def _events(xs: Sequence[Op], adj: Sequence[Op], X: np.ndarray, split: np.ndarray, mu: int) -> Events:
     """Unfold the DP's split table into events (an explicit stack: no deep recursion)."""
     L = len(xs)
     events: Events = [("compute", xs[0].id)]
