@@ -17,7 +17,7 @@ from trainplan.io import ArtifactError
 from trainplan.execute.link import measure_host_link
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
-from trainplan.timing import gc_paused
+from trainplan.timing import gc_paused, keep_freed_memory
 from trainplan.trace import TracedStep, trace_training_step
 
 
@@ -194,8 +194,10 @@ def profile_model(
     """Trace ``built`` again on the device, check it matches the exported ``nodes``, and profile it.
 
     Adds ``transfer_s`` = bytes the op allocates / the host-link bandwidth of ``device`` (configured or
-    measured, see ``host_link_bytes_per_s``).
+    measured, see ``host_link_bytes_per_s``). Keeps freed host memory for the rest of the process
+    (``keep_freed_memory``), as the validation does, so both time the same steady state.
     """
+    allocator = keep_freed_memory()
     traced, flat = trace_training_step(on_device(built, device["type"]))
     traced_names = [n.name for n in traced.gm.graph.nodes if n.op == "call_function"]
     if traced_names != nodes["name"].tolist():
@@ -213,4 +215,5 @@ def profile_model(
     result.summary["host_link_bytes_per_s"] = bandwidth
     result.summary["host_link"] = source
     result.summary["numerics"] = EXACT_FP32
+    result.summary["host_allocator"] = allocator
     return result

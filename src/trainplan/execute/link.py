@@ -59,9 +59,10 @@ def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 
                       max_tensors: int = 256, max_bytes: int = 2**30) -> LinkMeasurement:
     """Swap a fresh device storage of each of a sample of ``sizes`` bytes (``sample_sizes``) out to the host
     and back in, through the executor's ``HostPool`` (numpy buffers on CPU, pinned memory on a side stream on
-    CUDA), and time each direction over the sample: the median of ``repeats`` after ``warmup``. On the CPU
-    every run swaps into memory no earlier run freed, as a step at its peak does (fresh pages cost a fault
-    each); CUDA's caching allocator serves both alike. Raises ValueError when no size is positive."""
+    CUDA), and time each direction over the sample: the median of ``repeats`` after ``warmup``. Each run frees
+    what it swapped before the next, so after the warm-up the transfers reuse memory, as they do inside a step
+    in steady state (CUDA's caching allocator; on the CPU, glibc's heap under ``keep_freed_memory``). Raises
+    ValueError when no size is positive."""
     sizes = sample_sizes(sizes, max_tensors, max_bytes)
     if not sizes:
         raise ValueError("no tensor sizes to measure the host link with")
@@ -69,7 +70,6 @@ def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 
     sources = [torch.ones(n, dtype=torch.uint8, device=device).untyped_storage() for n in sizes]
     outs: list[float] = []
     ins: list[float] = []
-    kept: list[list[torch.UntypedStorage]] = []
     for i in range(warmup + repeats):
         host = HostPool(device)
         with gc_paused():
@@ -82,8 +82,6 @@ def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 
             back = [host.load(sid) for sid in range(len(sources))]
             sync()
             end = time.perf_counter()
-        if device.type == "cpu":
-            kept.append(back)
         del back, host
         if i >= warmup:
             outs.append(mid - start)

@@ -21,6 +21,7 @@ from trainplan.io import ArtifactError
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.schedule import solve
+from trainplan.timing import keep_freed_memory
 from trainplan.trace import TracedStep, make_step_fn, trace_training_step
 
 log = logging.getLogger(__name__)
@@ -101,20 +102,23 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     here to re-cost the plan's transfers.
 
     A plan whose stage has no schedule, or whose measurements fall outside ``settings.tolerances``, is
-    reported ``failed`` with the reasons; an unreadable plan raises PlanError before this point.
+    reported ``failed`` with the reasons; an unreadable plan raises PlanError before this point. Keeps
+    freed host memory for the rest of the process (``keep_freed_memory``), as the profile does.
     """
+    allocator = keep_freed_memory()
     with exact_fp32():
-        return _validate(built, plan, stages, tensors, export_names, settings, link_sizes)
+        return _validate(built, plan, stages, tensors, export_names, settings, link_sizes, allocator)
 
 
 def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], tensors: pd.DataFrame,
-              export_names: list[str] | None, settings: ValidateSettings, link_sizes: list[int] | None) -> Validation:
+              export_names: list[str] | None, settings: ValidateSettings, link_sizes: list[int] | None,
+              allocator: str) -> Validation:
     tol, dev = settings.tolerances, torch.device(settings.device)
     head = {"model": built.name, "device": plan.get("device", settings.device), "k": len(stages),
             "budget_fraction": plan.get("budget_fraction"), "tolerances": tol.to_dict(),
             "settings": {"repeats": settings.repeats, "warmup": settings.warmup, "device": settings.device,
                          "threads": torch.get_num_threads(), "torch": torch.__version__,
-                         "numerics": EXACT_FP32}}
+                         "numerics": EXACT_FP32, "host_allocator": allocator}}
     missing = [st for st in stages if not st.executable]
     if missing:
         reasons = [f"stage {st.index}: no schedule to execute (status {st.schedule.get('status')}: "
