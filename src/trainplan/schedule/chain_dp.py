@@ -25,9 +25,9 @@ from functools import reduce
 
 import numpy as np
 
+from trainplan.schedule.heuristic import Events
 from trainplan.schedule.problem import Op, Problem
 
-Events = list[tuple[str, str]]
 MAX_WORK = 3e8  # element operations the DP may spend (about 1-3 s of numpy on this host)
 MAX_TABLE = 1e7  # entries of the cost table (80 MB as float64)
 
@@ -90,10 +90,10 @@ def chain_dp_events(problem: Problem, budget_bytes: int, *, max_work: float = MA
     # pair[k, s]: the largest working set while advancing k steps from x_s (x_s itself not included)
     pair = np.full((L, L), np.iinfo(np.int64).max // 4, dtype=np.int64)
     step = np.concatenate(([0], X[:-1] + X[1:] + W[1:]))  # step[i]: x_{i-1}, x_i and x_i's workspace
-    for k in range(1, L):
-        s = np.arange(L - k)
-        own = X[s + 1] + W[s + 1] if k == 1 else step[s + k]
-        pair[k, :L - k] = own if k == 1 else np.maximum(pair[k - 1, :L - k], own)
+    if L > 1:
+        pair[1, :L - 1] = X[1:] + W[1:]  # the first step's input is x_s itself
+    for k in range(2, L):
+        pair[k, :L - k] = np.maximum(pair[k - 1, :L - k], step[k:])
     cost = np.full((L + 1, mu + 1, L), np.inf)
     split = np.zeros((L + 1, mu + 1, L), dtype=np.int32)
     s = np.arange(L)
