@@ -6,7 +6,7 @@ import pytest
 
 from schedule_exact import exact_min_time
 from trainplan.schedule import replay, solve
-from trainplan.schedule.chain import adjoint_chain, chain_events, chain_min_steps, revolve_min_steps
+from trainplan.schedule.chain import adjoint_chain, chain_min_steps, revolve_min_steps
 
 
 def revolve_recursion(length: int, snapshots: int) -> int:
@@ -27,15 +27,6 @@ def test_chain_optimum_matches_exact_search(length):
         exact = exact_min_time(adjoint_chain(length), slots * 1000)
         dp = chain_min_steps(length, slots)
         assert (math.inf if exact is None else exact) == dp, (length, slots)
-
-
-def test_chain_events_attain_the_optimum():
-    for length in range(1, 61, 7):
-        for slots in range(3, 9):
-            p = adjoint_chain(length, slots=slots)
-            rep = replay(p, chain_events(length, slots), p.budget_bytes)
-            assert rep.time == chain_min_steps(length, slots)
-            assert rep.peak_bytes <= p.budget_bytes
 
 
 def test_revolve_closed_form():
@@ -72,7 +63,5 @@ def test_solver_on_longer_chains_respects_the_optimum(length, slots):
 
 
 def test_chain_errors():
-    with pytest.raises(ValueError, match="cannot be reversed"):
-        chain_events(5, 2)
     with pytest.raises(ValueError, match="length"):
         adjoint_chain(0)

@@ -8,7 +8,8 @@ Walther, ACM TOMS 26(1), 2000) gives the fewest forward steps with c state snaps
 working state in place. Our semantics are not in place (computing x_{i+1} needs x_i and x_{i+1}
 resident), so with a budget of ``slots`` states the optimum lies between revolve with ``slots - 1`` and
 ``slots - 2`` snapshots; :func:`chain_min_steps` gives it exactly (the revolve recursion, rewritten for
-our memory model) and :func:`chain_events` a schedule that attains it.
+our memory model). ``chain_dp.chain_dp_events`` builds schedules that attain it, for this and any
+heterogeneous adjoint chain.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import math
 import random
 from functools import lru_cache
 
-from trainplan.schedule.heuristic import Events
 from trainplan.schedule.problem import Op, Problem
 
 INF = math.inf
@@ -66,52 +66,22 @@ def revolve_min_steps(length: int, snapshots: int) -> int:
 
 
 @lru_cache(maxsize=8)
-def _table(length: int, slots: int) -> tuple[list[list[float]], list[list[int]]]:
-    """cost[m][n], first[m][n]: fewest forward steps to reverse n steps from a resident start state
-    with m states of memory (the start included), and the first advance j that attains it."""
+def _table(length: int, slots: int) -> list[list[float]]:
+    """cost[m][n]: fewest forward steps to reverse n steps from a resident start state with m states of
+    memory (the start included)."""
     cost = [[INF] * (length + 1) for _ in range(slots + 1)]
-    first = [[0] * (length + 1) for _ in range(slots + 1)]
     for m in range(1, slots + 1):
         cost[m][1] = 0.0
         for n in range(2, length + 1):
             for j in range(1, n):
                 if m < (2 if j == 1 else 3):  # advancing twice needs the start, the input and the output
                     break
-                c = j + cost[m - 1][n - j] + cost[m][j]
-                if c < cost[m][n]:
-                    cost[m][n], first[m][n] = c, j
-    return cost, first
+                cost[m][n] = min(cost[m][n], j + cost[m - 1][n - j] + cost[m][j])
+    return cost
 
 
 def chain_min_steps(length: int, slots: int) -> float:
     """Fewest forward steps of any valid schedule of :func:`adjoint_chain` within ``slots`` states
     (inf if none): advance j steps freeing as you go, keep x_j, reverse the rest with one slot less,
     free x_j, reverse the first j steps; minimised over j."""
-    return _table(length, slots)[0][slots][length]
-
-
-def chain_events(length: int, slots: int) -> Events:
-    """A schedule of :func:`adjoint_chain` with :func:`chain_min_steps` forward steps."""
-    if chain_min_steps(length, slots) == INF:
-        raise ValueError(f"a chain of {length} steps cannot be reversed within {slots} states")
-    first = _table(length, slots)[1]
-    events: Events = [("compute", "x0")]
-    # explicit stack of (start, n, m) reversals and pending frees, so long chains need no deep recursion
-    todo: list[tuple[int, int, int] | str] = [(0, length, slots)]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, str):
-            events.append(("free", item))
-            continue
-        start, n, m = item
-        if n == 1:
-            events.append(("compute", f"a{start + 1}"))
-            continue
-        j = first[m][n]
-        for i in range(start + 1, start + j + 1):
-            events.append(("compute", f"x{i}"))
-            if i - 1 > start:
-                events.append(("free", f"x{i - 1}"))
-        # reverse the tail with one slot less, free x_{start+j}, then reverse the head
-        todo += [(start, j, m), f"x{start + j}", (start + j, n - j, m - 1)]
-    return events
+    return _table(length, slots)[slots][length]
