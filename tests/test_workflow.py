@@ -76,6 +76,11 @@ def test_artifacts_parse(study):
         nows = [json.loads(p.read_text())["timing"]["host_link_now"]
                 for p in (study / f"results/validate/{model}/cpu").glob("k*/b*/validation.json")]
         assert nows and all(now["sizes_from"] == "profile" and now["sizes"] == link["sizes"] for now in nows)
+        # the profile and the validation time the same host-memory regime (docs/validation.md, "Measured")
+        allocators = {json.loads(p.read_text())["settings"]["host_allocator"]
+                      for p in (study / f"results/validate/{model}/cpu").glob("k*/b*/validation.json")}
+        assert allocators == {summary["host_allocator"]}
+        assert summary["host_allocator"].startswith("glibc malloc keeps freed memory")
 
 
 def test_rerun_is_a_noop(study):

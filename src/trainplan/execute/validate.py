@@ -105,20 +105,18 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     reported ``failed`` with the reasons; an unreadable plan raises PlanError before this point. Keeps
     freed host memory for the rest of the process (``keep_freed_memory``), as the profile does.
     """
-    allocator = keep_freed_memory()
     with exact_fp32():
-        return _validate(built, plan, stages, tensors, export_names, settings, link_sizes, allocator)
+        return _validate(built, plan, stages, tensors, export_names, settings, link_sizes)
 
 
 def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], tensors: pd.DataFrame,
-              export_names: list[str] | None, settings: ValidateSettings, link_sizes: list[int] | None,
-              allocator: str) -> Validation:
+              export_names: list[str] | None, settings: ValidateSettings, link_sizes: list[int] | None) -> Validation:
     tol, dev = settings.tolerances, torch.device(settings.device)
     head = {"model": built.name, "device": plan.get("device", settings.device), "k": len(stages),
             "budget_fraction": plan.get("budget_fraction"), "tolerances": tol.to_dict(),
             "settings": {"repeats": settings.repeats, "warmup": settings.warmup, "device": settings.device,
                          "threads": torch.get_num_threads(), "torch": torch.__version__,
-                         "numerics": EXACT_FP32, "host_allocator": allocator}}
+                         "numerics": EXACT_FP32, "host_allocator": keep_freed_memory()}}
     missing = [st for st in stages if not st.executable]
     if missing:
         reasons = [f"stage {st.index}: no schedule to execute (status {st.schedule.get('status')}: "
