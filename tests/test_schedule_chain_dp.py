@@ -78,3 +78,21 @@ def test_solve_returns_the_chain_optimum():
     sched = solve(p, 2.0, workers=1, bisect=False)
     assert sched.time == chain_min_steps(100, 4) == 615
     assert sched.extra["heuristic"] == "chain-dp"
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_least_memory_schedule_is_the_least_budget_the_dp_fits(seed):
+    p = heterogeneous_chain(25, seed)
+    events = chain_dp_events(p, 10**6, least_memory=True)
+    peak = replay(p, events).peak_bytes
+    assert chain_dp_events(p, peak) is not None
+    assert chain_dp_events(p, peak - 1) is None
+
+
+def test_bisection_on_a_long_chain_reaches_the_least_memory():
+    """One DP run per probe answers every smaller budget: the bisection ends at 3 states with the
+    exact optimum there (it used to stop at its wall-clock share tens of states above)."""
+    p = adjoint_chain(150, slots=2)  # 2 states is below what any schedule needs
+    sched = solve(p, 4.0, workers=1)
+    assert sched.budget_bytes == 3000 and sched.extra["requested_budget_bytes"] == 2000
+    assert sched.time == chain_min_steps(150, 3) and replay(p, sched.events, 3000).peak_bytes <= 3000

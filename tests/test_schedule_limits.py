@@ -5,10 +5,12 @@ import time
 
 import pytest
 
-from trainplan.schedule import replay, solve
+from trainplan.schedule import mip, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.chain import adjoint_chain
 from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
+from trainplan.schedule.mip import model_variables, solve_mip
+from trainplan.schedule.solve import min_feasible_budget
 from trainplan.schedule.synthetic import training_graph
 
 
@@ -56,3 +58,25 @@ def test_greedy_run_is_abandoned_past_stop_at():
     p = adjoint_chain(40, slots=4)
     assert greedy(p, p.budget_bytes) is not None
     assert greedy(p, p.budget_bytes, stop_at=time.perf_counter() - 1.0) is None
+
+
+def test_bisection_drops_to_the_peak_of_each_schedule_found():
+    calls = []
+
+    def probe(b):
+        calls.append(b)
+        return 1000 if b >= 1000 else None
+
+    assert min_feasible_budget(probe, 10, 10**6) == 1000
+    assert len(calls) <= 9, calls  # plain halving would need ~18 probes to reach 0.5% of 1000
+
+
+def test_mip_is_not_built_past_its_size_cap(monkeypatch):
+    p = training_graph(40, 3)
+    peak = replay(p, no_recompute_events(p)).peak_bytes
+    ncop = [2 if (op.recompute or op.swap) else 1 for op in p.ops]
+    built = solve_mip(p, peak, time_limit_s=1.0, copies=2)
+    assert abs(model_variables(p, ncop) - built.stats["variables"]) <= 0.15 * built.stats["variables"]
+    monkeypatch.setattr(mip, "MAX_MODEL_VARIABLES", 100)
+    skipped = solve_mip(p, peak, time_limit_s=1.0, copies=2)
+    assert skipped.status == "SKIPPED" and skipped.events is None and "not built" in skipped.stats["note"]

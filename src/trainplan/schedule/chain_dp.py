@@ -56,9 +56,12 @@ def _unit(sizes: list[int], cap: int, max_units: int) -> int:
     return max(1, -(-cap // max_units))
 
 
-def chain_dp_events(problem: Problem, budget_bytes: int, *, max_work: float = MAX_WORK) -> Events | None:
+def chain_dp_events(problem: Problem, budget_bytes: int, *, max_work: float = MAX_WORK,
+                    least_memory: bool = False) -> Events | None:
     """The DP's schedule of an adjoint chain within ``budget_bytes``; None if ``problem`` is not an
-    adjoint chain, the DP finds no schedule, or the table would exceed ``max_work`` / ``MAX_TABLE``."""
+    adjoint chain, the DP finds no schedule, or the table would exceed ``max_work`` / ``MAX_TABLE``.
+    ``least_memory``: instead the fastest schedule at the least memory in the DP's table (the table
+    holds every memory up to the budget, so one run answers a whole bisection probe)."""
     length = chain_length(problem)
     cap = budget_bytes - problem.fixed_bytes
     if length is None or cap < 0:
@@ -113,9 +116,11 @@ def chain_dp_events(problem: Problem, budget_bytes: int, *, max_work: float = MA
         best = np.argmin(cand, axis=0)
         cost[n, :, :S] = np.take_along_axis(cand, best[None], axis=0)[0]
         split[n, :, :S] = best + 1
-    if not np.isfinite(cost[L, mu, 0]):
+    first = int(X[0] + W[0])  # computing x_0 needs its output and workspace
+    finite = first + np.flatnonzero(np.isfinite(cost[L, first:, 0]))
+    if not finite.size:
         return None
-    return _events(xs, adj, X, split, mu)
+    return _events(xs, adj, X, split, int(finite[0]) if least_memory else mu)
 
 
 def _events(xs: Sequence[Op], adj: Sequence[Op], X: np.ndarray, split: np.ndarray, mu: int) -> Events:

@@ -144,6 +144,17 @@ def byte_unit(cap: int) -> int:
     return max(1, math.ceil(cap / 2**30))
 
 
+MAX_MODEL_VARIABLES = 250_000  # 3-6 s of model building on this host (12-22 us per variable)
+
+
+def model_variables(problem: Problem, ncop: list[int]) -> int:
+    """The model's variable count, to within a few percent: six per copy (start, end, length, presence,
+    recompute, swap-in) and one cover literal per (compute event, input, input copy)."""
+    covers = sum((1 + (ncop[v] - 1 if op.recompute else 0)) * sum(ncop[w] for w in problem.inputs[v])
+                 for v, op in enumerate(problem.ops))
+    return 6 * sum(ncop) + covers
+
+
 def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
               seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
               lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False) -> MipResult:
@@ -175,6 +186,12 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     fpos = [base[i] + K[i] for i in range(n)]
     tu, bu = time_unit(p), byte_unit(cap)
     ncop = [C if (op.recompute or op.swap) else 1 for op in p.ops]
+    size_estimate = model_variables(p, ncop)
+    if size_estimate > MAX_MODEL_VARIABLES:  # e.g. a hint with hundreds of recomputes of one op
+        note = f"model not built: about {size_estimate} variables > {MAX_MODEL_VARIABLES} ({C} copies per op)"
+        log.info("mip %s", note)
+        return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
+                         {"copies": C, "slots": max(K), "note": note})
     m = cp_model.CpModel()
 
     true = m.NewConstant(1)

@@ -42,16 +42,16 @@ def _valid(problem: Problem, events: Events | None, budget: int) -> float | None
 
 
 def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False,
-                   deadline_s: float | None = None) -> tuple[Events | None, str, float | None]:
-    """Best valid fast schedule (the chain DP on adjoint chains, greedy policies x swap/recompute
-    options, sqrt(n) checkpointing), its name, and the seconds until the first valid one
-    (``first_only``: stop there; once one is valid, the greedy runs stop at ``deadline_s``: a running
-    variant is abandoned, none starts)."""
+                   deadline_s: float | None = None, chain_dp: bool = True) -> tuple[Events | None, str, float | None]:
+    """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, greedy
+    policies x swap/recompute options, sqrt(n) checkpointing), its name, and the seconds until the first
+    valid one (``first_only``: stop there; once one is valid, the greedy runs stop at ``deadline_s``: a
+    running variant is abandoned, none starts)."""
     t0 = time.perf_counter()
     stop_at = None if deadline_s is None else t0 + deadline_s
     best: tuple[float, Events, str] | None = None
     first = None
-    chain_events = chain_dp_events(problem, budget)
+    chain_events = chain_dp_events(problem, budget) if chain_dp else None
     chain_time = _valid(problem, chain_events, budget)
     if chain_events is not None and chain_time is not None:
         best, first = (chain_time, chain_events, "chain-dp"), time.perf_counter() - t0
@@ -141,18 +141,20 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     return no_schedule(budget, "ours", elapsed, note, extra)
 
 
-def min_feasible_budget(probe: Callable[[int], bool], lo: int, hi: int,
+def min_feasible_budget(probe: Callable[[int], int | None], lo: int, hi: int,
                         deadline: float | None = None) -> int:
-    """Smallest budget in (lo, hi] that ``probe`` accepts (lo fails, hi passes), to BISECT_TOLERANCE;
-    past the ``deadline`` (a perf_counter time; a wall-clock safety net) the best so far (hi)."""
+    """Smallest budget in (lo, hi] that ``probe`` finds a schedule for (lo fails, hi passes), to
+    BISECT_TOLERANCE. ``probe(b)`` returns the peak of a schedule within b (so hi drops to that peak at
+    once), or None. Past the ``deadline`` (a perf_counter time; a wall-clock safety net) the best so far."""
     while hi - lo > max(1, int(BISECT_TOLERANCE * hi)):
         if deadline is not None and time.perf_counter() > deadline:
             break
         mid = (lo + hi) // 2
-        if probe(mid):
-            hi = mid
-        else:
+        peak = probe(mid)
+        if peak is None:
             lo = mid
+        else:
+            hi, lo = peak, min(lo, peak - 1)
     return hi
 
 
@@ -185,17 +187,22 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: 
     found_events: dict[int, Events] = {nr_peak: nr_events}
     mip_probes = 0
 
-    def probe(b: int) -> bool:
+    def probe(b: int) -> int | None:
         nonlocal mip_probes
-        events = best_heuristic(prob, b, first_only=True)[0]
+        # on adjoint chains one DP run holds the cost at every smaller memory: take its least-memory schedule
+        events = chain_dp_events(prob, b, least_memory=True)
+        if _valid(prob, events, b) is None:
+            events = best_heuristic(prob, b, first_only=True, chain_dp=False)[0]
         if events is None and mip_probes < MAX_MIP_PROBES:
             mip_probes += 1
             events = solve_mip(prob, b, time_limit_s=probe_s, workers=workers, seed=seed, copies=copies,
                                deterministic=deterministic).events
             events = events if _valid(prob, events, b) is not None else None
-        if events is not None:
-            found_events[b] = events
-        return events is not None
+        if events is None:
+            return None
+        peak = replay(prob, events).peak_bytes
+        found_events[peak] = events
+        return peak
 
     deadline = t0 + max(0.0, BISECT_SHARE * left)
     found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak, deadline=deadline)
