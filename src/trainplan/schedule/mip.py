@@ -103,6 +103,9 @@ def _ticks(seconds: float, unit: float) -> int:
 
 
 DET_PER_SECOND = 0.04  # deterministic s per wall s of limit: CP-SAT 9.15 measured ~0.05 on this 2-core host
+DET_SMALL_MODEL = 400.0  # smaller models advance the clock faster (0.19 per wall s at 1.9k variables, 0.13
+DET_MAX_PER_SECOND = 0.1  # at 9k, 0.01-0.05 at 19k): min(0.1, max(0.04, 400 / variables)), about half of that
+LNS_ONLY_ABOVE = 60  # ops: above this, a hinted wall-clock run gives every worker to LNS (see solve_mip)
 WALL_SAFETY = 1.0  # wall-clock cap of a deterministic run, as a multiple of its wall share (a safety net)
 
 
@@ -128,6 +131,12 @@ def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
         prm.num_workers = max(1, workers)
         prm.max_time_in_seconds = wall
     return solver
+
+
+def det_per_second(variables: int) -> float:
+    """Deterministic seconds per second of limit for a model of ``variables``: a function of the model only
+    (so runs stay reproducible), set to about half the rate CP-SAT's clock advances at on this host."""
+    return min(DET_MAX_PER_SECOND, max(DET_PER_SECOND, DET_SMALL_MODEL / max(1, variables)))
 
 
 def time_unit(problem: Problem) -> float:
@@ -157,13 +166,16 @@ def model_variables(problem: Problem, ncop: list[int]) -> int:
 
 def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
               seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
-              lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False) -> MipResult:
+              lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False,
+              remat_ops: frozenset[int] | None = None) -> MipResult:
     """Build and solve the CP-SAT model; decode the best solution into events.
 
     ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
     (defaults: C = 3, K = n up to 60 ops, else C = 2, K = 2; both raised to fit the hint).
     ``lower_bound_ticks``: a proven bound in objective ticks (from bounds.relaxation_bound) added
     as a constraint, so CP-SAT can close the gap. ``deterministic``: see :func:`configure`.
+    ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
+    model, exact only within that restriction.
     """
     t0 = time.perf_counter()
     p, n = problem, problem.n
@@ -171,6 +183,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     if cap < 0:
         return MipResult(None, "INFEASIBLE", None, None, time.perf_counter() - t0, None,
                          {"note": "fixed_bytes exceed the budget"})
+    if hint and remat_ops is not None:
+        raise ValueError("a hint may rematerialise any op: it cannot be combined with remat_ops")
     small = n <= 60
     C = copies or (3 if small else 2)
     K = [slots or (n if small else 2)] * (n + 1)
@@ -185,7 +199,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     H = base[n] + K[n]
     fpos = [base[i] + K[i] for i in range(n)]
     tu, bu = time_unit(p), byte_unit(cap)
-    ncop = [C if (op.recompute or op.swap) else 1 for op in p.ops]
+    ncop = [C if (op.recompute or op.swap) and (remat_ops is None or u in remat_ops) else 1
+            for u, op in enumerate(p.ops)]
     size_estimate = model_variables(p, ncop)
     if size_estimate > MAX_MODEL_VARIABLES:  # e.g. a hint with hundreds of recomputes of one op
         note = f"model not built: about {size_estimate} variables > {MAX_MODEL_VARIABLES} ({C} copies per op)"
@@ -294,7 +309,12 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
             m.AddHint(y, hint_cover.get((v, k, w)) == c)
 
     build_s = time.perf_counter() - t0  # the model build counts against the wall-clock limit
-    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=time_limit_s - build_s)
+    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=time_limit_s - build_s,
+                       det_per_second=det_per_second(len(m.Proto().variables)))
+    if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
+        # the hint is a complete solution and proofs come from the relaxation bound, so every worker
+        # improves it: on 100-op graphs this proved 26 of 32 runs within 9.5 s, the default portfolio 21
+        solver.parameters.use_lns_only = True
     if n > 200:  # probing and symmetry detection dominate presolve on big models; the hint gives a solution
         solver.parameters.cp_model_probing_level = 0
         solver.parameters.symmetry_level = 0
@@ -302,12 +322,14 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     code = solver.Solve(m, cb)
     status = solver.StatusName(code)
     wall = time.perf_counter() - t0
-    stats = {"copies": C, "slots": K[0], "positions": H, "time_unit_s": tu, "byte_unit": bu,
+    stats = {"copies": C, "slots": K[0], "positions": H,
+             "remat_ops": n if remat_ops is None else len(remat_ops), "time_unit_s": tu, "byte_unit": bu,
              "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
              "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic,
              "deterministic_seconds": round(solver.ResponseProto().deterministic_time, 3)}
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         obj, bnd = solver.ObjectiveValue() * tu, solver.BestObjectiveBound() * tu
+        stats["objective_ticks"] = round(solver.ObjectiveValue())
         log.info("mip %s objective %.6g s bound %.6g s wall %.2f s", status, obj, bnd, wall)
         events = _decode(p, solver, H, s, e, pres, rc, out)
         return MipResult(events, status, obj, bnd, wall, None if cb.first is None else cb.first + build_s, stats)
