@@ -133,6 +133,20 @@ def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
     return solver
 
 
+def objective_ticks(problem: Problem, events: Events) -> int:
+    """A schedule's cost in the model's objective ticks: every compute and transfer rounded down to whole
+    ticks, as in :func:`solve_mip` and ``bounds.relaxation_bound`` (so ticks <= that bound proves it optimal)."""
+    tu = time_unit(problem)
+    total = 0
+    for kind, oid in events:
+        u = problem.index[oid]
+        if kind == "compute":
+            total += _ticks(problem.ops[u].time, tu)
+        elif kind in ("swap_in", "swap_out"):
+            total += _ticks(problem.transfer_time(u), tu)
+    return total
+
+
 def det_per_second(variables: int) -> float:
     """Deterministic seconds per second of limit for a model of ``variables``: a function of the model only
     (so runs stay reproducible), set to about half the rate CP-SAT's clock advances at on this host."""
@@ -329,7 +343,6 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
              "deterministic_seconds": round(solver.ResponseProto().deterministic_time, 3)}
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         obj, bnd = solver.ObjectiveValue() * tu, solver.BestObjectiveBound() * tu
-        stats["objective_ticks"] = round(solver.ObjectiveValue())
         log.info("mip %s objective %.6g s bound %.6g s wall %.2f s", status, obj, bnd, wall)
         events = _decode(p, solver, H, s, e, pres, rc, out)
         return MipResult(events, status, obj, bnd, wall, None if cb.first is None else cb.first + build_s, stats)

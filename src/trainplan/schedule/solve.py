@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +12,7 @@ from trainplan.schedule.bounds import Bound, relaxation_bound
 from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
-from trainplan.schedule.mip import MipResult, solve_mip
+from trainplan.schedule.mip import MipResult, objective_ticks, solve_mip
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
@@ -107,20 +106,19 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     if relax.infeasible:
         extra.update(heuristic=name or None, heuristic_time=heur_time, first_feasible_seconds=None)
         return no_schedule(budget, "ours", time.perf_counter() - t0, "proven infeasible (relaxation)", extra)
-    proven = False  # a schedule at the relaxation bound in CP-SAT's ticks: optimal among all schedules
     share = min(RESTRICTED_SHARE * time_limit_s, time_limit_s - (time.perf_counter() - t0))
-    if relax.evict and share > 0.05 and (heur_time is None or heur_time - relax.seconds > 1e-9 * heur_time):
+    if relax.evict and share > 0.05 and (events is None or objective_ticks(problem, events) > relax.ticks):
         r_events, extra["restricted_mip"] = _restricted_mip(problem, budget, relax, share, workers, seed,
                                                             deterministic)
         r_time = extra["restricted_mip"]["replay_time"]
         if r_events is not None and (heur_time is None or r_time < heur_time):
             events, name, heur_time = r_events, "relaxation-restricted-mip", r_time
             first = time.perf_counter() - t0 if first is None else first
-            proven = extra["restricted_mip"]["at_bound"]
     extra.update(heuristic=name or None, heuristic_time=heur_time)
     remaining = time_limit_s - (time.perf_counter() - t0)
-    if proven or (heur_time is not None and heur_time - relax.seconds <= 1e-9 * heur_time):
-        # the relaxation bound proves the schedule optimal: CP-SAT cannot improve it
+    # a schedule at the relaxation bound in objective ticks is optimal among all schedules
+    proven = events is not None and objective_ticks(problem, events) <= relax.ticks
+    if proven:  # CP-SAT cannot improve it
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the relaxation bound"})
     elif events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
         # heuristics and relaxation used the time; building a big model would overrun the limit
@@ -140,7 +138,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     bound = relax.seconds
     elapsed = time.perf_counter() - t0
     if mip_time is not None and (heur_time is None or mip_time <= heur_time):
-        if res.status == "OPTIMAL" and not _at_bound(res, relax):
+        if res.status == "OPTIMAL" and objective_ticks(problem, res.events) > relax.ticks:
             extra["optimal_within"] = (f"the CP-SAT model: {res.stats.get('copies')} copies per op, "
                                        f"{res.stats.get('slots')} remat slots per block")
         return from_events(problem, res.events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
@@ -154,23 +152,26 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     return no_schedule(budget, "ours", elapsed, note, extra)
 
 
-def _at_bound(res: MipResult, relax: Bound) -> bool:
-    """Whether CP-SAT's solution costs exactly the relaxation bound in objective ticks (so it is optimal)."""
-    return res.stats.get("objective_ticks", math.inf) <= relax.ticks
-
-
 def _restricted_mip(problem: Problem, budget: int, relax: Bound, time_limit_s: float, workers: int, seed: int,
                     deterministic: bool) -> tuple[Events | None, dict[str, Any]]:
     """CP-SAT where only the ops whose gaps the relaxation evicts may be rematerialised: a model a tenth
     the size of the full one, often solved at the relaxation bound in well under a second (then the
-    schedule is proven optimal for the unrestricted problem). Its events (if replay-valid) and a summary."""
+    schedule is proven optimal for the unrestricted problem). If that restriction is infeasible (a
+    recompute may need an evicted input back), once more with those ops' inputs added. Its events (if
+    replay-valid) and a summary."""
+    t0 = time.perf_counter()
     ops = frozenset(u for u, _ in relax.evict)
     res = solve_mip(problem, budget, time_limit_s=time_limit_s, workers=workers, seed=seed, remat_ops=ops,
                     lower_bound_ticks=relax.ticks, deterministic=deterministic)
+    left = time_limit_s - (time.perf_counter() - t0)
+    if res.status == "INFEASIBLE" and left > 0.05:
+        ops |= {w for u in ops for w in problem.inputs[u]}
+        res = solve_mip(problem, budget, time_limit_s=left, workers=workers, seed=seed, remat_ops=ops,
+                        lower_bound_ticks=relax.ticks, deterministic=deterministic)
     replay_time = _valid(problem, res.events, budget)
     summary = {"status": res.status, "remat_ops": len(ops), "replay_time": replay_time,
-               "at_bound": replay_time is not None and _at_bound(res, relax),
-               "wall_seconds": round(res.wall_s, 3), "variables": res.stats.get("variables")}
+               "at_bound": replay_time is not None and objective_ticks(problem, res.events) <= relax.ticks,
+               "wall_seconds": round(time.perf_counter() - t0, 3), "variables": res.stats.get("variables")}
     return (None if replay_time is None else res.events), summary
 
 
