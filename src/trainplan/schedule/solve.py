@@ -138,11 +138,12 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     bound = relax.seconds
     elapsed = time.perf_counter() - t0
     if mip_time is not None and (heur_time is None or mip_time <= heur_time):
-        if res.status == "OPTIMAL" and objective_ticks(problem, res.events) > relax.ticks:
+        at_bound = objective_ticks(problem, res.events) <= relax.ticks  # proven even if CP-SAT did not notice
+        if res.status == "OPTIMAL" and not at_bound:
             extra["optimal_within"] = (f"the CP-SAT model: {res.stats.get('copies')} copies per op, "
                                        f"{res.stats.get('slots')} remat slots per block")
         return from_events(problem, res.events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
-                           bound=bound, optimal=res.status == "OPTIMAL", extra=extra)
+                           bound=bound, optimal=at_bound or res.status == "OPTIMAL", extra=extra)
     if events is not None:
         return from_events(problem, events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
                            bound=bound, optimal=proven, extra=extra)
