@@ -16,6 +16,7 @@ from trainplan.schedule.mip import MipResult, objective_ticks, solve_mip
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
+from trainplan.schedule.staged_bound import staged_bound, staged_variables
 
 log = logging.getLogger(__name__)
 Events = list[tuple[str, str]]
@@ -26,6 +27,9 @@ MIP_MIN_SHARE = 0.2  # CP-SAT runs only if this share of the time limit is left 
 NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the requested budget gets when no greedy fits
 BISECT_SHARE = 0.5  # share of what is left after a failed first attempt that the bisection probes may use
 RESTRICTED_SHARE = 0.25  # CP-SAT restricted to the relaxation's remat ops: at most this share of the limit
+STAGED_SHARE = 0.3  # the staged bound (small problems): at most this share of the limit
+STAGED_VARIABLES_PER_SECOND = 600  # the staged bound runs if its model has at most this many variables per
+# second of the limit (10 s: ~60 ops of a training graph); beyond, its bound rarely passes the relaxation's
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
 MAX_MIP_PROBES = 4  # at most this many bisection probes fall back to CP-SAT (a fixed count: deterministic)
 GREEDY_VARIANTS = {"swap+recompute": (True, True), "recompute": (False, True), "swap": (True, False)}
@@ -115,17 +119,21 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
             events, name, heur_time = r_events, "relaxation-restricted-mip", r_time
             first = time.perf_counter() - t0 if first is None else first
     extra.update(heuristic=name or None, heuristic_time=heur_time)
+    best = relax
+    if events is not None and objective_ticks(problem, events) > relax.ticks:
+        best = _staged(problem, budget, relax, time_limit_s - (time.perf_counter() - t0), time_limit_s, seed,
+                       deterministic, extra)
     remaining = time_limit_s - (time.perf_counter() - t0)
-    # a schedule at the relaxation bound in objective ticks is optimal among all schedules
-    proven = events is not None and objective_ticks(problem, events) <= relax.ticks
+    # a schedule at the bound in objective ticks is optimal among all schedules (first computes in program order)
+    proven = events is not None and objective_ticks(problem, events) <= best.ticks
     if proven:  # CP-SAT cannot improve it
-        res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the relaxation bound"})
+        res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the lower bound"})
     elif events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
         # heuristics and relaxation used the time; building a big model would overrun the limit
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": f"{remaining:.1f} s left"})
     else:
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
-                        hint=events, copies=copies, lower_bound_ticks=relax.ticks,
+                        hint=events, copies=copies, lower_bound_ticks=best.ticks,
                         deterministic=deterministic, verbose=verbose)
     mip_time = _valid(problem, res.events, budget)
     if first is None and res.first_solution_s is not None:
@@ -134,11 +142,11 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
                     "wall_seconds": round(res.wall_s, 3), "replay_time": mip_time, **res.stats}
     extra["first_feasible_seconds"] = first
     # CP-SAT's own bound holds for its model (at most C copies per op, K remat slots per block), not for
-    # every schedule; only the relaxation bound is reported. "optimal" from CP-SAT says so in the extra.
-    bound = relax.seconds
+    # every schedule; only the relaxation bounds are reported. "optimal" from CP-SAT says so in the extra.
+    bound = best.seconds
     elapsed = time.perf_counter() - t0
     if mip_time is not None and (heur_time is None or mip_time <= heur_time):
-        at_bound = objective_ticks(problem, res.events) <= relax.ticks  # proven even if CP-SAT did not notice
+        at_bound = objective_ticks(problem, res.events) <= best.ticks  # proven even if CP-SAT did not notice
         if res.status == "OPTIMAL" and not at_bound:
             extra["optimal_within"] = (f"the CP-SAT model: {res.stats.get('copies')} copies per op, "
                                        f"{res.stats.get('slots')} remat slots per block")
@@ -174,6 +182,21 @@ def _restricted_mip(problem: Problem, budget: int, relax: Bound, time_limit_s: f
                "at_bound": replay_time is not None and objective_ticks(problem, res.events) <= relax.ticks,
                "wall_seconds": round(time.perf_counter() - t0, 3), "variables": res.stats.get("variables")}
     return (None if replay_time is None else res.events), summary
+
+
+def _staged(problem: Problem, budget: int, relax: Bound, left_s: float, time_limit_s: float, seed: int,
+            deterministic: bool, extra: dict[str, Any]) -> Bound:
+    """The staged bound when the problem is small enough and time is left (summary in ``extra``); the
+    better of it and ``relax``."""
+    variables = staged_variables(problem)
+    share = min(STAGED_SHARE * time_limit_s, left_s - MIP_MIN_SHARE * time_limit_s)
+    if variables > STAGED_VARIABLES_PER_SECOND * time_limit_s or share < 0.05:
+        return relax
+    t0 = time.perf_counter()
+    staged = staged_bound(problem, budget, time_limit_s=share, seed=seed, deterministic=deterministic)
+    extra["staged_bound"] = {"bound": staged.seconds, "status": staged.status, "variables": variables,
+                             "wall_seconds": round(time.perf_counter() - t0, 3)}
+    return staged if staged.ticks > relax.ticks else relax
 
 
 def min_feasible_budget(probe: Callable[[int], int | None], lo: int, hi: int,
