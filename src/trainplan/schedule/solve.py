@@ -28,8 +28,8 @@ NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the reque
 BISECT_SHARE = 0.5  # share of what is left after a failed first attempt that the bisection probes may use
 RESTRICTED_SHARE = 0.25  # CP-SAT restricted to the relaxation's remat ops: at most this share of the limit
 STAGED_SHARE = 0.3  # the staged bound (small problems): at most this share of the limit
-STAGED_VARIABLES_PER_SECOND = 600  # the staged bound runs if its model has at most this many variables per
-# second of the limit (10 s: ~60 ops of a training graph); beyond, its bound rarely passes the relaxation's
+STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at most this many variables per
+# second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
 MAX_MIP_PROBES = 4  # at most this many bisection probes fall back to CP-SAT (a fixed count: deterministic)
 GREEDY_VARIANTS = {"swap+recompute": (True, True), "recompute": (False, True), "swap": (True, False)}
