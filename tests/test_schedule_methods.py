@@ -1,5 +1,7 @@
 """Every method's schedule replays valid with the reported numbers; ours is never worse."""
 
+import importlib
+
 import pytest
 
 from trainplan.io import read_json
@@ -107,11 +109,24 @@ def test_sqrt_checkpoint_keeps_what_it_could_not_rebuild():
     assert computes.count("d") == 2  # dropped at the segment end, recomputed from checkpoint 'c' (live until g)
 
 
-def test_reported_bound_is_the_relaxation_bound_not_cp_sats():
-    """At 80% CP-SAT proves its model optimal with a bound above the relaxation's; that bound holds only
-    within the model (C copies, K slots), so the reported one is the relaxation's and the gap stays open."""
+def test_reported_bound_is_the_relaxation_bound_not_cp_sats(monkeypatch):
+    """At 80%, without the staged bound, CP-SAT proves its model optimal with a bound above the relaxation's;
+    that bound holds only within the model (C copies, K slots), so the reported one is the relaxation's and
+    the gap stays open."""
+    monkeypatch.setattr(importlib.import_module("trainplan.schedule.solve"), "STAGED_VARIABLES_PER_SECOND", 0)
     s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, bisect=False)
     mip_bound, relax = s.extra["mip"]["bound"], s.extra["relaxation"]["bound"]
     assert s.extra["mip"]["status"] == "OPTIMAL" and mip_bound > relax * (1 + 1e-6)
     assert s.status == "optimal" and s.bound == max(relax, GRAPH.compute_time) and s.gap > 0
     assert "copies per op" in s.extra["optimal_within"]
+
+
+def test_staged_bound_proves_what_cp_sat_proved_only_within_its_model():
+    """The same case with the staged bound on: it meets the schedule, which is then optimal among all
+    schedules (not only within CP-SAT's model), and the full model is not built."""
+    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, bisect=False)
+    relax, staged = s.extra["relaxation"]["bound"], s.extra["staged_bound"]["bound"]
+    assert s.extra["staged_bound"]["status"] == "OPTIMAL" and staged > relax * (1 + 1e-6)
+    assert s.status == "optimal" and "optimal_within" not in s.extra and s.extra["mip"]["status"] == "SKIPPED"
+    events = s.extra["recomputes"] + s.extra["swap_ins"] + s.extra["swap_outs"]
+    assert s.bound == staged <= s.time <= staged + events * 1e-9
