@@ -60,3 +60,16 @@ def test_30_op_graph_at_tight_budget_is_proven_optimal():
     events = s.extra["recomputes"] + s.extra["swap_ins"] + s.extra["swap_outs"]
     assert s.bound <= s.time <= s.bound + events * 1e-9
     assert s.time < replay(p, best_heuristic(p, p.budget_bytes)[0]).time
+
+
+@pytest.mark.parametrize("n, limit", [(40, 2), (100, 3)])
+def test_staged_bound_is_deterministic(n, limit):
+    """Deterministic runs stop on CP-SAT's deterministic clock (plain search then LB tree search at 40 ops,
+    LB tree search only at 100; both well before their wall-clock caps here): the same bound twice, and
+    above the gap relaxation at 100 ops."""
+    p = training_graph(n, 0)
+    b = int(1.1 * p.floor_bytes)
+    first, second = (staged_bound(p, b, time_limit_s=limit, deterministic=True) for _ in range(2))
+    assert (first.ticks, first.status) == (second.ticks, second.status)
+    if n == 100:
+        assert first.seconds > relaxation_bound(p, b, time_limit_s=5, workers=1).seconds

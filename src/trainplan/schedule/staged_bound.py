@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 from ortools.sat.python import cp_model
 
@@ -11,8 +10,9 @@ from trainplan.schedule.bounds import Bound
 from trainplan.schedule.mip import _ticks, configure, time_unit
 from trainplan.schedule.problem import Problem
 
-DET_BUDGET = 1500.0  # deterministic s per s of limit: min(0.4, max(0.05, DET_BUDGET / variables)), about 2/3-1/2 of
-# the rate CP-SAT's clock advanced at here (0.55-0.63 per wall s at 2.4k variables, 0.49 at 5.4k, 0.20 at 15k)
+DET_BUDGET = 1500.0  # deterministic s per s of limit: min(cap, max(0.05, DET_BUDGET / variables)) with cap 0.4 for
+# plain search and 0.12 for LB tree search (its first second goes to setup: 0.1-0.2 per wall s over a 0.6-2 s
+# share at 2.4-15k variables), about half to two thirds of the rate CP-SAT's clock advanced at here
 STAGED_LINEARIZATION = 2  # with the full LP relaxation one worker proves 30-40-op cases in < 1 s (level 1: 6 s)
 FIRST_PHASE_SHARE = 0.7  # of the time on models of <= LB_TREE_ONLY_ABOVE variables: plain search (closes them
 LB_TREE_ONLY_ABOVE = 8000  # fast), then LB tree search; larger models get LB tree search only, which raises the
@@ -96,19 +96,16 @@ def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
         return Bound(p.compute_time, const, "OPTIMAL")
     m.Minimize(sum(cost))
     extra, status = 0, "UNKNOWN"
-    t0 = time.perf_counter()
     variables = len(m.Proto().variables)
-    phases = ((0, FIRST_PHASE_SHARE), (1, 1.0)) if variables <= LB_TREE_ONLY_ABOVE else ((1, 1.0),)
-    det_rate = min(0.4, max(0.05, DET_BUDGET / variables))
-    for phase, share in phases:
-        left = time_limit_s - (time.perf_counter() - t0)
-        limit = share * time_limit_s if phase == 0 else left
-        if limit < 0.05:
-            break
+    # (LB tree search?, seconds): fixed shares, so a deterministic run does not depend on machine speed
+    phases = ((False, FIRST_PHASE_SHARE * time_limit_s), (True, (1 - FIRST_PHASE_SHARE) * time_limit_s)) \
+        if variables <= LB_TREE_ONLY_ABOVE else ((True, time_limit_s),)
+    for lb_tree, limit in phases:
+        det_rate = min(0.12 if lb_tree else 0.4, max(0.05, DET_BUDGET / variables))
         solver = configure(limit, 1, seed, deterministic, det_per_second=det_rate)
         solver.parameters.num_workers = 1  # one LP-heavy worker: two workers proved far less here
         solver.parameters.linearization_level = STAGED_LINEARIZATION
-        solver.parameters.optimize_with_lb_tree_search = phase == 1
+        solver.parameters.optimize_with_lb_tree_search = lb_tree
         code = solver.Solve(m)
         status = solver.StatusName(code)
         if code == cp_model.INFEASIBLE:
