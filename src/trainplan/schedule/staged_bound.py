@@ -48,9 +48,9 @@ def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     it charges the recomputes that restoring a tensor's inputs needs (the cost of tight budgets); it
     has O(n x lifetime) variables, so it is meant for problems of up to ~100 ops."""
     p, n = problem, problem.n
-    cap = budget_bytes - p.fixed_bytes
-    if cap < 0 or sum(p.ops[u].bytes for u in p.keep_idx) > cap:
+    if budget_bytes < p.floor_bytes:  # some op's working set (or the keep set) alone is over the budget
         return Bound(math.inf, 0, "INFEASIBLE", True)
+    cap = budget_bytes - p.fixed_bytes
     tu = time_unit(p)
     const = sum(_ticks(op.time, tu) for op in p.ops)
     m = cp_model.CpModel()
@@ -89,8 +89,6 @@ def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
                 rows[i].append((p.ops[u].bytes, r))
     for i, op in enumerate(p.ops):
         own = op.bytes + op.workspace + sum(p.ops[w].bytes for w in p.inputs[i])
-        if own > cap:
-            return Bound(math.inf, 0, "INFEASIBLE", True)
         m.Add(sum(b * r for b, r in rows[i]) <= cap - own)
     if not cost:
         return Bound(p.compute_time, const, "OPTIMAL")
@@ -102,8 +100,7 @@ def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
         if variables <= LB_TREE_ONLY_ABOVE else ((True, time_limit_s),)
     for lb_tree, limit in phases:
         det_rate = min(0.12 if lb_tree else 0.4, max(0.05, DET_BUDGET / variables))
-        solver = configure(limit, 1, seed, deterministic, det_per_second=det_rate)
-        solver.parameters.num_workers = 1  # one LP-heavy worker: two workers proved far less here
+        solver = configure(limit, 1, seed, deterministic, det_per_second=det_rate)  # 1 worker: 2 proved far less
         solver.parameters.linearization_level = STAGED_LINEARIZATION
         solver.parameters.optimize_with_lb_tree_search = lb_tree
         code = solver.Solve(m)
