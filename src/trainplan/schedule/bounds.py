@@ -69,9 +69,7 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
                 for i in range(start + 1, end):
                     rows[i].append((op.bytes, x))
             start = end
-    for i in range(n):
-        op = p.ops[i]
-        own = op.bytes + op.workspace + sum(p.ops[w].bytes for w in p.inputs[i])
+    for i, own in enumerate(p.working_sets):
         if own > cap:
             return Bound(math.inf, 0, "INFEASIBLE", True)
         if own + sum(b for b, _ in rows[i]) > cap:

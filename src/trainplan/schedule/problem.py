@@ -78,14 +78,16 @@ class Problem:
         return self.ops[u].bytes / self.bandwidth
 
     @cached_property
+    def working_sets(self) -> list[int]:
+        """Bytes each op needs on the device while it runs: its inputs, output and workspace."""
+        return [sum(self.ops[u].bytes for u in ins) + op.bytes + op.workspace
+                for op, ins in zip(self.ops, self.inputs)]
+
+    @cached_property
     def floor_bytes(self) -> int:
         """Memory floor: fixed + max over ops of (inputs + output + workspace), and >= the keep set."""
-        per_op = max(
-            sum(self.ops[u].bytes for u in ins) + op.bytes + op.workspace
-            for op, ins in zip(self.ops, self.inputs)
-        )
         keep = sum(self.ops[u].bytes for u in self.keep_idx)
-        return self.fixed_bytes + max(per_op, keep)
+        return self.fixed_bytes + max(max(self.working_sets), keep)
 
     @cached_property
     def compute_time(self) -> float:

@@ -87,8 +87,7 @@ def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
         for i, r in res[u].items():
             if u < i < n and i not in needed[u]:
                 rows[i].append((p.ops[u].bytes, r))
-    for i, op in enumerate(p.ops):
-        own = op.bytes + op.workspace + sum(p.ops[w].bytes for w in p.inputs[i])
+    for i, own in enumerate(p.working_sets):
         m.Add(sum(b * r for b, r in rows[i]) <= cap - own)
     if not cost:
         return Bound(p.compute_time, const, "OPTIMAL")
