@@ -122,7 +122,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     best = relax
     if events is not None and objective_ticks(problem, events) > relax.ticks:
         best = _staged(problem, budget, relax, time_limit_s - (time.perf_counter() - t0), time_limit_s, seed,
-                       deterministic, extra)
+                       deterministic, objective_ticks(problem, events), extra)
     remaining = time_limit_s - (time.perf_counter() - t0)
     # a schedule at the bound in objective ticks is optimal among all schedules (first computes in program order)
     proven = events is not None and objective_ticks(problem, events) <= best.ticks
@@ -185,15 +185,16 @@ def _restricted_mip(problem: Problem, budget: int, relax: Bound, time_limit_s: f
 
 
 def _staged(problem: Problem, budget: int, relax: Bound, left_s: float, time_limit_s: float, seed: int,
-            deterministic: bool, extra: dict[str, Any]) -> Bound:
-    """The staged bound when the problem is small enough and time is left (summary in ``extra``); the
-    better of it and ``relax``."""
+            deterministic: bool, schedule_ticks: int, extra: dict[str, Any]) -> Bound:
+    """The staged bound when the problem is small enough and time is left (summary in ``extra``), stopped
+    once it proves the schedule of ``schedule_ticks``; the better of it and ``relax``."""
     variables = staged_variables(problem)
     share = min(STAGED_SHARE * time_limit_s, left_s - MIP_MIN_SHARE * time_limit_s)
     if variables > STAGED_VARIABLES_PER_SECOND * time_limit_s or share < 0.05:
         return relax
     t0 = time.perf_counter()
-    staged = staged_bound(problem, budget, time_limit_s=share, seed=seed, deterministic=deterministic)
+    staged = staged_bound(problem, budget, time_limit_s=share, seed=seed, deterministic=deterministic,
+                          stop_at_ticks=schedule_ticks)
     extra["staged_bound"] = {"bound": staged.seconds, "status": staged.status, "variables": variables,
                              "wall_seconds": round(time.perf_counter() - t0, 3)}
     return staged if staged.ticks > relax.ticks else relax

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -17,6 +19,7 @@ STAGED_LINEARIZATION = 2  # with the full LP relaxation one worker proves 30-40-
 FIRST_PHASE_SHARE = 0.7  # of the time on models of <= LB_TREE_ONLY_ABOVE variables: plain search (closes them
 LB_TREE_ONLY_ABOVE = 8000  # fast), then LB tree search; larger models get LB tree search only, which raises the
 # bound fastest (100 ops at 1.1 x floor, 3 s: 27.5% against 21.7% without it) but closes 40-op cases in 9 s, not 1 s
+MIN_SOLVE_S = 0.05  # seconds of the limit a row-generation round needs to be started
 
 
 def _ranges(p: Problem) -> list[tuple[int, int]]:
@@ -36,30 +39,28 @@ def staged_variables(problem: Problem) -> int:
     return 3 * sum(hi - lo for lo, hi in _ranges(problem))
 
 
-def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
-                 deterministic: bool = False) -> Bound:
-    """Relaxation on stages (a stage is the stretch before one first compute, in program order).
-    ``R[u,i]``: u resident at the first compute of op i; 1 where op i reads u. u is resident at i only
-    if resident at i-1 or restored in stage i: by a recompute, whose inputs are resident at i-1 or
-    restored in stage i too, or by a swap-in after one swap-out. Memory rows count every resident
-    tensor at every first compute; memory inside a stage is not counted, and one restore per tensor
-    and stage is charged. Every schedule with first computes in program order maps onto a feasible
-    point of no larger cost, so CP-SAT's proven bound is a lower bound. Unlike ``relaxation_bound``
-    it charges the recomputes that restoring a tensor's inputs needs (the cost of tight budgets); it
-    has O(n x lifetime) variables, so it is meant for problems of up to ~100 ops."""
-    p, n = problem, problem.n
-    if budget_bytes < p.floor_bytes:  # some op's working set (or the keep set) alone is over the budget
-        return Bound(math.inf, 0, "INFEASIBLE", True)
-    cap = budget_bytes - p.fixed_bytes
-    tu = time_unit(p)
-    const = sum(_ticks(op.time, tu) for op in p.ops)
+@dataclass
+class _Model:
+    """The staged model and its variables (``res[u][i]``, ``rc[u][i]``, ``sw[u][i]``: see :func:`staged_bound`),
+    with the stages whose within-stage memory rows have been added."""
+    m: cp_model.CpModel
+    cap: int
+    res: list[dict[int, cp_model.IntVar | int]]
+    rc: list[dict[int, cp_model.IntVar]]
+    sw: list[dict[int, cp_model.IntVar]]
+    cost: list[cp_model.LinearExprT]
+    ranges: list[tuple[int, int]]
+    rowed: set[int] = field(default_factory=set)
+
+
+def _build(p: Problem, cap: int) -> _Model:
+    """Residency, restore and memory rows at every first compute (no memory inside a stage yet)."""
+    n, tu = p.n, time_unit(p)
     m = cp_model.CpModel()
     needed = [set(p.users[u]) | ({n} if u in p.keep_idx else set()) for u in range(n)]
-    res: list[dict[int, cp_model.IntVar | int]] = [{} for _ in range(n)]
-    rc: list[dict[int, cp_model.IntVar]] = [{} for _ in range(n)]
-    sw: list[dict[int, cp_model.IntVar]] = [{} for _ in range(n)]
-    cost = []
-    for u, (lo, hi) in enumerate(_ranges(p)):
+    st = _Model(m, cap, [{} for _ in range(n)], [{} for _ in range(n)], [{} for _ in range(n)], [], _ranges(p))
+    res, rc, sw, cost = st.res, st.rc, st.sw, st.cost
+    for u, (lo, hi) in enumerate(st.ranges):
         op = p.ops[u]
         out = m.NewBoolVar(f"o{u}") if op.swap and hi > lo + 1 else None  # one swap-out before any swap-in
         if out is not None:
@@ -89,25 +90,117 @@ def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
                 rows[i].append((p.ops[u].bytes, r))
     for i, own in enumerate(p.working_sets):
         m.Add(sum(b * r for b, r in rows[i]) <= cap - own)
-    if not cost:
+    return st
+
+
+def _restores(p: Problem, st: _Model, i: int) -> list[tuple[cp_model.IntVar, int, set[int]]]:
+    """Restores in stage i: (literal, bytes it needs on top of the held tensors, tensors it counts itself).
+    A recompute needs its working set (inputs, output, workspace), a swap-in its own bytes."""
+    out = []
+    for u in range(p.n):
+        if i in st.rc[u]:
+            out.append((st.rc[u][i], p.working_sets[u], set(p.inputs[u]) | {u}))
+        if i in st.sw[u]:
+            out.append((st.sw[u][i], p.ops[u].bytes, {u}))
+    return out
+
+
+def _held(st: _Model, v: int, i: int, value: Callable[[cp_model.LinearExprT], int]) -> int:
+    """Whether v is held through stage i (resident at i-1 and i, not restored in stage i), under ``value``."""
+    restored = any(value(x) for x in (st.rc[v].get(i), st.sw[v].get(i)) if x is not None)
+    return int(bool(value(st.res[v][i - 1]) and value(st.res[v][i]) and not restored))
+
+
+def _live(st: _Model, i: int) -> list[int]:
+    """Tensors that may be held through stage i."""
+    return [v for v, (lo, hi) in enumerate(st.ranges) if lo < i <= hi]
+
+
+def _violated(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], int]) -> list[int]:
+    """Stages where a restore in the solution ``value`` would not fit beside the tensors held through the stage."""
+    bad = []
+    for i in range(1, p.n + 1):
+        if i in st.rowed:
+            continue
+        held = {v: p.ops[v].bytes * _held(st, v, i, value) for v in _live(st, i)}
+        total = sum(held.values())
+        if any(value(lit) and total - sum(held.get(v, 0) for v in own) + need > st.cap
+               for lit, need, own in _restores(p, st, i)):
+            bad.append(i)
+    return bad
+
+
+def _add_stage_rows(p: Problem, st: _Model, i: int) -> None:
+    """Memory inside stage i: at each restore, the tensors held through the stage plus what the restore
+    needs fit the budget. ``H[v,i] >= R[v,i-1] + R[v,i] - 1 - c[v,i] - s[v,i]``; the row
+    ``sum H b - (H b of the restore's own tensors) + need x lit <= cap`` holds at lit = 0 too, since the held
+    tensors are resident at i."""
+    m, held = st.m, {}
+    for v in _live(st, i):
+        restores = [x for x in (st.rc[v].get(i), st.sw[v].get(i)) if x is not None]
+        a, b = st.res[v][i - 1], st.res[v][i]
+        if isinstance(a, int) and isinstance(b, int) and not restores:
+            held[v] = a * b
+        else:
+            held[v] = m.NewBoolVar(f"H{v}_{i}")
+            m.Add(held[v] >= a + b - 1 - sum(restores))
+    total = m.NewIntVar(0, st.cap, f"M{i}")
+    m.Add(total == sum(p.ops[v].bytes * h for v, h in held.items()))
+    for lit, need, own in _restores(p, st, i):
+        m.Add(total - sum(p.ops[v].bytes * held[v] for v in own if v in held) + need * lit <= st.cap)
+    st.rowed.add(i)
+
+
+def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
+                 deterministic: bool = False, stop_at_ticks: int | None = None) -> Bound:
+    """Relaxation on stages (a stage is the stretch before one first compute, in program order).
+    ``R[u,i]``: u resident at the first compute of op i; 1 where op i reads u. u is resident at i only
+    if resident at i-1 or restored in stage i: by a recompute, whose inputs are resident at i-1 or
+    restored in stage i too, or by a swap-in after one swap-out. Memory rows count every resident
+    tensor at every first compute; inside a stage, each restore must fit beside the tensors held through
+    the stage (rows added for the stages an optimal solution violates, then solved again: row
+    generation). Only one restore per tensor and stage is charged, and tensors restored and dropped
+    inside a stage are not counted at other restores, so every schedule with first computes in program
+    order maps onto a feasible point of no larger cost, and CP-SAT's proven bound is a lower bound.
+    Unlike ``relaxation_bound`` it charges the recomputes that restoring a tensor's inputs needs (the
+    cost of tight budgets); it has O(n x lifetime) variables, so it is meant for problems of up to ~100
+    ops. Status ``OPTIMAL``: optimal for the staged model with every violated within-stage row added;
+    ``OPTIMAL_WITHOUT_STAGE_ROWS``: stopped (time, or the bound reached ``stop_at_ticks``, the cost of a
+    known schedule) with rows still to add; otherwise CP-SAT's status of the last round."""
+    p = problem
+    if budget_bytes < p.floor_bytes:  # some op's working set (or the keep set) alone is over the budget
+        return Bound(math.inf, 0, "INFEASIBLE", True)
+    tu = time_unit(p)
+    const = sum(_ticks(op.time, tu) for op in p.ops)
+    st = _build(p, budget_bytes - p.fixed_bytes)
+    if not st.cost:
         return Bound(p.compute_time, const, "OPTIMAL")
-    m.Minimize(sum(cost))
+    st.m.Minimize(sum(st.cost))
     extra, status = 0, "UNKNOWN"
-    variables = len(m.Proto().variables)
+    variables = len(st.m.Proto().variables)
     # (LB tree search?, seconds): fixed shares, so a deterministic run does not depend on machine speed
     phases = ((False, FIRST_PHASE_SHARE * time_limit_s), (True, (1 - FIRST_PHASE_SHARE) * time_limit_s)) \
         if variables <= LB_TREE_ONLY_ABOVE else ((True, time_limit_s),)
-    for lb_tree, limit in phases:
+    for lb_tree, left in phases:
         det_rate = min(0.12 if lb_tree else 0.4, max(0.05, DET_BUDGET / variables))
-        solver = configure(limit, 1, seed, deterministic, det_per_second=det_rate)  # 1 worker: 2 proved far less
-        solver.parameters.linearization_level = STAGED_LINEARIZATION
-        solver.parameters.optimize_with_lb_tree_search = lb_tree
-        code = solver.Solve(m)
-        status = solver.StatusName(code)
-        if code == cp_model.INFEASIBLE:
-            return Bound(math.inf, 0, status, True)
-        if code in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
-            extra = max(extra, math.ceil(solver.BestObjectiveBound() - 1e-6))
-        if code == cp_model.OPTIMAL:
-            break
+        while left > MIN_SOLVE_S:
+            solver = configure(left, 1, seed, deterministic, det_per_second=det_rate)  # 1 worker: 2 proved far less
+            solver.parameters.linearization_level = STAGED_LINEARIZATION
+            solver.parameters.optimize_with_lb_tree_search = lb_tree
+            code = solver.Solve(st.m)
+            status = solver.StatusName(code)
+            left -= solver.ResponseProto().deterministic_time / det_rate if deterministic else solver.WallTime()
+            if code == cp_model.INFEASIBLE:
+                return Bound(math.inf, 0, status, True)
+            if code in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+                extra = max(extra, math.ceil(solver.BestObjectiveBound() - 1e-6))
+            if code != cp_model.OPTIMAL:
+                break
+            bad = _violated(p, st, solver.Value)
+            if bad:
+                status = "OPTIMAL_WITHOUT_STAGE_ROWS"
+            if not bad or (stop_at_ticks is not None and const + extra >= stop_at_ticks):
+                return Bound(p.compute_time + extra * tu, const + extra, status)
+            for i in bad:
+                _add_stage_rows(p, st, i)
     return Bound(p.compute_time + extra * tu, const + extra, status)
