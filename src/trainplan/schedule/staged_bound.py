@@ -35,13 +35,26 @@ def _ranges(p: Problem) -> list[tuple[int, int]]:
 
 
 def staged_variables(problem: Problem) -> int:
-    """Size of :func:`staged_bound`'s model: up to three booleans per tensor and instant it may be held at."""
+    """Size of :func:`solve_staged`'s model: up to three booleans per tensor and instant it may be held at."""
     return 3 * sum(hi - lo for lo, hi in _ranges(problem))
+
+
+@dataclass(frozen=True)
+class StagedSolution:
+    """One solution of the staged model, per instant i (first compute of op i; ``n`` = the end): the
+    tensors resident at i, recomputed in stage i and swapped in in stage i; and the tensors swapped out.
+    Its cost in objective ticks is ``ticks``."""
+
+    resident: list[frozenset[int]]
+    recomputed: list[frozenset[int]]
+    swapped_in: list[frozenset[int]]
+    swapped_out: frozenset[int]
+    ticks: int
 
 
 @dataclass
 class _Model:
-    """The staged model and its variables (``res[u][i]``, ``rc[u][i]``, ``sw[u][i]``: see :func:`staged_bound`),
+    """The staged model and its variables (``res[u][i]``, ``rc[u][i]``, ``sw[u][i]``: see :func:`solve_staged`),
     with the stages whose within-stage memory rows have been added."""
     m: cp_model.CpModel
     cap: int
@@ -50,6 +63,7 @@ class _Model:
     sw: list[dict[int, cp_model.IntVar]]
     cost: list[cp_model.LinearExprT]
     ranges: list[tuple[int, int]]
+    out: dict[int, cp_model.IntVar] = field(default_factory=dict)
     rowed: set[int] = field(default_factory=set)
 
 
@@ -64,6 +78,7 @@ def _build(p: Problem, cap: int) -> _Model:
         op = p.ops[u]
         out = m.NewBoolVar(f"o{u}") if op.swap and hi > lo + 1 else None  # one swap-out before any swap-in
         if out is not None:
+            st.out[u] = out
             cost.append(_ticks(p.transfer_time(u), tu) * out)
         res[u][lo] = 1
         for i in range(lo + 1, hi + 1):
@@ -151,8 +166,25 @@ def _add_stage_rows(p: Problem, st: _Model, i: int) -> None:
     st.rowed.add(i)
 
 
+def _snapshot(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], int], ticks: int) -> StagedSolution:
+    """The solution ``value`` of the staged model, as sets per instant."""
+    def at(table: list[dict[int, cp_model.IntVar]], i: int) -> frozenset[int]:
+        return frozenset(u for u in range(p.n) if i in table[u] and value(table[u][i]))
+    return StagedSolution([at(st.res, i) for i in range(p.n + 1)], [at(st.rc, i) for i in range(p.n + 1)],
+                          [at(st.sw, i) for i in range(p.n + 1)],
+                          frozenset(u for u, o in st.out.items() if value(o)), ticks)
+
+
 def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
                  deterministic: bool = False, stop_at_ticks: int | None = None) -> Bound:
+    """:func:`solve_staged`'s bound."""
+    return solve_staged(problem, budget_bytes, time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
+                        stop_at_ticks=stop_at_ticks)[0]
+
+
+def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
+                 deterministic: bool = False,
+                 stop_at_ticks: int | None = None) -> tuple[Bound, StagedSolution | None]:
     """Relaxation on stages (a stage is the stretch before one first compute, in program order).
     ``R[u,i]``: u resident at the first compute of op i; 1 where op i reads u. u is resident at i only
     if resident at i-1 or restored in stage i: by a recompute, whose inputs are resident at i-1 or
@@ -166,17 +198,19 @@ def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     cost of tight budgets); it has O(n x lifetime) variables, so it is meant for problems of up to ~100
     ops. Status ``OPTIMAL``: optimal for the staged model with every violated within-stage row added;
     ``OPTIMAL_WITHOUT_STAGE_ROWS``: stopped (time, or the bound reached ``stop_at_ticks``, the cost of a
-    known schedule) with rows still to add; otherwise CP-SAT's status of the last round."""
+    known schedule) with rows still to add; otherwise CP-SAT's status of the last round. Also returns the
+    last round's solution (None if it found none): ``staged_schedule.staged_events`` may turn it into a
+    schedule of the same cost."""
     p = problem
     if budget_bytes < p.floor_bytes:  # some op's working set (or the keep set) alone is over the budget
-        return Bound(math.inf, 0, "INFEASIBLE", True)
+        return Bound(math.inf, 0, "INFEASIBLE", True), None
     tu = time_unit(p)
     const = sum(_ticks(op.time, tu) for op in p.ops)
     st = _build(p, budget_bytes - p.fixed_bytes)
     if not st.cost:
-        return Bound(p.compute_time, const, "OPTIMAL")
+        return Bound(p.compute_time, const, "OPTIMAL"), None
     st.m.Minimize(sum(st.cost))
-    extra, status = 0, "UNKNOWN"
+    extra, status, solution = 0, "UNKNOWN", None
     variables = len(st.m.Proto().variables)
     # (LB tree search?, seconds): fixed shares, so a deterministic run does not depend on machine speed
     phases = ((False, FIRST_PHASE_SHARE * time_limit_s), (True, (1 - FIRST_PHASE_SHARE) * time_limit_s)) \
@@ -191,16 +225,18 @@ def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
             status = solver.StatusName(code)
             left -= solver.ResponseProto().deterministic_time / det_rate if deterministic else solver.WallTime()
             if code == cp_model.INFEASIBLE:
-                return Bound(math.inf, 0, status, True)
+                return Bound(math.inf, 0, status, True), None
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
                 extra = max(extra, math.ceil(solver.BestObjectiveBound() - 1e-6))
+            if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                solution = _snapshot(p, st, solver.Value, const + round(solver.ObjectiveValue()))
             if code != cp_model.OPTIMAL:
                 break
             bad = _violated(p, st, solver.Value)
             if bad:
                 status = "OPTIMAL_WITHOUT_STAGE_ROWS"
             if not bad or (stop_at_ticks is not None and const + extra >= stop_at_ticks):
-                return Bound(p.compute_time + extra * tu, const + extra, status)
+                return Bound(p.compute_time + extra * tu, const + extra, status), solution
             for i in bad:
                 _add_stage_rows(p, st, i)
-    return Bound(p.compute_time + extra * tu, const + extra, status)
+    return Bound(p.compute_time + extra * tu, const + extra, status), solution
