@@ -8,7 +8,7 @@ from test_schedule_exact import instance
 from trainplan.schedule import replay, solve
 from trainplan.schedule.bounds import relaxation_bound
 from trainplan.schedule.solve import best_heuristic
-from trainplan.schedule.staged_bound import solve_staged, staged_bound
+from trainplan.schedule.staged_bound import solve_staged
 from trainplan.schedule.staged_schedule import staged_events
 from trainplan.schedule.synthetic import training_graph
 
@@ -104,7 +104,7 @@ def test_staged_bound_is_deterministic(n, limit):
     above the gap relaxation at 100 ops."""
     p = training_graph(n, 0)
     b = int(1.1 * p.floor_bytes)
-    first, second = (staged_bound(p, b, time_limit_s=limit, deterministic=True) for _ in range(2))
+    first, second = (solve_staged(p, b, time_limit_s=limit, deterministic=True)[0] for _ in range(2))
     assert (first.ticks, first.status) == (second.ticks, second.status)
     if n == 100:
         assert first.seconds > relaxation_bound(p, b, time_limit_s=5, workers=1).seconds

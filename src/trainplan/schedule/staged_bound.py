@@ -56,6 +56,7 @@ class StagedSolution:
 class _Model:
     """The staged model and its variables (``res[u][i]``, ``rc[u][i]``, ``sw[u][i]``: see :func:`solve_staged`),
     with the stages whose within-stage memory rows have been added."""
+
     m: cp_model.CpModel
     cap: int
     res: list[dict[int, cp_model.IntVar | int]]
@@ -168,18 +169,12 @@ def _add_stage_rows(p: Problem, st: _Model, i: int) -> None:
 
 def _snapshot(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], int], ticks: int) -> StagedSolution:
     """The solution ``value`` of the staged model, as sets per instant."""
-    def at(table: list[dict[int, cp_model.IntVar]], i: int) -> frozenset[int]:
+    def at(table: list[dict[int, cp_model.IntVar]] | list[dict[int, cp_model.IntVar | int]],
+           i: int) -> frozenset[int]:
         return frozenset(u for u in range(p.n) if i in table[u] and value(table[u][i]))
     return StagedSolution([at(st.res, i) for i in range(p.n + 1)], [at(st.rc, i) for i in range(p.n + 1)],
                           [at(st.sw, i) for i in range(p.n + 1)],
                           frozenset(u for u, o in st.out.items() if value(o)), ticks)
-
-
-def staged_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
-                 deterministic: bool = False, stop_at_ticks: int | None = None) -> Bound:
-    """:func:`solve_staged`'s bound."""
-    return solve_staged(problem, budget_bytes, time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
-                        stop_at_ticks=stop_at_ticks)[0]
 
 
 def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
