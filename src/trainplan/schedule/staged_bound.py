@@ -42,14 +42,12 @@ def staged_variables(problem: Problem) -> int:
 @dataclass(frozen=True)
 class StagedSolution:
     """One solution of the staged model, per instant i (first compute of op i; ``n`` = the end): the
-    tensors resident at i, recomputed in stage i and swapped in in stage i; and the tensors swapped out.
-    Its cost in objective ticks is ``ticks``."""
+    tensors resident at i, recomputed in stage i and swapped in in stage i; and the tensors swapped out."""
 
     resident: list[frozenset[int]]
     recomputed: list[frozenset[int]]
     swapped_in: list[frozenset[int]]
     swapped_out: frozenset[int]
-    ticks: int
 
 
 @dataclass
@@ -121,9 +119,14 @@ def _restores(p: Problem, st: _Model, i: int) -> list[tuple[cp_model.IntVar, int
     return out
 
 
+def _restore_literals(st: _Model, v: int, i: int) -> list[cp_model.IntVar]:
+    """The literals that restore v in stage i (recompute, swap-in), where the model has them."""
+    return [x for x in (st.rc[v].get(i), st.sw[v].get(i)) if x is not None]
+
+
 def _held(st: _Model, v: int, i: int, value: Callable[[cp_model.LinearExprT], int]) -> int:
     """Whether v is held through stage i (resident at i-1 and i, not restored in stage i), under ``value``."""
-    restored = any(value(x) for x in (st.rc[v].get(i), st.sw[v].get(i)) if x is not None)
+    restored = any(value(x) for x in _restore_literals(st, v, i))
     return int(bool(value(st.res[v][i - 1]) and value(st.res[v][i]) and not restored))
 
 
@@ -153,7 +156,7 @@ def _add_stage_rows(p: Problem, st: _Model, i: int) -> None:
     tensors are resident at i."""
     m, held = st.m, {}
     for v in _live(st, i):
-        restores = [x for x in (st.rc[v].get(i), st.sw[v].get(i)) if x is not None]
+        restores = _restore_literals(st, v, i)
         a, b = st.res[v][i - 1], st.res[v][i]
         if isinstance(a, int) and isinstance(b, int) and not restores:
             held[v] = a * b
@@ -167,14 +170,14 @@ def _add_stage_rows(p: Problem, st: _Model, i: int) -> None:
     st.rowed.add(i)
 
 
-def _snapshot(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], int], ticks: int) -> StagedSolution:
+def _snapshot(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], int]) -> StagedSolution:
     """The solution ``value`` of the staged model, as sets per instant."""
     def at(table: list[dict[int, cp_model.IntVar]] | list[dict[int, cp_model.IntVar | int]],
            i: int) -> frozenset[int]:
         return frozenset(u for u in range(p.n) if i in table[u] and value(table[u][i]))
     return StagedSolution([at(st.res, i) for i in range(p.n + 1)], [at(st.rc, i) for i in range(p.n + 1)],
                           [at(st.sw, i) for i in range(p.n + 1)],
-                          frozenset(u for u, o in st.out.items() if value(o)), ticks)
+                          frozenset(u for u, o in st.out.items() if value(o)))
 
 
 def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
@@ -224,7 +227,7 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
                 extra = max(extra, math.ceil(solver.BestObjectiveBound() - 1e-6))
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                solution = _snapshot(p, st, solver.Value, const + round(solver.ObjectiveValue()))
+                solution = _snapshot(p, st, solver.Value)
             if code != cp_model.OPTIMAL:
                 break
             bad = _violated(p, st, solver.Value)
