@@ -111,13 +111,13 @@ def test_sqrt_checkpoint_keeps_what_it_could_not_rebuild():
 
 def test_reported_bound_is_the_relaxation_bound_not_cp_sats(monkeypatch):
     """At 80%, without the staged bound, CP-SAT proves its model optimal with a bound above the relaxation's;
-    that bound holds only within the model (C copies, K slots), so the reported one is the relaxation's and
-    the gap stays open."""
+    that bound holds only within the model (C copies, K slots), so the reported one is the relaxation's, the
+    gap stays open and the schedule is only feasible (optimal within the model, as the extra says)."""
     monkeypatch.setattr(importlib.import_module("trainplan.schedule.solve"), "STAGED_VARIABLES_PER_SECOND", 0)
     s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, bisect=False)
     mip_bound, relax = s.extra["mip"]["bound"], s.extra["relaxation"]["bound"]
     assert s.extra["mip"]["status"] == "OPTIMAL" and mip_bound > relax * (1 + 1e-6)
-    assert s.status == "optimal" and s.bound == max(relax, GRAPH.compute_time) and s.gap > 0
+    assert s.status == "feasible" and s.bound == max(relax, GRAPH.compute_time) and s.gap > 1e-9
     assert "copies per op" in s.extra["optimal_within"]
 
 
