@@ -81,6 +81,22 @@ def test_staged_schedule_leads_to_the_optimum():
     assert s.time < 0.99 * replay(p, best_heuristic(p, p.budget_bytes)[0]).time
 
 
+def test_staged_model_beside_cp_sat_proves_and_stops_it():
+    """Deterministic with 2 workers the staged model runs beside CP-SAT, each with all the time left:
+    ``training_graph(60, 2)`` at 1.1 x floor, 0.21% above the bound when the staged model had 30% of the
+    limit before CP-SAT, is proven optimal from the staged schedule, CP-SAT is stopped, and a second run
+    gives the same events."""
+    p = training_graph(60, 2)
+    p = p.with_budget(int(1.1 * p.floor_bytes))
+    runs = [solve(p, time_limit_s=10, workers=2, seed=0, bisect=False, deterministic=True) for _ in range(2)]
+    s = runs[0]
+    assert s.status == "optimal" and s.gap < 1e-6 and s.extra["heuristic"] == "staged-model"
+    assert s.extra["staged_bound"]["status"] == "OPTIMAL" and s.extra["mip"]["stopped"]
+    rep = replay(p, s.events, p.budget_bytes)
+    assert (rep.time, rep.peak_bytes) == (s.time, s.peak_bytes)
+    assert runs[1].events == s.events
+
+
 def test_30_op_graph_at_tight_budget_is_proven_optimal():
     """1.1 x the memory floor: CP-SAT finds the schedule, and only the staged bound proves it optimal
     (the gap relaxation is 4 points lower)."""

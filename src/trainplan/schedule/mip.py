@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,25 @@ def copies_from_events(problem: Problem, events: Events) -> tuple[list[list[_Cop
         if first:
             block += 1
     return copies, cover, used
+
+
+class SearchStop:
+    """Lets another thread stop a running :func:`solve_mip` (its best solution so far is kept)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._solver: cp_model.CpSolver | None = None
+        self.requested = False
+
+    def attach(self, solver: cp_model.CpSolver) -> None:
+        with self._lock:
+            self._solver = solver
+
+    def stop(self) -> None:
+        with self._lock:
+            self.requested = True
+            if self._solver is not None:
+                self._solver.StopSearch()
 
 
 class _FirstSolution(cp_model.CpSolverSolutionCallback):
@@ -181,7 +201,7 @@ def model_variables(problem: Problem, ncop: list[int]) -> int:
 def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
               seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
               lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False,
-              remat_ops: frozenset[int] | None = None) -> MipResult:
+              remat_ops: frozenset[int] | None = None, stop: SearchStop | None = None) -> MipResult:
     """Build and solve the CP-SAT model; decode the best solution into events.
 
     ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
@@ -189,7 +209,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     ``lower_bound_ticks``: a proven bound in objective ticks (from bounds.relaxation_bound) added
     as a constraint, so CP-SAT can close the gap. ``deterministic``: see :func:`configure`.
     ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
-    model, exact only within that restriction.
+    model, exact only within that restriction. ``stop``: lets another thread end the search early
+    (``stats["stopped"]``).
     """
     t0 = time.perf_counter()
     p, n = problem, problem.n
@@ -333,6 +354,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         solver.parameters.cp_model_probing_level = 0
         solver.parameters.symmetry_level = 0
     cb = _FirstSolution()
+    if stop is not None:
+        stop.attach(solver)  # a stop requested before Solve starts its search is missed: it only costs time
     code = solver.Solve(m, cb)
     status = solver.StatusName(code)
     wall = time.perf_counter() - t0
@@ -340,7 +363,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
              "remat_ops": n if remat_ops is None else len(remat_ops), "time_unit_s": tu, "byte_unit": bu,
              "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
              "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic,
-             "deterministic_seconds": round(solver.ResponseProto().deterministic_time, 3)}
+             "deterministic_seconds": round(solver.ResponseProto().deterministic_time, 3),
+             "stopped": stop is not None and stop.requested}
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         obj, bnd = solver.ObjectiveValue() * tu, solver.BestObjectiveBound() * tu
         log.info("mip %s objective %.6g s bound %.6g s wall %.2f s", status, obj, bnd, wall)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainplan.schedule import baselines
@@ -12,7 +13,7 @@ from trainplan.schedule.bounds import Bound, relaxation_bound
 from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
-from trainplan.schedule.mip import MipResult, objective_ticks, solve_mip
+from trainplan.schedule.mip import MipResult, SearchStop, objective_ticks, solve_mip
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
@@ -28,7 +29,8 @@ MIP_MIN_SHARE = 0.2  # CP-SAT runs only if this share of the time limit is left 
 NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the requested budget gets when no greedy fits
 BISECT_SHARE = 0.5  # share of what is left after a failed first attempt that the bisection probes may use
 RESTRICTED_SHARE = 0.25  # CP-SAT restricted to the relaxation's remat ops: at most this share of the limit
-STAGED_SHARE = 0.3  # the staged bound (small problems): at most this share of the limit
+STAGED_SHARE = 0.3  # the staged bound (small problems), with one worker: at most this share of the limit
+STAGED_MARGIN_S = 0.1  # deterministic with 2+ workers it runs beside CP-SAT and may use all but this of what is left
 STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at most this many variables per
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
@@ -120,22 +122,43 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
             events, name, heur_time = r_events, "relaxation-restricted-mip", r_time
             first = time.perf_counter() - t0 if first is None else first
     extra.update(heuristic=name or None, heuristic_time=heur_time)
-    best = relax
+    best, res = relax, None
     if events is not None and objective_ticks(problem, events) > relax.ticks:
-        best, s_events, s_time = _staged(problem, budget, relax, time_limit_s - (time.perf_counter() - t0),
-                                         time_limit_s, seed, deterministic, objective_ticks(problem, events), extra)
-        if s_time is not None and (heur_time is None or s_time < heur_time):
-            events, name, heur_time = s_events, "staged-model", s_time
-            extra.update(heuristic=name, heuristic_time=heur_time)
+        left = time_limit_s - (time.perf_counter() - t0)
+        # deterministic CP-SAT runs one worker: with 2+, it runs beside the staged model, from the same hint
+        beside = workers >= 2 and deterministic
+        share = _staged_share(problem, left, time_limit_s, parallel=beside)
+        if share is not None:
+            stop = SearchStop()
+            with ThreadPoolExecutor(1) as pool:
+                mip = pool.submit(solve_mip, problem, budget, time_limit_s=max(0.1, left), workers=1, seed=seed,
+                                  hint=events, copies=copies, lower_bound_ticks=relax.ticks,
+                                  deterministic=deterministic, verbose=verbose, stop=stop) if beside else None
+                best, s_events, s_time = _staged(problem, budget, relax, share, seed, deterministic,
+                                                 objective_ticks(problem, events), extra)
+                if s_time is not None and (heur_time is None or s_time < heur_time):
+                    events, name, heur_time = s_events, "staged-model", s_time
+                    extra.update(heuristic=name, heuristic_time=heur_time)
+                if mip is not None:
+                    if objective_ticks(problem, events) <= best.ticks:  # proven: CP-SAT's answer is not used
+                        stop.stop()
+                    res = mip.result()
     remaining = time_limit_s - (time.perf_counter() - t0)
     # a schedule at the bound in objective ticks is optimal among all schedules (first computes in program order)
     proven = events is not None and objective_ticks(problem, events) <= best.ticks
-    if proven:  # CP-SAT cannot improve it
+    if res is not None and not proven and name == "staged-model" and remaining >= MIP_MIN_SHARE * time_limit_s:
+        beside_time = _valid(problem, res.events, budget)
+        if beside_time is None or heur_time < beside_time:  # CP-SAT again, from the staged model's schedule
+            extra["mip_beside_staged"] = {"status": res.status, "replay_time": beside_time}
+            res = None
+    if res is not None:  # CP-SAT ran beside the staged model
+        pass
+    elif proven:  # CP-SAT cannot improve it
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the lower bound"})
     elif events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
         # heuristics and relaxation used the time; building a big model would overrun the limit
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": f"{remaining:.1f} s left"})
-    else:
+    else:  # one worker, or no staged model: CP-SAT after it, from its schedule and bound
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
                         hint=events, copies=copies, lower_bound_ticks=best.ticks,
                         deterministic=deterministic, verbose=verbose)
@@ -150,7 +173,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     # CP-SAT's "optimal" within its model is said in the extra.
     bound = best.seconds
     elapsed = time.perf_counter() - t0
-    if mip_time is not None and (heur_time is None or mip_time <= heur_time):
+    if not proven and mip_time is not None and (heur_time is None or mip_time <= heur_time):
         at_bound = objective_ticks(problem, res.events) <= best.ticks  # proven even if CP-SAT did not notice
         if res.status == "OPTIMAL" and not at_bound:
             extra["optimal_within"] = (f"the CP-SAT model: {res.stats.get('copies')} copies per op, "
@@ -189,18 +212,24 @@ def _restricted_mip(problem: Problem, budget: int, relax: Bound, time_limit_s: f
     return (None if replay_time is None else res.events), summary
 
 
-def _staged(problem: Problem, budget: int, relax: Bound, left_s: float, time_limit_s: float, seed: int,
-            deterministic: bool, schedule_ticks: int,
-            extra: dict[str, Any]) -> tuple[Bound, Events | None, float | None]:
-    """The staged model when the problem is small enough and time is left (summary in ``extra``), stopped
-    once its bound proves the schedule of ``schedule_ticks``: the better of its bound and ``relax``, and
-    the events of its last solution with their replayed time, if they fit the budget."""
-    variables = staged_variables(problem)
-    share = min(STAGED_SHARE * time_limit_s, left_s - MIP_MIN_SHARE * time_limit_s)
-    if variables > STAGED_VARIABLES_PER_SECOND * time_limit_s or share < 0.05:
-        return relax, None, None
+def _staged_share(problem: Problem, left_s: float, time_limit_s: float, parallel: bool) -> float | None:
+    """Seconds for the staged model, or None if the problem is too big or too little time is left. Beside
+    CP-SAT (``parallel``) it may use all that is left but a margin; before it, at most STAGED_SHARE of the
+    limit."""
+    if staged_variables(problem) > STAGED_VARIABLES_PER_SECOND * time_limit_s:
+        return None
+    share = left_s - STAGED_MARGIN_S if parallel else \
+        min(STAGED_SHARE * time_limit_s, left_s - MIP_MIN_SHARE * time_limit_s)
+    return share if share >= 0.05 else None
+
+
+def _staged(problem: Problem, budget: int, relax: Bound, share_s: float, seed: int, deterministic: bool,
+            schedule_ticks: int, extra: dict[str, Any]) -> tuple[Bound, Events | None, float | None]:
+    """The staged model for ``share_s`` seconds (summary in ``extra``), stopped once its bound proves the
+    schedule of ``schedule_ticks``: the better of its bound and ``relax``, and the events of its last
+    solution with their replayed time, if they fit the budget."""
     t0 = time.perf_counter()
-    staged, solution = solve_staged(problem, budget, time_limit_s=share, seed=seed, deterministic=deterministic,
+    staged, solution = solve_staged(problem, budget, time_limit_s=share_s, seed=seed, deterministic=deterministic,
                                     stop_at_ticks=schedule_ticks)
     events, replayed = (staged_events(problem, solution), None) if solution is not None else (None, None)
     if events is not None:
@@ -208,7 +237,8 @@ def _staged(problem: Problem, budget: int, relax: Bound, left_s: float, time_lim
             replayed = replay(problem, events, budget).time
         except ScheduleError:  # memory inside a stage is counted only in part: expected, not a fault
             events = None
-    extra["staged_bound"] = {"bound": staged.seconds, "status": staged.status, "variables": variables,
+    extra["staged_bound"] = {"bound": staged.seconds, "status": staged.status,
+                             "variables": staged_variables(problem),
                              "wall_seconds": round(time.perf_counter() - t0, 3), "schedule_time": replayed}
     return (staged if staged.ticks > relax.ticks else relax), events, replayed
 
