@@ -5,8 +5,10 @@ import pytest
 
 from schedule_exact import exact_min_time
 from test_schedule_exact import instance
-from trainplan.schedule import replay, solve
+from trainplan.schedule import replay, solve, staged_bound
 from trainplan.schedule.bounds import relaxation_bound
+from trainplan.schedule.mip import objective_ticks
+from trainplan.schedule.replay import ScheduleError
 from trainplan.schedule.solve import best_heuristic
 from trainplan.schedule.staged_bound import solve_staged
 from trainplan.schedule.staged_schedule import staged_events
@@ -64,6 +66,26 @@ def test_staged_bound_counts_memory_inside_a_stage():
     s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False, deterministic=True)
     assert s.status == "optimal" and "optimal_within" not in s.extra
     assert s.time == pytest.approx(exact, rel=1e-6) and s.gap < 1e-6
+
+
+def test_chain_rows_count_a_kept_tensor_at_a_later_recompute(monkeypatch):
+    """``training_graph(40, 0)`` at the floor: without the chain rows the staged optimum keeps a swapped-in
+    tensor through a later recompute that then exceeds the budget, so its events do not fit; with them the
+    optimum restores that tensor twice, its events fit at the bound, and so are proven optimal."""
+    p = training_graph(40, 0)
+    p = p.with_budget(p.floor_bytes)
+    monkeypatch.setattr(staged_bound, "CHAIN_ROWS", False)
+    loose, solution = solve_staged(p, p.budget_bytes, time_limit_s=10, deterministic=True)
+    assert loose.status == "OPTIMAL"
+    with pytest.raises(ScheduleError):
+        replay(p, staged_events(p, solution), p.budget_bytes)
+    monkeypatch.setattr(staged_bound, "CHAIN_ROWS", True)
+    tight, solution = solve_staged(p, p.budget_bytes, time_limit_s=10, deterministic=True)
+    assert tight.status == "OPTIMAL" and tight.ticks > loose.ticks
+    assert any(solution.restored_twice)
+    events = staged_events(p, solution)
+    assert replay(p, events, p.budget_bytes).time == pytest.approx(tight.seconds, rel=1e-6)
+    assert objective_ticks(p, events) == tight.ticks
 
 
 def test_staged_schedule_leads_to_the_optimum():

@@ -19,6 +19,7 @@ STAGED_LINEARIZATION = 2  # with the full LP relaxation one worker proves 30-40-
 FIRST_PHASE_SHARE = 0.7  # of the time on models of <= LB_TREE_ONLY_ABOVE variables: plain search (closes them
 LB_TREE_ONLY_ABOVE = 8000  # fast), then LB tree search; larger models get LB tree search only, which raises the
 # bound fastest (100 ops at 1.1 x floor, 3 s: 27.5% against 21.7% without it) but closes 40-op cases in 9 s, not 1 s
+CHAIN_ROWS = True  # rows for tensors kept after a chain of restores in a stage (see _add_chain_row)
 MIN_SOLVE_S = 0.05  # seconds of the limit a row-generation round needs to be started
 
 
@@ -42,12 +43,14 @@ def staged_variables(problem: Problem) -> int:
 @dataclass(frozen=True)
 class StagedSolution:
     """One solution of the staged model, per instant i (first compute of op i; ``n`` = the end): the
-    tensors resident at i, recomputed in stage i and swapped in in stage i; and the tensors swapped out."""
+    tensors resident at i, recomputed in stage i, swapped in in stage i and restored a second time in stage
+    i (after the restores that read them); and the tensors swapped out."""
 
     resident: list[frozenset[int]]
     recomputed: list[frozenset[int]]
     swapped_in: list[frozenset[int]]
     swapped_out: frozenset[int]
+    restored_twice: list[frozenset[int]]
 
 
 @dataclass
@@ -64,6 +67,9 @@ class _Model:
     ranges: list[tuple[int, int]]
     out: dict[int, cp_model.IntVar] = field(default_factory=dict)
     rowed: set[int] = field(default_factory=set)
+    held: dict[int, tuple[dict[int, cp_model.IntVar | int], cp_model.IntVar]] = field(default_factory=dict)
+    twice: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    chained: set[tuple[int, int, frozenset[int]]] = field(default_factory=set)
 
 
 def _build(p: Problem, cap: int) -> _Model:
@@ -168,6 +174,84 @@ def _add_stage_rows(p: Problem, st: _Model, i: int) -> None:
     for lit, need, own in _restores(p, st, i):
         m.Add(total - sum(p.ops[v].bytes * held[v] for v in own if v in held) + need * lit <= st.cap)
     st.rowed.add(i)
+    st.held[i] = (held, total)
+
+
+def _value(table: dict[int, cp_model.IntVar | int], i: int, value: Callable[[cp_model.LinearExprT], int]) -> int:
+    """``table[i]`` under ``value``; 0 where the model has no such variable."""
+    return int(value(table[i])) if i in table else 0
+
+
+def _kept_chains(p: Problem, st: _Model, i: int,
+                 value: Callable[[cp_model.LinearExprT], int]) -> dict[int, list[tuple[int, int, str]]]:
+    """Per recompute u in stage i: the tensors z (not u's own) that the solution ``value`` restores once in
+    the stage and keeps to instant i, not resident at i-1, and that an input w of u, recomputed in the stage
+    (not resident at i-1, not swapped in), reads: (z, w, how z is restored). Such a z is restored before
+    w's first recompute, so it is resident at u's recompute."""
+    chains: dict[int, list[tuple[int, int, str]]] = {}
+    for u in range(p.n):
+        if not _value(st.rc[u], i, value):
+            continue
+        seen = set(p.inputs[u]) | {u}
+        for w in p.inputs[u]:
+            if not _value(st.rc[w], i, value) or _value(st.res[w], i - 1, value) or _value(st.sw[w], i, value):
+                continue
+            for z in p.inputs[w]:
+                kinds = [k for k, table in (("rc", st.rc), ("sw", st.sw)) if _value(table[z], i, value)]
+                once = len(kinds) == 1 and not ((z, i) in st.twice and value(st.twice[(z, i)]))
+                if z not in seen and once and _value(st.res[z], i, value) and not _value(st.res[z], i - 1, value):
+                    seen.add(z)
+                    chains.setdefault(u, []).append((z, w, kinds[0]))
+    return chains
+
+
+def _restored_twice(p: Problem, st: _Model, z: int, i: int) -> cp_model.IntVar:
+    """A literal (charged its cheapest restore) that lets a schedule restore z twice in stage i, so the
+    chain rows stay valid for schedules that free z and restore it again."""
+    if (z, i) not in st.twice:
+        lit = st.m.NewBoolVar(f"D{z}_{i}")
+        costs = [_ticks(t, time_unit(p)) for t, ok in ((p.ops[z].time, i in st.rc[z]),
+                                                        (p.transfer_time(z), i in st.sw[z])) if ok]
+        st.cost.append(min(costs) * lit)
+        st.twice[(z, i)] = lit
+    return st.twice[(z, i)]
+
+
+def _chain_violations(p: Problem, st: _Model,
+                      value: Callable[[cp_model.LinearExprT], int]) -> list[tuple[int, int, list[tuple[int, int, str]]]]:
+    """(stage, recompute u, its chains) where u's working set, the held tensors and the kept chain tensors
+    of :func:`_kept_chains` exceed the budget in the solution ``value``, and no chain row covers it yet."""
+    bad = []
+    for i in range(1, p.n + 1):
+        for u, chains in _kept_chains(p, st, i, value).items():
+            if (i, u, frozenset(z for z, _, _ in chains)) in st.chained:
+                continue
+            held = {v: p.ops[v].bytes * _held(st, v, i, value) for v in _live(st, i)}
+            own = set(p.inputs[u]) | {u}
+            memory = sum(held.values()) - sum(held.get(v, 0) for v in own) + p.working_sets[u] + \
+                sum(p.ops[z].bytes for z, _, _ in chains)
+            if memory > st.cap:
+                bad.append((i, u, chains))
+    return bad
+
+
+def _add_chain_row(p: Problem, st: _Model, i: int, u: int, chains: list[tuple[int, int, str]]) -> None:
+    """At recompute u in stage i the held tensors, u's working set and each chain tensor z fit the budget:
+    z's term is ``b_z x (c[u] + c[w] + r_z + R[z,i] - R[w,i-1] - s[w] - R[z,i-1] - (other restore of z)
+    - D[z] - 3)``, which is b_z exactly when the chain holds and <= 0 otherwise (D: z restored twice)."""
+    if i not in st.held:
+        _add_stage_rows(p, st, i)
+    held, total = st.held[i]
+    own = set(p.inputs[u]) | {u}
+    terms = []
+    for z, w, kind in chains:
+        r, other = (st.rc[z][i], st.sw[z].get(i, 0)) if kind == "rc" else (st.sw[z][i], st.rc[z].get(i, 0))
+        flag = (st.rc[u][i] + st.rc[w][i] + r + st.res[z][i] - st.res[w].get(i - 1, 0) - st.sw[w].get(i, 0)
+                - st.res[z].get(i - 1, 0) - other - _restored_twice(p, st, z, i) - 3)
+        terms.append(p.ops[z].bytes * flag)
+    st.m.Add(total - sum(p.ops[v].bytes * held[v] for v in own if v in held)
+             + p.working_sets[u] * st.rc[u][i] + sum(terms) <= st.cap)
+    st.chained.add((i, u, frozenset(z for z, _, _ in chains)))
 
 
 def _snapshot(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], int]) -> StagedSolution:
@@ -175,9 +259,10 @@ def _snapshot(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], in
     def at(table: list[dict[int, cp_model.IntVar]] | list[dict[int, cp_model.IntVar | int]],
            i: int) -> frozenset[int]:
         return frozenset(u for u in range(p.n) if i in table[u] and value(table[u][i]))
+    twice = [frozenset(z for (z, j), lit in st.twice.items() if j == i and value(lit)) for i in range(p.n + 1)]
     return StagedSolution([at(st.res, i) for i in range(p.n + 1)], [at(st.rc, i) for i in range(p.n + 1)],
                           [at(st.sw, i) for i in range(p.n + 1)],
-                          frozenset(u for u, o in st.out.items() if value(o)))
+                          frozenset(u for u, o in st.out.items() if value(o)), twice)
 
 
 def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
@@ -189,7 +274,9 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     restored in stage i too, or by a swap-in after one swap-out. Memory rows count every resident
     tensor at every first compute; inside a stage, each restore must fit beside the tensors held through
     the stage (rows added for the stages an optimal solution violates, then solved again: row
-    generation). Only one restore per tensor and stage is charged, and tensors restored and dropped
+    generation); so is a tensor restored once in the stage and kept, at a recompute one of whose inputs
+    is recomputed from it (chain rows, with a literal that pays for a second restore instead). Only one
+    restore per tensor and stage is charged (two with that literal), and tensors restored and dropped
     inside a stage are not counted at other restores, so every schedule with first computes in program
     order maps onto a feasible point of no larger cost, and CP-SAT's proven bound is a lower bound.
     Unlike ``relaxation_bound`` it charges the recomputes that restoring a tensor's inputs needs (the
@@ -231,10 +318,14 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
             if code != cp_model.OPTIMAL:
                 break
             bad = _violated(p, st, solver.Value)
-            if bad:
+            chains = _chain_violations(p, st, solver.Value) if CHAIN_ROWS else []
+            if bad or chains:
                 status = "OPTIMAL_WITHOUT_STAGE_ROWS"
-            if not bad or (stop_at_ticks is not None and const + extra >= stop_at_ticks):
+            if not (bad or chains) or (stop_at_ticks is not None and const + extra >= stop_at_ticks):
                 return Bound(p.compute_time + extra * tu, const + extra, status), solution
             for i in bad:
                 _add_stage_rows(p, st, i)
+            for i, u, chain in chains:
+                _add_chain_row(p, st, i, u, chain)
+            st.m.Minimize(sum(st.cost))  # with the costs of the restored-twice literals of the chain rows
     return Bound(p.compute_time + extra * tu, const + extra, status), solution

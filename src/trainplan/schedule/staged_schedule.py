@@ -24,12 +24,13 @@ def _restore_order(p: Problem, sol: StagedSolution, i: int) -> list[int]:
 
     for u in sorted(restored, key=lambda u: (u not in sol.resident[i], u)):
         visit(u)
-    return order
+    return order + sorted(sol.restored_twice[i])
 
 
 def staged_events(problem: Problem, sol: StagedSolution) -> Events:
     """Events that realise ``sol``: at each instant i, the stage's restores in :func:`_restore_order`
-    (a swap-in where the solution has both), each tensor freed as soon as no later restore of the stage
+    (a swap-in where the solution has both; a second restore is a swap-in if the tensor has a host copy),
+    each tensor freed as soon as no later restore of the stage
     reads it and it is not resident at i (a tensor restored in the stage is freed first, after its last
     use by an earlier restore), then op i's first compute and its swap-out if the solution swaps it in
     later. The staged model counts memory inside a stage only in part, so the events may exceed the
@@ -39,7 +40,7 @@ def staged_events(problem: Problem, sol: StagedSolution) -> Events:
     resident: set[int] = set()
     for i in range(p.n + 1):
         order = _restore_order(p, sol, i)
-        pos = {u: k for k, u in enumerate(order)}
+        pos = {u: k for k, u in enumerate(order)}  # a tensor restored twice: its second restore
         at_i = sol.resident[i] | (set(p.inputs[i]) if i < p.n else set())
 
         def needed(v: int, k: int) -> bool:
@@ -57,7 +58,8 @@ def staged_events(problem: Problem, sol: StagedSolution) -> Events:
 
         free(0)
         for k, u in enumerate(order):
-            events.append(("swap_in" if u in sol.swapped_in[i] else "compute", p.ops[u].id))
+            swap = u in sol.swapped_in[i] or (k == pos[u] and u in sol.restored_twice[i] and u in sol.swapped_out)
+            events.append(("swap_in" if swap else "compute", p.ops[u].id))
             resident.add(u)
             free(k + 1)
         if i < p.n:
