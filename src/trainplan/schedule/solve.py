@@ -158,7 +158,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     elif events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
         # heuristics and relaxation used the time; building a big model would overrun the limit
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": f"{remaining:.1f} s left"})
-    else:  # one worker, or no staged model: CP-SAT after it, from its schedule and bound
+    else:  # after the staged model (or instead of it), from the best schedule and bound
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
                         hint=events, copies=copies, lower_bound_ticks=best.ticks,
                         deterministic=deterministic, verbose=verbose)
