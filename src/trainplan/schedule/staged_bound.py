@@ -141,13 +141,18 @@ def _live(st: _Model, i: int) -> list[int]:
     return [v for v, (lo, hi) in enumerate(st.ranges) if lo < i <= hi]
 
 
+def _held_bytes(p: Problem, st: _Model, i: int, value: Callable[[cp_model.LinearExprT], int]) -> dict[int, int]:
+    """Bytes of each tensor that may be held through stage i (0 if it is not held), under ``value``."""
+    return {v: p.ops[v].bytes * _held(st, v, i, value) for v in _live(st, i)}
+
+
 def _violated(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], int]) -> list[int]:
     """Stages where a restore in the solution ``value`` would not fit beside the tensors held through the stage."""
     bad = []
     for i in range(1, p.n + 1):
         if i in st.rowed:
             continue
-        held = {v: p.ops[v].bytes * _held(st, v, i, value) for v in _live(st, i)}
+        held = _held_bytes(p, st, i, value)
         total = sum(held.values())
         if any(value(lit) and total - sum(held.get(v, 0) for v in own) + need > st.cap
                for lit, need, own in _restores(p, st, i)):
@@ -226,7 +231,7 @@ def _chain_violations(p: Problem, st: _Model,
         for u, chains in _kept_chains(p, st, i, value).items():
             if (i, u, frozenset(z for z, _, _ in chains)) in st.chained:
                 continue
-            held = {v: p.ops[v].bytes * _held(st, v, i, value) for v in _live(st, i)}
+            held = _held_bytes(p, st, i, value)
             own = set(p.inputs[u]) | {u}
             memory = sum(held.values()) - sum(held.get(v, 0) for v in own) + p.working_sets[u] + \
                 sum(p.ops[z].bytes for z, _, _ in chains)
