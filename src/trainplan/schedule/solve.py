@@ -151,14 +151,12 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         if beside_time is None or heur_time < beside_time:  # CP-SAT again, from the staged model's schedule
             extra["mip_beside_staged"] = {"status": res.status, "replay_time": beside_time}
             res = None
-    if res is not None:  # CP-SAT ran beside the staged model
-        pass
-    elif proven:  # CP-SAT cannot improve it
+    if res is None and proven:  # CP-SAT cannot improve it
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the lower bound"})
-    elif events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
+    elif res is None and events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
         # heuristics and relaxation used the time; building a big model would overrun the limit
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": f"{remaining:.1f} s left"})
-    else:  # after the staged model (or instead of it), from the best schedule and bound
+    elif res is None:  # after the staged model (or instead of it), from the best schedule and bound
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
                         hint=events, copies=copies, lower_bound_ticks=best.ticks,
                         deterministic=deterministic, verbose=verbose)

@@ -228,10 +228,10 @@ def _chain_violations(p: Problem, st: _Model,
     of :func:`_kept_chains` exceed the budget in the solution ``value``, and no chain row covers it yet."""
     bad = []
     for i in range(1, p.n + 1):
-        for u, chains in _kept_chains(p, st, i, value).items():
-            if (i, u, frozenset(z for z, _, _ in chains)) in st.chained:
-                continue
-            held = _held_bytes(p, st, i, value)
+        kept = {u: c for u, c in _kept_chains(p, st, i, value).items()
+                if (i, u, frozenset(z for z, _, _ in c)) not in st.chained}
+        held = _held_bytes(p, st, i, value) if kept else {}
+        for u, chains in kept.items():
             own = set(p.inputs[u]) | {u}
             memory = sum(held.values()) - sum(held.get(v, 0) for v in own) + p.working_sets[u] + \
                 sum(p.ops[z].bytes for z, _, _ in chains)
