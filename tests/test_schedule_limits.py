@@ -1,9 +1,11 @@
 """The time limit covers the whole solve (bisection included); the restore-cost cache changes nothing."""
 
+import importlib
 import math
 import time
 
 import pytest
+from ortools.sat.python import cp_model
 
 from trainplan.schedule import mip, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
@@ -12,6 +14,8 @@ from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
 from trainplan.schedule.mip import model_variables, solve_mip
 from trainplan.schedule.solve import min_feasible_budget
 from trainplan.schedule.synthetic import training_graph
+
+solve_module = importlib.import_module("trainplan.schedule.solve")  # the package exports the function `solve`
 
 
 class _Uncached(Simulator):
@@ -80,3 +84,34 @@ def test_mip_is_not_built_past_its_size_cap(monkeypatch):
     monkeypatch.setattr(mip, "MAX_MODEL_VARIABLES", 100)
     skipped = solve_mip(p, peak, time_limit_s=1.0, copies=2)
     assert skipped.status == "SKIPPED" and skipped.events is None and "not built" in skipped.stats["note"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_deterministic_shares_do_not_depend_on_wall_time(monkeypatch, workers):
+    """Each CP-SAT step's deterministic limit comes from what the steps before it used on their deterministic
+    clocks, not from the wall clock: a second of delay in a step without CP-SAT (a slow or loaded machine)
+    leaves every limit, the bound and the events as they were. ``training_graph(40, 0)`` at 1.1 x floor
+    runs the relaxation, the restricted model, the staged model and the full model (beside it with 2
+    workers)."""
+    p = training_graph(40, 0)
+    p = p.with_budget(int(1.1 * p.floor_bytes))
+    limits: list[float] = []
+    real_solve, real_guided = cp_model.CpSolver.Solve, solve_module.guided
+
+    def recording_solve(solver, model, *args):
+        limits.append(solver.parameters.max_deterministic_time)
+        return real_solve(solver, model, *args)
+
+    def slow_guided(*args, **kwargs):
+        time.sleep(1.0)
+        return real_guided(*args, **kwargs)
+
+    monkeypatch.setattr(cp_model.CpSolver, "Solve", recording_solve)
+    runs = []
+    for guided in (real_guided, slow_guided):
+        monkeypatch.setattr(solve_module, "guided", guided)
+        limits.clear()
+        s = solve(p, time_limit_s=6, workers=workers, seed=0, bisect=False, deterministic=True)
+        runs.append((list(limits), s.bound, s.events))
+    assert len(runs[0][0]) >= 4
+    assert runs[0] == runs[1]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from trainplan.schedule.mip import _ticks, configure, time_unit
+from trainplan.schedule.mip import _ticks, configure, time_unit, used_seconds
 from trainplan.schedule.problem import Problem
 
 
@@ -23,6 +23,7 @@ class Bound:
     status: str
     infeasible: bool = False
     evict: frozenset[tuple[int, int]] = frozenset()  # (op, next reader) gaps the relaxation does not keep
+    work_s: float = 0.0  # seconds of its time limit the solve used (mip.used_seconds)
 
 
 def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, workers: int = 2,
@@ -80,10 +81,11 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     solver = configure(time_limit_s, workers, seed, deterministic, det_per_second=RELAX_DET_PER_SECOND)
     code = solver.Solve(m)
     status = solver.StatusName(code)
+    work = used_seconds(solver, time_limit_s, deterministic)
     if code == cp_model.INFEASIBLE:
-        return Bound(math.inf, 0, status, True)
+        return Bound(math.inf, 0, status, True, work_s=work)
     extra = max(0, math.ceil(solver.BestObjectiveBound() - 1e-6)) if code in (
         cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN) else 0
     evict = frozenset(g for g, x in gaps.items() if not solver.BooleanValue(x)) if code in (
         cp_model.OPTIMAL, cp_model.FEASIBLE) else frozenset()
-    return Bound(p.compute_time + extra * tu, const + extra, status, evict=evict)
+    return Bound(p.compute_time + extra * tu, const + extra, status, evict=evict, work_s=work)

@@ -36,6 +36,7 @@ class MipResult:
     wall_s: float
     first_solution_s: float | None
     stats: dict[str, Any] = field(default_factory=dict)
+    work_s: float = 0.0  # seconds of the limit used (see used_seconds)
 
 
 @dataclass
@@ -153,6 +154,16 @@ def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
     return solver
 
 
+def used_seconds(solver: cp_model.CpSolver, time_limit_s: float, deterministic: bool) -> float:
+    """Seconds of ``time_limit_s`` a finished solve used: its wall time, or in a deterministic run its share of
+    the deterministic limit times ``time_limit_s``. The latter depends on the model and the limits only, so
+    the time left for later steps, and with it their answers, is the same on any machine."""
+    if not deterministic:
+        return solver.WallTime()
+    limit = solver.parameters.max_deterministic_time
+    return time_limit_s * min(1.0, solver.ResponseProto().deterministic_time / limit) if limit > 0 else 0.0
+
+
 def objective_ticks(problem: Problem, events: Events) -> int:
     """A schedule's cost in the model's objective ticks: every compute and transfer rounded down to whole
     ticks, as in :func:`solve_mip` and ``bounds.relaxation_bound`` (so ticks <= that bound proves it optimal)."""
@@ -201,7 +212,8 @@ def model_variables(problem: Problem, ncop: list[int]) -> int:
 def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
               seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
               lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False,
-              remat_ops: frozenset[int] | None = None, stop: SearchStop | None = None) -> MipResult:
+              remat_ops: frozenset[int] | None = None, stop: SearchStop | None = None,
+              wall_cap_s: float | None = None) -> MipResult:
     """Build and solve the CP-SAT model; decode the best solution into events.
 
     ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
@@ -210,7 +222,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     as a constraint, so CP-SAT can close the gap. ``deterministic``: see :func:`configure`.
     ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
     model, exact only within that restriction. ``stop``: lets another thread end the search early
-    (``stats["stopped"]``).
+    (``stats["stopped"]``). ``wall_cap_s``: wall-clock cap if less than ``time_limit_s`` (deterministic runs
+    whose share is counted on the deterministic clock).
     """
     t0 = time.perf_counter()
     p, n = problem, problem.n
@@ -344,7 +357,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
             m.AddHint(y, hint_cover.get((v, k, w)) == c)
 
     build_s = time.perf_counter() - t0  # the model build counts against the wall-clock limit
-    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=time_limit_s - build_s,
+    wall = time_limit_s if wall_cap_s is None else min(time_limit_s, wall_cap_s)
+    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=wall - build_s,
                        det_per_second=det_per_second(len(m.Proto().variables)))
     if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
         # the hint is a complete solution and proofs come from the relaxation bound, so every worker
@@ -359,6 +373,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     code = solver.Solve(m, cb)
     status = solver.StatusName(code)
     wall = time.perf_counter() - t0
+    work = used_seconds(solver, time_limit_s, deterministic) if deterministic else wall
     stats = {"copies": C, "slots": K[0], "positions": H,
              "remat_ops": n if remat_ops is None else len(remat_ops), "time_unit_s": tu, "byte_unit": bu,
              "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
@@ -369,10 +384,11 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         obj, bnd = solver.ObjectiveValue() * tu, solver.BestObjectiveBound() * tu
         log.info("mip %s objective %.6g s bound %.6g s wall %.2f s", status, obj, bnd, wall)
         events = _decode(p, solver, H, s, e, pres, rc, out)
-        return MipResult(events, status, obj, bnd, wall, None if cb.first is None else cb.first + build_s, stats)
+        return MipResult(events, status, obj, bnd, wall, None if cb.first is None else cb.first + build_s, stats,
+                         work)
     log.info("mip %s after %.2f s", status, wall)
     bound = solver.BestObjectiveBound() * tu if code == cp_model.UNKNOWN else None
-    return MipResult(None, status, None, bound, wall, None, stats)
+    return MipResult(None, status, None, bound, wall, None, stats, work)
 
 
 def _add_live_set_cuts(m: cp_model.CpModel, p: Problem, ys: dict, cap_units: int, bu: int) -> None:

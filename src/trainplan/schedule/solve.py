@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainplan.schedule import baselines
@@ -29,8 +30,8 @@ MIP_MIN_SHARE = 0.2  # CP-SAT runs only if this share of the time limit is left 
 NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the requested budget gets when no greedy fits
 BISECT_SHARE = 0.5  # share of what is left after a failed first attempt that the bisection probes may use
 RESTRICTED_SHARE = 0.25  # CP-SAT restricted to the relaxation's remat ops: at most this share of the limit
-STAGED_SHARE = 0.3  # the staged bound (small problems), with one worker: at most this share of the limit
-STAGED_MARGIN_S = 0.1  # deterministic with 2+ workers it runs beside CP-SAT and may use all but this of what is left
+STAGED_SHARE = 0.3  # the staged bound (small problems), with one worker: at most this share of the limit (deterministic
+# with 2+ workers it runs beside CP-SAT, and both get all that is left)
 STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at most this many variables per
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
@@ -86,22 +87,49 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False,
     return (None, "", None) if best is None else (best[1], best[2], first)
 
 
+@dataclass
+class _Clock:
+    """The time limit of one call. ``left()`` is what the next step may use: the wall-clock time left, or in a
+    deterministic run the limit less what the CP-SAT steps used on their deterministic clocks (``charge``),
+    so every step's share, and with it the answer, is the same on any machine; ``wall_left()`` caps each
+    step (a safety net)."""
+
+    limit_s: float
+    deterministic: bool
+    wall_limit_s: float  # limit_s, or less in a bisection's final run (the probes' wall time is not charged)
+    t0: float = field(default_factory=time.perf_counter)
+    used_s: float = 0.0
+
+    def charge(self, seconds: float) -> None:
+        self.used_s += seconds
+
+    def wall_left(self) -> float:
+        return self.wall_limit_s - (time.perf_counter() - self.t0)
+
+    def left(self) -> float:
+        return self.limit_s - self.used_s if self.deterministic else self.wall_left()
+
+
 def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, seed: int,
              deterministic: bool, copies: int | None, verbose: bool,
-             limit_if_no_heuristic_s: float | None = None) -> Schedule:
+             limit_if_no_heuristic_s: float | None = None, wall_limit_s: float | None = None) -> Schedule:
     """Greedy schedules, then the relaxation bound, its guided schedule and CP-SAT restricted to the ops it
     rematerialises, then full CP-SAT from the best hint; the answer is the best replay-valid schedule
     with the best proven bound.
     ``limit_if_no_heuristic_s``: the (shorter) limit to use when no greedy schedule fits, so a
-    budget that is probably infeasible leaves time for the bisection."""
-    t0 = time.perf_counter()
+    budget that is probably infeasible leaves time for the bisection. ``wall_limit_s``: a wall-clock limit
+    below ``time_limit_s`` (see ``_Clock``)."""
+    clock = _Clock(time_limit_s, deterministic, time_limit_s if wall_limit_s is None else wall_limit_s)
+    t0 = clock.t0
     events, name, first = best_heuristic(problem, budget, deadline_s=HEURISTIC_SHARE * time_limit_s)
     if events is None and limit_if_no_heuristic_s is not None:
-        time_limit_s = min(time_limit_s, limit_if_no_heuristic_s)
+        time_limit_s = clock.limit_s = min(time_limit_s, limit_if_no_heuristic_s)
+        clock.wall_limit_s = min(clock.wall_limit_s, limit_if_no_heuristic_s)
     heur_time = _valid(problem, events, budget)
-    relax_s = max(0.1, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
+    relax_s = max(0.1, min(time_limit_s / 2, clock.left()))
     relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
                              deterministic=deterministic)
+    clock.charge(relax.work_s)
     # abandoned at the time limit: on long recompute chains one greedy run can take longer than the limit
     guided_events = guided(problem, budget, relax.evict, stop_at=t0 + time_limit_s) if relax.evict else None
     guided_time = _valid(problem, guided_events, budget)
@@ -113,10 +141,11 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     if relax.infeasible:
         extra.update(heuristic=name or None, heuristic_time=heur_time, first_feasible_seconds=None)
         return no_schedule(budget, "ours", time.perf_counter() - t0, "proven infeasible (relaxation)", extra)
-    share = min(RESTRICTED_SHARE * time_limit_s, time_limit_s - (time.perf_counter() - t0))
+    share = min(RESTRICTED_SHARE * time_limit_s, clock.left())
     if relax.evict and share > 0.05 and (events is None or objective_ticks(problem, events) > relax.ticks):
-        r_events, extra["restricted_mip"] = _restricted_mip(problem, budget, relax, share, workers, seed,
-                                                            deterministic)
+        r_events, extra["restricted_mip"], work = _restricted_mip(problem, budget, relax, share, workers, seed,
+                                                                  deterministic)
+        clock.charge(work)
         r_time = extra["restricted_mip"]["replay_time"]
         if r_events is not None and (heur_time is None or r_time < heur_time):
             events, name, heur_time = r_events, "relaxation-restricted-mip", r_time
@@ -124,18 +153,20 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     extra.update(heuristic=name or None, heuristic_time=heur_time)
     best, res = relax, None
     if events is not None and objective_ticks(problem, events) > relax.ticks:
-        left = time_limit_s - (time.perf_counter() - t0)
+        left = clock.left()
         # deterministic CP-SAT runs one worker: with 2+, it runs beside the staged model, from the same hint
         beside = workers >= 2 and deterministic
         share = _staged_share(problem, left, time_limit_s, parallel=beside)
         if share is not None:
             stop = SearchStop()
             with ThreadPoolExecutor(1) as pool:
-                mip = pool.submit(solve_mip, problem, budget, time_limit_s=max(0.1, left), workers=1, seed=seed,
+                mip = pool.submit(solve_mip, problem, budget, time_limit_s=share, workers=1, seed=seed,
                                   hint=events, copies=copies, lower_bound_ticks=relax.ticks,
-                                  deterministic=deterministic, verbose=verbose, stop=stop) if beside else None
-                best, s_events, s_time = _staged(problem, budget, relax, share, seed, deterministic,
-                                                 objective_ticks(problem, events), extra)
+                                  deterministic=deterministic, verbose=verbose, stop=stop,
+                                  wall_cap_s=clock.wall_left()) if beside else None
+                staged, s_events, s_time = _staged(problem, budget, share, seed, deterministic,
+                                                   objective_ticks(problem, events), clock.wall_left(), extra)
+                best = staged if staged.ticks > relax.ticks else relax
                 if s_time is not None and (heur_time is None or s_time < heur_time):
                     events, name, heur_time = s_events, "staged-model", s_time
                     extra.update(heuristic=name, heuristic_time=heur_time)
@@ -143,14 +174,12 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
                     if objective_ticks(problem, events) <= best.ticks:  # proven: CP-SAT's answer is not used
                         stop.stop()
                     res = mip.result()
-    remaining = time_limit_s - (time.perf_counter() - t0)
+            # beside CP-SAT the two ran at once: the longer is charged (CP-SAT is stopped early only by a proof,
+            # and then no step follows)
+            clock.charge(max(staged.work_s, 0.0 if res is None else res.work_s))
+    remaining = clock.left()
     # a schedule at the bound in objective ticks is optimal among all schedules (first computes in program order)
     proven = events is not None and objective_ticks(problem, events) <= best.ticks
-    if res is not None and not proven and name == "staged-model" and remaining >= MIP_MIN_SHARE * time_limit_s:
-        beside_time = _valid(problem, res.events, budget)
-        if beside_time is None or heur_time < beside_time:  # CP-SAT again, from the staged model's schedule
-            extra["mip_beside_staged"] = {"status": res.status, "replay_time": beside_time}
-            res = None
     if res is None and proven:  # CP-SAT cannot improve it
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the lower bound"})
     elif res is None and events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
@@ -159,7 +188,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     elif res is None:  # after the staged model (or instead of it), from the best schedule and bound
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
                         hint=events, copies=copies, lower_bound_ticks=best.ticks,
-                        deterministic=deterministic, verbose=verbose)
+                        deterministic=deterministic, verbose=verbose, wall_cap_s=clock.wall_left())
     mip_time = _valid(problem, res.events, budget)
     if first is None and res.first_solution_s is not None:
         first = time.perf_counter() - t0 - res.wall_s + res.first_solution_s
@@ -188,47 +217,47 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
 
 
 def _restricted_mip(problem: Problem, budget: int, relax: Bound, time_limit_s: float, workers: int, seed: int,
-                    deterministic: bool) -> tuple[Events | None, dict[str, Any]]:
+                    deterministic: bool) -> tuple[Events | None, dict[str, Any], float]:
     """CP-SAT where only the ops whose gaps the relaxation evicts may be rematerialised: a model a tenth
     the size of the full one, often solved at the relaxation bound in well under a second (then the
     schedule is proven optimal for the unrestricted problem). If that restriction is infeasible (a
     recompute may need an evicted input back), once more with those ops' inputs added. Its events (if
-    replay-valid) and a summary."""
+    replay-valid), a summary and the seconds of the limit it used (see ``_Clock``)."""
     t0 = time.perf_counter()
     ops = frozenset(u for u, _ in relax.evict)
     res = solve_mip(problem, budget, time_limit_s=time_limit_s, workers=workers, seed=seed, remat_ops=ops,
                     lower_bound_ticks=relax.ticks, deterministic=deterministic)
-    left = time_limit_s - (time.perf_counter() - t0)
-    if res.status == "INFEASIBLE" and left > 0.05:
+    used = res.work_s
+    if res.status == "INFEASIBLE" and time_limit_s - used > 0.05:
         ops |= {w for u in ops for w in problem.inputs[u]}
-        res = solve_mip(problem, budget, time_limit_s=left, workers=workers, seed=seed, remat_ops=ops,
-                        lower_bound_ticks=relax.ticks, deterministic=deterministic)
+        res = solve_mip(problem, budget, time_limit_s=time_limit_s - used, workers=workers, seed=seed,
+                        remat_ops=ops, lower_bound_ticks=relax.ticks, deterministic=deterministic,
+                        wall_cap_s=time_limit_s - (time.perf_counter() - t0))
+        used += res.work_s
     replay_time = _valid(problem, res.events, budget)
     summary = {"status": res.status, "remat_ops": len(ops), "replay_time": replay_time,
                "at_bound": replay_time is not None and objective_ticks(problem, res.events) <= relax.ticks,
                "wall_seconds": round(time.perf_counter() - t0, 3), "variables": res.stats.get("variables")}
-    return (None if replay_time is None else res.events), summary
+    return (None if replay_time is None else res.events), summary, used
 
 
 def _staged_share(problem: Problem, left_s: float, time_limit_s: float, parallel: bool) -> float | None:
     """Seconds for the staged model, or None if the problem is too big or too little time is left. Beside
-    CP-SAT (``parallel``) it may use all that is left but a margin; before it, at most STAGED_SHARE of the
-    limit."""
+    CP-SAT (``parallel``) it may use all that is left; before it, at most STAGED_SHARE of the limit."""
     if staged_variables(problem) > STAGED_VARIABLES_PER_SECOND * time_limit_s:
         return None
-    share = left_s - STAGED_MARGIN_S if parallel else \
-        min(STAGED_SHARE * time_limit_s, left_s - MIP_MIN_SHARE * time_limit_s)
+    share = left_s if parallel else min(STAGED_SHARE * time_limit_s, left_s - MIP_MIN_SHARE * time_limit_s)
     return share if share >= 0.05 else None
 
 
-def _staged(problem: Problem, budget: int, relax: Bound, share_s: float, seed: int, deterministic: bool,
-            schedule_ticks: int, extra: dict[str, Any]) -> tuple[Bound, Events | None, float | None]:
+def _staged(problem: Problem, budget: int, share_s: float, seed: int, deterministic: bool,
+            schedule_ticks: int, wall_cap_s: float, extra: dict[str, Any]) -> tuple[Bound, Events | None, float | None]:
     """The staged model for ``share_s`` seconds (summary in ``extra``), stopped once its bound proves the
-    schedule of ``schedule_ticks``: the better of its bound and ``relax``, and the events of its last
-    solution with their replayed time, if they fit the budget."""
+    schedule of ``schedule_ticks``: its bound, and the events of its last solution with their replayed
+    time, if they fit the budget."""
     t0 = time.perf_counter()
     staged, solution = solve_staged(problem, budget, time_limit_s=share_s, seed=seed, deterministic=deterministic,
-                                    stop_at_ticks=schedule_ticks)
+                                    stop_at_ticks=schedule_ticks, wall_cap_s=wall_cap_s)
     events, replayed = (staged_events(problem, solution), None) if solution is not None else (None, None)
     if events is not None:
         try:
@@ -238,7 +267,7 @@ def _staged(problem: Problem, budget: int, relax: Bound, share_s: float, seed: i
     extra["staged_bound"] = {"bound": staged.seconds, "status": staged.status,
                              "variables": staged_variables(problem),
                              "wall_seconds": round(time.perf_counter() - t0, 3), "schedule_time": replayed}
-    return (staged if staged.ticks > relax.ticks else relax), events, replayed
+    return staged, events, replayed
 
 
 def min_feasible_budget(probe: Callable[[int], int | None], lo: int, hi: int,
@@ -284,6 +313,9 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: 
     nr_events = baselines.no_recompute_events(prob)
     nr_peak = replay(prob, nr_events).peak_bytes
     probe_s = max(0.1, PROBE_SHARE * time_limit_s)
+    # deterministic: the time charged for the first attempt (at most its limit) and for each CP-SAT probe is its
+    # share, so the final run's limit is the same on any machine
+    charged = 0.0 if below_floor else NO_HEURISTIC_SHARE * time_limit_s
     found_events: dict[int, Events] = {nr_peak: nr_events}
     mip_probes = 0
 
@@ -307,8 +339,10 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: 
     deadline = t0 + max(0.0, BISECT_SHARE * left)
     found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak, deadline=deadline)
     bisect_s = time.perf_counter() - t0
-    final_s = max(0.1, time_limit_s - (time.perf_counter() - t_start))
-    new = _ours_at(prob.with_budget(found), found, final_s, workers, seed, deterministic, copies, verbose)
+    wall_s = max(0.1, time_limit_s - (time.perf_counter() - t_start))
+    final_s = max(0.1, time_limit_s - charged - mip_probes * probe_s) if deterministic else wall_s
+    new = _ours_at(prob.with_budget(found), found, final_s, workers, seed, deterministic, copies, verbose,
+                   wall_limit_s=min(final_s, wall_s))
     if not new.ok:  # the final run had too little time: fall back on the probe's schedule
         new = from_events(prob, found_events[found], budget_bytes=found, method="ours",
                           solve_seconds=new.solve_seconds, extra={**new.extra, "heuristic": "bisection-probe"})

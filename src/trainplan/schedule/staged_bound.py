@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
 from trainplan.schedule.bounds import Bound
-from trainplan.schedule.mip import _ticks, configure, time_unit
+from trainplan.schedule.mip import _ticks, configure, time_unit, used_seconds
 from trainplan.schedule.problem import Problem
 
 DET_BUDGET = 1500.0  # deterministic s per s of limit: min(cap, max(0.05, DET_BUDGET / variables)) with cap 0.4 for
@@ -271,8 +272,8 @@ def _snapshot(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], in
 
 
 def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
-                 deterministic: bool = False,
-                 stop_at_ticks: int | None = None) -> tuple[Bound, StagedSolution | None]:
+                 deterministic: bool = False, stop_at_ticks: int | None = None,
+                 wall_cap_s: float | None = None) -> tuple[Bound, StagedSolution | None]:
     """Relaxation on stages (a stage is the stretch before one first compute, in program order).
     ``R[u,i]``: u resident at the first compute of op i; 1 where op i reads u. u is resident at i only
     if resident at i-1 or restored in stage i: by a recompute, whose inputs are resident at i-1 or
@@ -290,8 +291,10 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     ``OPTIMAL_WITHOUT_STAGE_ROWS``: stopped (time, or the bound reached ``stop_at_ticks``, the cost of a
     known schedule) with rows still to add; otherwise CP-SAT's status of the last round. Also returns the
     last round's solution (None if it found none): ``staged_schedule.staged_events`` may turn it into a
-    schedule of the same cost."""
+    schedule of the same cost. ``wall_cap_s``: a wall-clock cap below ``time_limit_s`` (deterministic runs);
+    the bound's ``work_s`` is the time used (mip.used_seconds)."""
     p = problem
+    wall_end = time.perf_counter() + (time_limit_s if wall_cap_s is None else min(time_limit_s, wall_cap_s))
     if budget_bytes < p.floor_bytes:  # some op's working set (or the keep set) alone is over the budget
         return Bound(math.inf, 0, "INFEASIBLE", True), None
     tu = time_unit(p)
@@ -300,7 +303,7 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     if not st.cost:
         return Bound(p.compute_time, const, "OPTIMAL"), None
     st.m.Minimize(sum(st.cost))
-    extra, status, solution = 0, "UNKNOWN", None
+    extra, status, solution, used = 0, "UNKNOWN", None, 0.0
     variables = len(st.m.Proto().variables)
     # (LB tree search?, seconds): fixed shares, so a deterministic run does not depend on machine speed
     phases = ((False, FIRST_PHASE_SHARE * time_limit_s), (True, (1 - FIRST_PHASE_SHARE) * time_limit_s)) \
@@ -308,14 +311,16 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     for lb_tree, left in phases:
         det_rate = min(0.12 if lb_tree else 0.4, max(0.05, DET_BUDGET / variables))
         while left > MIN_SOLVE_S:
-            solver = configure(left, 1, seed, deterministic, det_per_second=det_rate)  # 1 worker: 2 proved far less
+            solver = configure(left, 1, seed, deterministic, det_per_second=det_rate,  # 1 worker: 2 proved far less
+                               wall_cap_s=min(left, wall_end - time.perf_counter()))
             solver.parameters.linearization_level = STAGED_LINEARIZATION
             solver.parameters.optimize_with_lb_tree_search = lb_tree
             code = solver.Solve(st.m)
             status = solver.StatusName(code)
-            left -= solver.ResponseProto().deterministic_time / det_rate if deterministic else solver.WallTime()
+            work = used_seconds(solver, left, deterministic)
+            left, used = left - work, used + work
             if code == cp_model.INFEASIBLE:
-                return Bound(math.inf, 0, status, True), None
+                return Bound(math.inf, 0, status, True, work_s=used), None
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
                 extra = max(extra, math.ceil(solver.BestObjectiveBound() - 1e-6))
             if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -327,10 +332,10 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
             if bad or chains:
                 status = "OPTIMAL_WITHOUT_STAGE_ROWS"
             if not (bad or chains) or (stop_at_ticks is not None and const + extra >= stop_at_ticks):
-                return Bound(p.compute_time + extra * tu, const + extra, status), solution
+                return Bound(p.compute_time + extra * tu, const + extra, status, work_s=used), solution
             for i in bad:
                 _add_stage_rows(p, st, i)
             for i, u, chain in chains:
                 _add_chain_row(p, st, i, u, chain)
             st.m.Minimize(sum(st.cost))  # with the costs of the restored-twice literals of the chain rows
-    return Bound(p.compute_time + extra * tu, const + extra, status), solution
+    return Bound(p.compute_time + extra * tu, const + extra, status, work_s=used), solution
