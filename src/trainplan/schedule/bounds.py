@@ -27,7 +27,7 @@ class Bound:
 
 
 def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, workers: int = 2,
-                     seed: int = 0, deterministic: bool = False) -> Bound:
+                     seed: int = 0, deterministic: bool = False, wall_cap_s: float | None = None) -> Bound:
     """Relaxation: each tensor's life is cut into gaps between consecutive first-compute readers
     (and to the end for keep ops); a gap is either kept on the device through every first compute
     strictly inside it, or costs at least one recompute (op time) or one swap-in (one transfer),
@@ -35,6 +35,7 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     Memory rows count kept gaps plus each op's inputs, output and workspace at its first compute.
     Every schedule maps onto a feasible point of equal or larger cost, so the optimum (and the
     solver's proven bound) of this integer program bounds the true optimum from below.
+    ``wall_cap_s``: the wall time left to the whole call, if it caps the solve (see mip.configure).
     """
     p, n = problem, problem.n
     cap = budget_bytes - p.fixed_bytes
@@ -78,7 +79,8 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     if not cost:
         return Bound(p.compute_time, const, "OPTIMAL")
     m.Minimize(sum(cost))
-    solver = configure(time_limit_s, workers, seed, deterministic, det_per_second=RELAX_DET_PER_SECOND)
+    solver = configure(time_limit_s, workers, seed, deterministic, det_per_second=RELAX_DET_PER_SECOND,
+                       wall_cap_s=wall_cap_s)
     code = solver.Solve(m)
     status = solver.StatusName(code)
     work = used_seconds(solver, time_limit_s, deterministic)

@@ -127,7 +127,8 @@ DET_PER_SECOND = 0.04  # deterministic s per wall s of limit: CP-SAT 9.15 measur
 DET_SMALL_MODEL = 400.0  # smaller models advance the clock faster (0.19 per wall s at 1.9k variables, 0.13
 DET_MAX_PER_SECOND = 0.1  # at 9k, 0.01-0.05 at 19k): min(0.1, max(0.04, 400 / variables)), about half of that
 LNS_ONLY_ABOVE = 60  # ops: above this, a hinted wall-clock run gives every worker to LNS (see solve_mip)
-WALL_SAFETY = 1.0  # wall-clock cap of a deterministic run, as a multiple of its wall share (a safety net)
+WALL_SAFETY = 2.0  # wall-clock cap of a deterministic run, as a multiple of its share (a safety net; the rates
+# above are set to about half of what this host reaches, so a run normally ends at half its share)
 
 
 def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
@@ -135,22 +136,22 @@ def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
               det_per_second: float = DET_PER_SECOND) -> cp_model.CpSolver:
     """A CP-SAT solver with our limits. Deterministic: one worker stopped on deterministic time,
     ``det_per_second`` x ``time_limit_s`` deterministic seconds (a function of the limit only, so the
-    answer does not depend on machine speed or load); a wall-clock cap of WALL_SAFETY x
-    ``wall_cap_s`` (default ``time_limit_s``) is the safety net that keeps the limit on a slow or
-    loaded machine, and only then can the answer change. Otherwise ``workers`` threads stopped
-    on wall time (``wall_cap_s``, default ``time_limit_s``)."""
+    answer does not depend on machine speed or load), capped at WALL_SAFETY x ``time_limit_s`` of wall time,
+    or ``wall_cap_s`` if less (the wall time left to the whole call): a safety net that keeps the limit on a
+    slow or loaded machine, and only then can the answer change. Otherwise ``workers`` threads stopped
+    on wall time: ``time_limit_s``, or ``wall_cap_s`` if less."""
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.random_seed = seed
     prm.log_search_progress = verbose
-    wall = max(0.05, time_limit_s if wall_cap_s is None else wall_cap_s)
     if deterministic:
         prm.num_workers = 1
         prm.max_deterministic_time = det_per_second * time_limit_s
-        prm.max_time_in_seconds = WALL_SAFETY * wall
+        cap = WALL_SAFETY * time_limit_s
+        prm.max_time_in_seconds = max(0.05, cap if wall_cap_s is None else min(cap, wall_cap_s))
     else:
         prm.num_workers = max(1, workers)
-        prm.max_time_in_seconds = wall
+        prm.max_time_in_seconds = max(0.05, time_limit_s if wall_cap_s is None else min(time_limit_s, wall_cap_s))
     return solver
 
 
@@ -222,8 +223,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     as a constraint, so CP-SAT can close the gap. ``deterministic``: see :func:`configure`.
     ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
     model, exact only within that restriction. ``stop``: lets another thread end the search early
-    (``stats["stopped"]``). ``wall_cap_s``: wall-clock cap if less than ``time_limit_s`` (deterministic runs
-    whose share is counted on the deterministic clock).
+    (``stats["stopped"]``). ``wall_cap_s``: the wall time left to the whole call, if it caps the run (see
+    :func:`configure`; the model build counts against it).
     """
     t0 = time.perf_counter()
     p, n = problem, problem.n
@@ -357,8 +358,9 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
             m.AddHint(y, hint_cover.get((v, k, w)) == c)
 
     build_s = time.perf_counter() - t0  # the model build counts against the wall-clock limit
-    wall = time_limit_s if wall_cap_s is None else min(time_limit_s, wall_cap_s)
-    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=wall - build_s,
+    cap = (WALL_SAFETY if deterministic else 1.0) * time_limit_s
+    cap = cap if wall_cap_s is None else min(cap, wall_cap_s)
+    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=cap - build_s,
                        det_per_second=det_per_second(len(m.Proto().variables)))
     if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
         # the hint is a complete solution and proofs come from the relaxation bound, so every worker

@@ -128,7 +128,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     heur_time = _valid(problem, events, budget)
     relax_s = max(0.1, min(time_limit_s / 2, clock.left()))
     relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
-                             deterministic=deterministic)
+                             deterministic=deterministic, wall_cap_s=clock.wall_left())
     clock.charge(relax.work_s)
     # abandoned at the time limit: on long recompute chains one greedy run can take longer than the limit
     guided_events = guided(problem, budget, relax.evict, stop_at=t0 + time_limit_s) if relax.evict else None
@@ -144,7 +144,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     share = min(RESTRICTED_SHARE * time_limit_s, clock.left())
     if relax.evict and share > 0.05 and (events is None or objective_ticks(problem, events) > relax.ticks):
         r_events, extra["restricted_mip"], work = _restricted_mip(problem, budget, relax, share, workers, seed,
-                                                                  deterministic)
+                                                                  deterministic, clock.wall_left())
         clock.charge(work)
         r_time = extra["restricted_mip"]["replay_time"]
         if r_events is not None and (heur_time is None or r_time < heur_time):
@@ -217,22 +217,23 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
 
 
 def _restricted_mip(problem: Problem, budget: int, relax: Bound, time_limit_s: float, workers: int, seed: int,
-                    deterministic: bool) -> tuple[Events | None, dict[str, Any], float]:
+                    deterministic: bool, wall_cap_s: float) -> tuple[Events | None, dict[str, Any], float]:
     """CP-SAT where only the ops whose gaps the relaxation evicts may be rematerialised: a model a tenth
     the size of the full one, often solved at the relaxation bound in well under a second (then the
     schedule is proven optimal for the unrestricted problem). If that restriction is infeasible (a
     recompute may need an evicted input back), once more with those ops' inputs added. Its events (if
-    replay-valid), a summary and the seconds of the limit it used (see ``_Clock``)."""
+    replay-valid), a summary and the seconds of the limit it used (see ``_Clock``); ``wall_cap_s``: the wall
+    time left to the call."""
     t0 = time.perf_counter()
     ops = frozenset(u for u, _ in relax.evict)
     res = solve_mip(problem, budget, time_limit_s=time_limit_s, workers=workers, seed=seed, remat_ops=ops,
-                    lower_bound_ticks=relax.ticks, deterministic=deterministic)
+                    lower_bound_ticks=relax.ticks, deterministic=deterministic, wall_cap_s=wall_cap_s)
     used = res.work_s
     if res.status == "INFEASIBLE" and time_limit_s - used > 0.05:
         ops |= {w for u in ops for w in problem.inputs[u]}
         res = solve_mip(problem, budget, time_limit_s=time_limit_s - used, workers=workers, seed=seed,
                         remat_ops=ops, lower_bound_ticks=relax.ticks, deterministic=deterministic,
-                        wall_cap_s=time_limit_s - (time.perf_counter() - t0))
+                        wall_cap_s=wall_cap_s - (time.perf_counter() - t0))
         used += res.work_s
     replay_time = _valid(problem, res.events, budget)
     summary = {"status": res.status, "remat_ops": len(ops), "replay_time": replay_time,

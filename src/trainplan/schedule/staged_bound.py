@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from trainplan.schedule.bounds import Bound
-from trainplan.schedule.mip import _ticks, configure, time_unit, used_seconds
+from trainplan.schedule.mip import WALL_SAFETY, _ticks, configure, time_unit, used_seconds
 from trainplan.schedule.problem import Problem
 
 DET_BUDGET = 1500.0  # deterministic s per s of limit: min(cap, max(0.05, DET_BUDGET / variables)) with cap 0.4 for
@@ -291,10 +291,11 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     ``OPTIMAL_WITHOUT_STAGE_ROWS``: stopped (time, or the bound reached ``stop_at_ticks``, the cost of a
     known schedule) with rows still to add; otherwise CP-SAT's status of the last round. Also returns the
     last round's solution (None if it found none): ``staged_schedule.staged_events`` may turn it into a
-    schedule of the same cost. ``wall_cap_s``: a wall-clock cap below ``time_limit_s`` (deterministic runs);
-    the bound's ``work_s`` is the time used (mip.used_seconds)."""
+    schedule of the same cost. ``wall_cap_s``: the wall time left to the whole call, if it caps the rounds
+    (see mip.configure); the bound's ``work_s`` is the time used (mip.used_seconds)."""
     p = problem
-    wall_end = time.perf_counter() + (time_limit_s if wall_cap_s is None else min(time_limit_s, wall_cap_s))
+    wall = (WALL_SAFETY if deterministic else 1.0) * time_limit_s
+    wall_end = time.perf_counter() + (wall if wall_cap_s is None else min(wall, wall_cap_s))
     if budget_bytes < p.floor_bytes:  # some op's working set (or the keep set) alone is over the budget
         return Bound(math.inf, 0, "INFEASIBLE", True), None
     tu = time_unit(p)
@@ -312,7 +313,7 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
         det_rate = min(0.12 if lb_tree else 0.4, max(0.05, DET_BUDGET / variables))
         while left > MIN_SOLVE_S:
             solver = configure(left, 1, seed, deterministic, det_per_second=det_rate,  # 1 worker: 2 proved far less
-                               wall_cap_s=min(left, wall_end - time.perf_counter()))
+                               wall_cap_s=wall_end - time.perf_counter())
             solver.parameters.linearization_level = STAGED_LINEARIZATION
             solver.parameters.optimize_with_lb_tree_search = lb_tree
             code = solver.Solve(st.m)
