@@ -210,58 +210,65 @@ def model_variables(problem: Problem, ncop: list[int]) -> int:
     return 6 * sum(ncop) + covers
 
 
-def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
-              seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
-              lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False,
-              remat_ops: frozenset[int] | None = None, stop: SearchStop | None = None,
-              wall_cap_s: float | None = None) -> MipResult:
-    """Build and solve the CP-SAT model; decode the best solution into events.
+@dataclass
+class _Grid:
+    """Positions of the model: K[i] remat slots then (i < n) op i's first compute per block i, copies per op."""
 
-    ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
-    (defaults: C = 3, K = n up to 60 ops, else C = 2, K = 2; both raised to fit the hint).
-    ``lower_bound_ticks``: a proven bound in objective ticks (from bounds.relaxation_bound) added
-    as a constraint, so CP-SAT can close the gap. ``deterministic``: see :func:`configure`.
-    ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
-    model, exact only within that restriction. ``stop``: lets another thread end the search early
-    (``stats["stopped"]``). ``wall_cap_s``: the wall time left to the whole call, if it caps the run (see
-    :func:`configure`; the model build counts against it).
-    """
-    t0 = time.perf_counter()
-    p, n = problem, problem.n
-    cap = budget_bytes - p.fixed_bytes
-    if cap < 0:
-        return MipResult(None, "INFEASIBLE", None, None, time.perf_counter() - t0, None,
-                         {"note": "fixed_bytes exceed the budget"})
-    if hint and remat_ops is not None:
-        raise ValueError("a hint may rematerialise any op: it cannot be combined with remat_ops")
+    copies: int  # C
+    slots: list[int]  # K per block
+    base: list[int]  # first position of each block
+    horizon: int  # H
+    fpos: list[int]  # position of each op's first compute
+    ncop: list[int]  # copies of each op (1 where it may not be rematerialised)
+
+
+def _grid(p: Problem, copies: int | None, slots: int | None, hint_copies: list[list[_Copy]] | None,
+          hint_used: list[int], remat_ops: frozenset[int] | None) -> _Grid:
+    """The grid for C copies per op and K slots per block (defaults in :func:`solve_mip`), raised to fit the
+    hint; only ``remat_ops`` (default: every op) get copies beyond the first."""
+    n = p.n
     small = n <= 60
     C = copies or (3 if small else 2)
     K = [slots or (n if small else 2)] * (n + 1)
-    hint_copies, hint_cover = None, {}
-    if hint:
-        hint_copies, hint_cover, used = copies_from_events(p, hint)
+    if hint_copies is not None:
         C = max(C, max(len(c) for c in hint_copies))
-        K = [max(k, c) for k, c in zip(K, used)]
+        K = [max(k, c) for k, c in zip(K, hint_used)]
     base = [0] * (n + 1)
     for b in range(1, n + 1):
         base[b] = base[b - 1] + K[b - 1] + 1
-    H = base[n] + K[n]
-    fpos = [base[i] + K[i] for i in range(n)]
-    tu, bu = time_unit(p), byte_unit(cap)
     ncop = [C if (op.recompute or op.swap) and (remat_ops is None or u in remat_ops) else 1
             for u, op in enumerate(p.ops)]
-    size_estimate = model_variables(p, ncop)
-    if size_estimate > MAX_MODEL_VARIABLES:  # e.g. a hint with hundreds of recomputes of one op
-        note = f"model not built: about {size_estimate} variables > {MAX_MODEL_VARIABLES} ({C} copies per op)"
-        log.info("mip %s", note)
-        return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
-                         {"copies": C, "slots": max(K), "note": note})
-    m = cp_model.CpModel()
+    return _Grid(C, K, base, base[n] + K[n], [base[i] + K[i] for i in range(n)], ncop)
 
+
+@dataclass
+class _CpModel:
+    """The CP-SAT model and its variables, per op u and copy k: start ``s``, end ``e``, length ``size``,
+    presence ``pres``, recompute ``rc`` / swap-in ``sw`` literals (None for copy 0 or a forbidden way),
+    ``out`` (one swap-out), ``zs`` (copy resident at the end, keep ops), ``ys`` (copy c of input w covers
+    compute k of v)."""
+
+    m: cp_model.CpModel
+    s: list[list[Any]]
+    e: list[list[Any]]
+    size: list[list[Any]]
+    pres: list[list[Any]]
+    rc: list[list[Any]]
+    sw: list[list[Any]]
+    out: list[Any]
+    zs: dict[int, list[Any]]
+    ys: dict[tuple[int, int, int, int], Any]
+
+
+def _build(p: Problem, g: _Grid, cap: int, tu: float, bu: int, lower_bound_ticks: int) -> _CpModel:
+    """The constraint families of docs/schedule.md: copies (recompute or swap-in, ordered, disjoint), one
+    event per position, the memory cap (cumulative), inputs covered, keep ops resident at the end."""
+    n, H, fpos, ncop = p.n, g.horizon, g.fpos, g.ncop
+    m = cp_model.CpModel()
     true = m.NewConstant(1)
     # a remat copy starts in a slot after the op's first compute; first computes occupy their own
     # positions in the no-overlap below, so slots need no holed domains (slow to presolve)
-    s = [[m.NewConstant(fpos[u])] + [m.NewIntVar(base[u + 1], H - 1, f"s{u}_{k}") for k in range(1, ncop[u])]
+    s = [[m.NewConstant(fpos[u])] + [m.NewIntVar(g.base[u + 1], H - 1, f"s{u}_{k}") for k in range(1, ncop[u])]
          for u in range(n)]
     e = [[m.NewIntVar(fpos[u] if k == 0 else 0, H - 1, f"e{u}_{k}") for k in range(ncop[u])] for u in range(n)]
     size = [[m.NewIntVar(1, H, f"l{u}_{k}") for k in range(ncop[u])] for u in range(n)]
@@ -329,38 +336,84 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         _add_live_set_cuts(m, p, ys, cap // bu, bu)
     m.Add(sum(objective) >= lower_bound_ticks)
     m.Minimize(sum(objective))
+    return _CpModel(m, s, e, size, pres, rc, sw, out, zs, ys)
 
+
+def _add_hint(p: Problem, g: _Grid, v: _CpModel, hint_copies: list[list[_Copy]],
+              hint_cover: dict[tuple[int, int, int], int]) -> None:
+    """The hint schedule as a complete solution hint: every copy's position, way and cover literals."""
+    H, fpos, m = g.horizon, g.fpos, v.m
+
+    def pos(bs: tuple[int, int]) -> int:
+        return fpos[bs[0]] if bs[1] < 0 else g.base[bs[0]] + bs[1]
+
+    for u in range(p.n):
+        cs = hint_copies[u]
+        for k in range(g.ncop[u]):
+            c = cs[k] if k < len(cs) else None
+            start = pos((c.block, c.slot)) if c else (fpos[u] if k == 0 else 0)
+            end = H - 1 if (c and u in p.keep_idx and k == len(cs) - 1) else (pos(c.end) if c else start)
+            if k:
+                m.AddHint(v.s[u][k], start if c else g.base[u + 1])
+                m.AddHint(v.pres[u][k], c is not None)
+                if v.rc[u][k] is not None:
+                    m.AddHint(v.rc[u][k], c is not None and c.kind == "recompute")
+                if v.sw[u][k] is not None:
+                    m.AddHint(v.sw[u][k], c is not None and c.kind == "swap_in")
+                if not c:
+                    end = start = 0
+            m.AddHint(v.e[u][k], end)
+            m.AddHint(v.size[u][k], end - start + 1)
+        if v.out[u] is not None:
+            m.AddHint(v.out[u], any(c.kind == "swap_in" for c in cs))
+        for k, zk in enumerate(v.zs.get(u, [])):
+            m.AddHint(zk, k == len(cs) - 1)
+    for (w, c, vv, k), y in v.ys.items():
+        m.AddHint(y, hint_cover.get((vv, k, w)) == c)
+
+
+def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
+              seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
+              lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False,
+              remat_ops: frozenset[int] | None = None, stop: SearchStop | None = None,
+              wall_cap_s: float | None = None) -> MipResult:
+    """Build and solve the CP-SAT model; decode the best solution into events.
+
+    ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
+    (defaults: C = 3, K = n up to 60 ops, else C = 2, K = 2; both raised to fit the hint).
+    ``lower_bound_ticks``: a proven bound in objective ticks (from bounds.relaxation_bound) added
+    as a constraint, so CP-SAT can close the gap. ``deterministic``: see :func:`configure`.
+    ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
+    model, exact only within that restriction. ``stop``: lets another thread end the search early
+    (``stats["stopped"]``). ``wall_cap_s``: the wall time left to the whole call, if it caps the run (see
+    :func:`configure`; the model build counts against it).
+    """
+    t0 = time.perf_counter()
+    p, n = problem, problem.n
+    cap = budget_bytes - p.fixed_bytes
+    if cap < 0:
+        return MipResult(None, "INFEASIBLE", None, None, time.perf_counter() - t0, None,
+                         {"note": "fixed_bytes exceed the budget"})
+    if hint and remat_ops is not None:
+        raise ValueError("a hint may rematerialise any op: it cannot be combined with remat_ops")
+    hint_copies, hint_cover, used = copies_from_events(p, hint) if hint else (None, {}, [])
+    g = _grid(p, copies, slots, hint_copies, used, remat_ops)
+    tu, bu = time_unit(p), byte_unit(cap)
+    size_estimate = model_variables(p, g.ncop)
+    if size_estimate > MAX_MODEL_VARIABLES:  # e.g. a hint with hundreds of recomputes of one op
+        note = f"model not built: about {size_estimate} variables > {MAX_MODEL_VARIABLES} ({g.copies} copies per op)"
+        log.info("mip %s", note)
+        return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
+                         {"copies": g.copies, "slots": max(g.slots), "note": note})
+    model = _build(p, g, cap, tu, bu, lower_bound_ticks)
     if hint_copies is not None:
-        def pos(bs: tuple[int, int]) -> int:
-            return fpos[bs[0]] if bs[1] < 0 else base[bs[0]] + bs[1]
-        for u in range(n):
-            cs = hint_copies[u]
-            for k in range(ncop[u]):
-                c = cs[k] if k < len(cs) else None
-                start = pos((c.block, c.slot)) if c else (fpos[u] if k == 0 else 0)
-                end = H - 1 if (c and u in p.keep_idx and k == len(cs) - 1) else (pos(c.end) if c else start)
-                if k:
-                    m.AddHint(s[u][k], start if c else base[u + 1])
-                    m.AddHint(pres[u][k], c is not None)
-                    if rc[u][k] is not None:
-                        m.AddHint(rc[u][k], c is not None and c.kind == "recompute")
-                    if sw[u][k] is not None:
-                        m.AddHint(sw[u][k], c is not None and c.kind == "swap_in")
-                    if not c:
-                        end = start = 0
-                m.AddHint(e[u][k], end)
-                m.AddHint(size[u][k], end - start + 1)
-            if out[u] is not None:
-                m.AddHint(out[u], any(c.kind == "swap_in" for c in cs))
-            for k, zk in enumerate(zs.get(u, [])):
-                m.AddHint(zk, k == len(cs) - 1)
-        for (w, c, v, k), y in ys.items():
-            m.AddHint(y, hint_cover.get((v, k, w)) == c)
+        _add_hint(p, g, model, hint_copies, hint_cover)
+    m = model.m
 
     build_s = time.perf_counter() - t0  # the model build counts against the wall-clock limit
-    cap = (WALL_SAFETY if deterministic else 1.0) * time_limit_s
-    cap = cap if wall_cap_s is None else min(cap, wall_cap_s)
-    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=cap - build_s,
+    wall_cap = (WALL_SAFETY if deterministic else 1.0) * time_limit_s
+    wall_cap = wall_cap if wall_cap_s is None else min(wall_cap, wall_cap_s)
+    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=wall_cap - build_s,
                        det_per_second=det_per_second(len(m.Proto().variables)))
     if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
         # the hint is a complete solution and proofs come from the relaxation bound, so every worker
@@ -376,7 +429,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     status = solver.StatusName(code)
     wall = time.perf_counter() - t0
     work = used_seconds(solver, time_limit_s, deterministic) if deterministic else wall
-    stats = {"copies": C, "slots": K[0], "positions": H,
+    stats = {"copies": g.copies, "slots": g.slots[0], "positions": g.horizon,
              "remat_ops": n if remat_ops is None else len(remat_ops), "time_unit_s": tu, "byte_unit": bu,
              "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
              "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic,
@@ -385,7 +438,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         obj, bnd = solver.ObjectiveValue() * tu, solver.BestObjectiveBound() * tu
         log.info("mip %s objective %.6g s bound %.6g s wall %.2f s", status, obj, bnd, wall)
-        events = _decode(p, solver, H, s, e, pres, rc, out)
+        events = _decode(p, solver, g.horizon, model)
         return MipResult(events, status, obj, bnd, wall, None if cb.first is None else cb.first + build_s, stats,
                          work)
     log.info("mip %s after %.2f s", status, wall)
@@ -423,8 +476,9 @@ def _add_live_set_cuts(m: cp_model.CpModel, p: Problem, ys: dict, cap_units: int
             live[i] = p.users[i][0]
 
 
-def _decode(p: Problem, solver: cp_model.CpSolver, H: int, s, e, pres, rc, out) -> Events:
+def _decode(p: Problem, solver: cp_model.CpSolver, H: int, model: _CpModel) -> Events:
     """Events by position: the compute/swap-in, the first copy's swap-out, then frees of copies ending there."""
+    s, e, pres, rc, out = model.s, model.e, model.pres, model.rc, model.out
     at: dict[int, tuple[str, int]] = {}
     outs: set[int] = set()
     frees: dict[int, list[int]] = {}
