@@ -5,7 +5,7 @@ import math
 import pytest
 
 from schedule_exact import exact_min_time
-from trainplan.schedule import replay, solve
+from trainplan.schedule import solve
 from trainplan.schedule.chain import adjoint_chain, chain_min_steps, revolve_min_steps
 
 

@@ -90,8 +90,7 @@ def _cpu_allocator_peak(run: Callable[[], RunResult]) -> int | None:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = run()
-        del result
+        run()  # its outputs are released on return, after the peak counted them
     try:
         stack = list(prof.profiler.kineto_results.experimental_event_tree())
     except AttributeError:  # private API moved: say so rather than guess
@@ -116,8 +115,7 @@ def allocator_peak(run: Callable[[], RunResult], device: torch.device, start_byt
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        result = run()
-        del result
+        run()  # its outputs are released on return, after the peak counted them
         return start_bytes + int(torch.cuda.max_memory_allocated(device)) - before
     extra = _cpu_allocator_peak(run)
     return None if extra is None else start_bytes + extra

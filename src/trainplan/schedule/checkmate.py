@@ -59,20 +59,11 @@ def _stage_hint(problem: Problem, events: list[tuple[str, str]]) -> tuple[set[tu
     return R, S
 
 
-def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0) -> Schedule:
-    """Solve the recompute-only MILP at ``problem.budget_bytes``; report the solver status honestly."""
-    t0 = time.perf_counter()
-    p, n, budget = problem, problem.n, problem.budget_bytes
-    size = model_size(p)
-    if size > MAX_VARIABLES:
-        return no_schedule(budget, "checkmate", time.perf_counter() - t0,
-                           f"model not built: {size} variables > {MAX_VARIABLES} (O(n^2) stage grid)",
-                           {"milp_status": "NOT_BUILT"})
-    cap = budget - p.fixed_bytes
-    if cap < 0:
-        return no_schedule(budget, "checkmate", time.perf_counter() - t0, "fixed_bytes exceed the budget",
-                           {"milp_status": "INFEASIBLE"})
-    bu, tu = byte_unit(cap), time_unit(p)
+def _build(p: Problem, bu: int, tu: float) -> tuple[cp_model.CpModel, dict, dict]:
+    """The MILP at ``p.budget_bytes`` (R, S, FREE, U; memory in units of ``bu`` bytes, time in ticks of ``tu``
+    s), hinted with the recompute-only greedy schedule where one fits."""
+    n = p.n
+    cap_units = (p.budget_bytes - p.fixed_bytes) // bu
     b = [math.ceil(op.bytes / bu) for op in p.ops]
     m = cp_model.CpModel()
     R: dict[tuple[int, int], Any] = {}
@@ -85,7 +76,7 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
             S[t, i] = m.NewBoolVar(f"S{t}_{i}")
     for i in range(n):  # the final state: keep ops on device, nothing else
         S[n, i] = m.NewConstant(1 if i in p.keep_idx else 0)
-    events = greedy(p, budget, allow_swap=False)  # recompute-only greedy: a complete hint
+    events = greedy(p, p.budget_bytes, allow_swap=False)  # recompute-only greedy: a complete hint
     hr, hs = _stage_hint(p, events) if events is not None else (None, None)
 
     def rv(t: int, i: int) -> bool:
@@ -105,7 +96,7 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
         uh = sum(b[i] for i in range(t) if hr is not None and sv(t, i))
         for k in range(t + 1):  # memory after computing k, then frees of k's inputs and k
             U = U + b[k] * R[t, k]
-            m.Add(U + math.ceil(p.ops[k].workspace / bu) * R[t, k] <= cap // bu)
+            m.Add(U + math.ceil(p.ops[k].workspace / bu) * R[t, k] <= cap_units)
             freed = []
             uh += b[k] * (hr is not None and rv(t, k))
             for i in (*p.inputs[k], k):
@@ -119,10 +110,10 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
                     fh = rv(t, k) and not sv(t + 1, i) and not any(rv(t, j) for j in later)
                     m.AddHint(f, fh)
                     uh -= b[i] * fh
-            u_next = m.NewIntVar(0, cap // bu, f"U{t}_{k}")
+            u_next = m.NewIntVar(0, cap_units, f"U{t}_{k}")
             m.Add(u_next == U - sum(freed))
             if hr is not None:
-                m.AddHint(u_next, min(max(uh, 0), cap // bu))
+                m.AddHint(u_next, min(max(uh, 0), cap_units))
             U = u_next
     m.Minimize(sum(_ticks(p.ops[i].time, tu) * R[t, i] for (t, i) in R))
     if hr is not None:
@@ -132,19 +123,14 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
         for (t, i), var in S.items():
             if t < n:
                 m.AddHint(var, sv(t, i))
-    solver = configure(time_limit_s, workers, seed, deterministic=False)
-    solver.parameters.cp_model_probing_level = 0  # probing dominates presolve on this model
-    code = solver.Solve(m)
-    status = solver.StatusName(code)
-    wall = time.perf_counter() - t0
-    extra = {"milp_status": status, "milp_variables": len(m.Proto().variables), "time_unit_s": tu, "byte_unit": bu}
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        note = "time limit without a solution" if code == cp_model.UNKNOWN else "recompute-only infeasible at this budget"
-        return no_schedule(budget, "checkmate", wall, note, extra)
-    extra["milp_bound_recompute_only"] = solver.BestObjectiveBound() * tu
+    return m, R, S
+
+
+def _decode(p: Problem, solver: cp_model.CpSolver, R: dict, S: dict) -> list[tuple[str, str]]:
+    """Events of a solution: each stage's computes in order, each followed by the frees it allows."""
     events: list[tuple[str, str]] = []
     resident: set[int] = set()
-    for t in range(n):
+    for t in range(p.n):
         for k in range(t + 1):
             if not solver.BooleanValue(R[t, k]):
                 continue
@@ -159,5 +145,33 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
             if not solver.BooleanValue(S[t + 1, i]):
                 events.append(("free", p.ops[i].id))
                 resident.discard(i)
-    return from_events(p, events, budget_bytes=budget, method="checkmate", solve_seconds=wall,
+    return events
+
+
+def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0) -> Schedule:
+    """Solve the recompute-only MILP at ``problem.budget_bytes``; report the solver status honestly."""
+    t0 = time.perf_counter()
+    p, budget = problem, problem.budget_bytes
+    size = model_size(p)
+    if size > MAX_VARIABLES:
+        return no_schedule(budget, "checkmate", time.perf_counter() - t0,
+                           f"model not built: {size} variables > {MAX_VARIABLES} (O(n^2) stage grid)",
+                           {"milp_status": "NOT_BUILT"})
+    cap = budget - p.fixed_bytes
+    if cap < 0:
+        return no_schedule(budget, "checkmate", time.perf_counter() - t0, "fixed_bytes exceed the budget",
+                           {"milp_status": "INFEASIBLE"})
+    bu, tu = byte_unit(cap), time_unit(p)
+    m, R, S = _build(p, bu, tu)
+    solver = configure(time_limit_s, workers, seed, deterministic=False)
+    solver.parameters.cp_model_probing_level = 0  # probing dominates presolve on this model
+    code = solver.Solve(m)
+    status = solver.StatusName(code)
+    wall = time.perf_counter() - t0
+    extra = {"milp_status": status, "milp_variables": len(m.Proto().variables), "time_unit_s": tu, "byte_unit": bu}
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        note = "time limit without a solution" if code == cp_model.UNKNOWN else "recompute-only infeasible at this budget"
+        return no_schedule(budget, "checkmate", wall, note, extra)
+    extra["milp_bound_recompute_only"] = solver.BestObjectiveBound() * tu
+    return from_events(p, _decode(p, solver, R, S), budget_bytes=budget, method="checkmate", solve_seconds=wall,
                        optimal=False, extra=extra)
