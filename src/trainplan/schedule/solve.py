@@ -110,12 +110,28 @@ class _Clock:
         return self.limit_s - self.used_s if self.deterministic else self.wall_left()
 
 
+@dataclass
+class _Incumbent:
+    """The best replay-valid schedule so far: events, origin, replayed time, seconds to the first valid one."""
+
+    events: Events | None
+    name: str
+    time: float | None
+    first: float | None
+
+    def offer(self, events: Events | None, time_s: float | None, name: str, t0: float) -> None:
+        """Take ``events`` (replayed time ``time_s``, None if invalid) if they are faster."""
+        if time_s is not None and (self.time is None or time_s < self.time):
+            self.events, self.name, self.time = events, name, time_s
+            self.first = time.perf_counter() - t0 if self.first is None else self.first
+
+
 def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, seed: int,
              deterministic: bool, copies: int | None, verbose: bool,
              limit_if_no_heuristic_s: float | None = None, wall_limit_s: float | None = None) -> Schedule:
     """Greedy schedules, then the relaxation bound, its guided schedule and CP-SAT restricted to the ops it
-    rematerialises, then full CP-SAT from the best hint; the answer is the best replay-valid schedule
-    with the best proven bound.
+    rematerialises, the staged bound, then full CP-SAT from the best hint; the answer is the best
+    replay-valid schedule with the best proven bound.
     ``limit_if_no_heuristic_s``: the (shorter) limit to use when no greedy schedule fits, so a
     budget that is probably infeasible leaves time for the bisection. ``wall_limit_s``: a wall-clock limit
     below ``time_limit_s`` (see ``_Clock``)."""
@@ -125,71 +141,82 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     if events is None and limit_if_no_heuristic_s is not None:
         time_limit_s = clock.limit_s = min(time_limit_s, limit_if_no_heuristic_s)
         clock.wall_limit_s = min(clock.wall_limit_s, limit_if_no_heuristic_s)
-    heur_time = _valid(problem, events, budget)
+    inc = _Incumbent(events, name, _valid(problem, events, budget), first)
     relax_s = max(0.1, min(time_limit_s / 2, clock.left()))
     relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
                              deterministic=deterministic, wall_cap_s=clock.wall_left())
     clock.charge(relax.work_s)
     # abandoned at the time limit: on long recompute chains one greedy run can take longer than the limit
     guided_events = guided(problem, budget, relax.evict, stop_at=t0 + time_limit_s) if relax.evict else None
-    guided_time = _valid(problem, guided_events, budget)
-    if guided_time is not None and (heur_time is None or guided_time < heur_time):
-        events, name, heur_time = guided_events, "relaxation-guided", guided_time
-        first = time.perf_counter() - t0 if first is None else first
+    inc.offer(guided_events, _valid(problem, guided_events, budget), "relaxation-guided", t0)
     extra: dict[str, Any] = {"relaxation": {"bound": relax.seconds, "status": relax.status},
                              "time_no_recompute": problem.compute_time}
     if relax.infeasible:
-        extra.update(heuristic=name or None, heuristic_time=heur_time, first_feasible_seconds=None)
+        extra.update(heuristic=inc.name or None, heuristic_time=inc.time, first_feasible_seconds=None)
         return no_schedule(budget, "ours", time.perf_counter() - t0, "proven infeasible (relaxation)", extra)
     share = min(RESTRICTED_SHARE * time_limit_s, clock.left())
-    if relax.evict and share > 0.05 and (events is None or objective_ticks(problem, events) > relax.ticks):
+    if relax.evict and share > 0.05 and (inc.events is None or objective_ticks(problem, inc.events) > relax.ticks):
         r_events, extra["restricted_mip"], work = _restricted_mip(problem, budget, relax, share, workers, seed,
                                                                   deterministic, clock.wall_left())
         clock.charge(work)
-        r_time = extra["restricted_mip"]["replay_time"]
-        if r_events is not None and (heur_time is None or r_time < heur_time):
-            events, name, heur_time = r_events, "relaxation-restricted-mip", r_time
-            first = time.perf_counter() - t0 if first is None else first
-    extra.update(heuristic=name or None, heuristic_time=heur_time)
+        inc.offer(r_events, extra["restricted_mip"]["replay_time"], "relaxation-restricted-mip", t0)
+    extra.update(heuristic=inc.name or None, heuristic_time=inc.time)
     best, res = relax, None
-    if events is not None and objective_ticks(problem, events) > relax.ticks:
-        left = clock.left()
-        # deterministic CP-SAT runs one worker: with 2+, it runs beside the staged model, from the same hint
-        beside = workers >= 2 and deterministic
-        share = _staged_share(problem, left, time_limit_s, parallel=beside)
-        if share is not None:
-            stop = SearchStop()
-            with ThreadPoolExecutor(1) as pool:
-                mip = pool.submit(solve_mip, problem, budget, time_limit_s=share, workers=1, seed=seed,
-                                  hint=events, copies=copies, lower_bound_ticks=relax.ticks,
-                                  deterministic=deterministic, verbose=verbose, stop=stop,
-                                  wall_cap_s=clock.wall_left()) if beside else None
-                staged, s_events, s_time = _staged(problem, budget, share, seed, deterministic,
-                                                   objective_ticks(problem, events), clock.wall_left(), extra)
-                best = staged if staged.ticks > relax.ticks else relax
-                if s_time is not None and (heur_time is None or s_time < heur_time):
-                    events, name, heur_time = s_events, "staged-model", s_time
-                    extra.update(heuristic=name, heuristic_time=heur_time)
-                if mip is not None:
-                    if objective_ticks(problem, events) <= best.ticks:  # proven: CP-SAT's answer is not used
-                        stop.stop()
-                    res = mip.result()
-            # beside CP-SAT the two ran at once: the longer is charged (CP-SAT is stopped early only by a proof,
-            # and then no step follows)
-            clock.charge(max(staged.work_s, 0.0 if res is None else res.work_s))
+    if inc.events is not None and objective_ticks(problem, inc.events) > relax.ticks:
+        best, res = _staged_phase(problem, budget, relax, inc, clock, workers, seed, copies, verbose, extra)
     remaining = clock.left()
     # a schedule at the bound in objective ticks is optimal among all schedules (first computes in program order)
-    proven = events is not None and objective_ticks(problem, events) <= best.ticks
+    proven = inc.events is not None and objective_ticks(problem, inc.events) <= best.ticks
     if res is None and proven:  # CP-SAT cannot improve it
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the lower bound"})
-    elif res is None and events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
+    elif res is None and inc.events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
         # heuristics and relaxation used the time; building a big model would overrun the limit
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": f"{remaining:.1f} s left"})
     elif res is None:  # after the staged model (or instead of it), from the best schedule and bound
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
-                        hint=events, copies=copies, lower_bound_ticks=best.ticks,
+                        hint=inc.events, copies=copies, lower_bound_ticks=best.ticks,
                         deterministic=deterministic, verbose=verbose, wall_cap_s=clock.wall_left())
+    return _answer(problem, budget, inc, best, proven, res, t0, extra)
+
+
+def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, clock: _Clock, workers: int,
+                  seed: int, copies: int | None, verbose: bool, extra: dict[str, Any]) -> tuple[Bound, MipResult | None]:
+    """The staged bound (small problems only), and in deterministic runs with 2+ workers CP-SAT beside it from
+    the incumbent, stopped if the staged model proves a schedule. The better bound, and CP-SAT's result if it
+    ran; the incumbent takes the staged schedule if it is faster."""
+    left = clock.left()
+    # deterministic CP-SAT runs one worker: with 2+, it runs beside the staged model, from the same hint
+    beside = workers >= 2 and clock.deterministic
+    share = _staged_share(problem, left, clock.limit_s, parallel=beside)
+    if share is None:
+        return relax, None
+    res = None
+    stop = SearchStop()
+    with ThreadPoolExecutor(1) as pool:
+        mip = pool.submit(solve_mip, problem, budget, time_limit_s=share, workers=1, seed=seed,
+                          hint=inc.events, copies=copies, lower_bound_ticks=relax.ticks,
+                          deterministic=clock.deterministic, verbose=verbose, stop=stop,
+                          wall_cap_s=clock.wall_left()) if beside else None
+        staged, s_events, s_time = _staged(problem, budget, share, seed, clock.deterministic,
+                                           objective_ticks(problem, inc.events), clock.wall_left(), extra)
+        best = staged if staged.ticks > relax.ticks else relax
+        inc.offer(s_events, s_time, "staged-model", clock.t0)
+        extra.update(heuristic=inc.name, heuristic_time=inc.time)
+        if mip is not None:
+            if objective_ticks(problem, inc.events) <= best.ticks:  # proven: CP-SAT's answer is not used
+                stop.stop()
+            res = mip.result()
+    # beside CP-SAT the two ran at once: the longer is charged (CP-SAT is stopped early only by a proof,
+    # and then no step follows)
+    clock.charge(max(staged.work_s, 0.0 if res is None else res.work_s))
+    return best, res
+
+
+def _answer(problem: Problem, budget: int, inc: _Incumbent, best: Bound, proven: bool, res: MipResult, t0: float,
+            extra: dict[str, Any]) -> Schedule:
+    """The better of CP-SAT's schedule and the incumbent, with the best valid bound and the extras."""
     mip_time = _valid(problem, res.events, budget)
+    first = inc.first
     if first is None and res.first_solution_s is not None:
         first = time.perf_counter() - t0 - res.wall_s + res.first_solution_s
     extra["mip"] = {"status": res.status, "objective": res.objective_s, "bound": res.bound_s,
@@ -200,15 +227,15 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     # CP-SAT's "optimal" within its model is said in the extra.
     bound = best.seconds
     elapsed = time.perf_counter() - t0
-    if not proven and mip_time is not None and (heur_time is None or mip_time <= heur_time):
+    if not proven and mip_time is not None and (inc.time is None or mip_time <= inc.time):
         at_bound = objective_ticks(problem, res.events) <= best.ticks  # proven even if CP-SAT did not notice
         if res.status == "OPTIMAL" and not at_bound:
             extra["optimal_within"] = (f"the CP-SAT model: {res.stats.get('copies')} copies per op, "
                                        f"{res.stats.get('slots')} remat slots per block")
         return from_events(problem, res.events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
                            bound=bound, optimal=at_bound, extra=extra)
-    if events is not None:
-        return from_events(problem, events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
+    if inc.events is not None:
+        return from_events(problem, inc.events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
                            bound=bound, optimal=proven, extra=extra)
     note = ("no schedule found: the CP-SAT model (at most C copies per op, K remat slots per block) is "
             "infeasible; not a proof for the unrestricted problem" if res.status == "INFEASIBLE"
