@@ -87,9 +87,11 @@ class StageTime:
         return statistics.median(self.baseline_runs_s)
 
 
-def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, measured: StageTime,
-                 tol: Tolerances) -> dict[str, Any]:
-    """One stage's predicted vs measured numbers, named mismatches, and the reasons it failed (if any)."""
+def _memory_checks(stage: StagePlan, records: list[EventRecord], pred: Predicted,
+                   tol: Tolerances) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """Reasons the stage fails on memory (stated vs replayed numbers, measured peak vs plan and budget, the
+    first diverging event, tensor sizes); the memory fields of the report, and its diagnosis (the peak event,
+    the first divergence, the size mismatches)."""
     sched, i = stage.schedule, stage.index
     stated_peak, stated_time, budget = int(sched["peak_bytes"]), float(sched["time"]), int(sched["budget_bytes"])
     measured_peak = max(r.bytes_peak for r in records)
@@ -126,6 +128,24 @@ def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, 
     if not respected:
         reasons.append(f"stage {i}: measured peak {measured_peak} B exceeds the budget {budget} B by "
                        f"{_pct(over_budget)} (tolerance {tol.budget_over:.0%}){why}")
+    return reasons, {
+        "budget_bytes": budget,
+        "requested_budget_bytes": int(stage.raw.get("budget_bytes", budget)),
+        "predicted_peak_bytes": stated_peak,
+        "measured_peak_bytes": measured_peak,
+        "peak_rel_err": peak_err,
+        "budget_respected": respected,
+        "over_budget_rel": over_budget,
+        "host_peak_bytes": max(r.host_bytes for r in records),
+    }, {"peak_event": peak_event, "first_divergence": first, "diverging_events": len(diverged),
+        "size_mismatches": sizes[:10], "size_mismatch_count": len(sizes)}
+
+
+def _time_checks(stage: StagePlan, pred: Predicted, measured: StageTime,
+                 tol: Tolerances) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Reasons the stage fails on step time (raw or at the machine's load now, per ``tol.time_basis``),
+    warnings where only the other basis is off, and the time fields of the report."""
+    i, stated_time = stage.index, float(stage.schedule["time"])
     time_s = measured.median_s
     time_err = _rel(time_s, stated_time)
     # the machine's speed now vs when it was profiled, from the no-recompute run timed alongside the plan
@@ -142,6 +162,7 @@ def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, 
     adjusted_err = statistics.median(t / cost_now(b) - 1 for t, b in zip(measured.runs_s, measured.baseline_runs_s)) \
         if profiled else None
     gated = adjusted_err if tol.time_basis == "load_adjusted" else time_err
+    reasons: list[str] = []
     warnings: list[str] = []
     raw_off = f"step time {time_s:.4f} s is {_pct(time_err)} off the planned {stated_time:.4f} s"
     if gated is None or abs(gated) > tol.time_rel:
@@ -152,25 +173,13 @@ def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, 
         warnings.append(f"stage {i}: {raw_off} (beyond {tol.time_rel:.0%}): its no-recompute events ran "
                         f"{load or 0:.2f}x their profiled time in this process and its transfers cost "
                         f"x{measured.link_scale:.2f}; {_pct(adjusted_err)} off its cost now")
-    return {
-        "index": i,
-        "status": "failed" if reasons else "passed",
-        "reasons": reasons,
-        "warnings": warnings,
-        "budget_bytes": budget,
-        "requested_budget_bytes": int(stage.raw.get("budget_bytes", budget)),
-        "predicted_peak_bytes": stated_peak,
-        "measured_peak_bytes": measured_peak,
-        "peak_rel_err": peak_err,
-        "budget_respected": respected,
-        "over_budget_rel": over_budget,
-        "host_peak_bytes": max(r.host_bytes for r in records),
+    return reasons, warnings, {
         "predicted_time_s": stated_time,
         "measured_time_s": time_s,
         "measured_time_runs_s": measured.runs_s,
         "time_rel_err": time_err,
         "communication_s": measured.communication_s,
-        "no_recompute_predicted_s": stage.problem.compute_time,
+        "no_recompute_predicted_s": profiled,
         "no_recompute_measured_s": measured.baseline_s,
         "load_factor": load,
         "predicted_transfer_s": transfer_s,
@@ -178,13 +187,26 @@ def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, 
         "predicted_time_now_s": now_s,
         "time_rel_err_load_adjusted": adjusted_err,
         "time_basis": tol.time_basis,
+    }
+
+
+def stage_report(stage: StagePlan, records: list[EventRecord], pred: Predicted, measured: StageTime,
+                 tol: Tolerances) -> dict[str, Any]:
+    """One stage's predicted vs measured numbers, named mismatches, and the reasons it failed (if any)."""
+    mem_reasons, mem_fields, diagnosis = _memory_checks(stage, records, pred, tol)
+    time_reasons, warnings, time_fields = _time_checks(stage, pred, measured, tol)
+    reasons = mem_reasons + time_reasons
+    sched = stage.schedule
+    return {
+        "index": stage.index,
+        "status": "failed" if reasons else "passed",
+        "reasons": reasons,
+        "warnings": warnings,
+        **mem_fields,
+        **time_fields,
         "events": len(records),
         "recomputes": sched.get("recomputes"),
         "swap_ins": sched.get("swap_ins"),
         "swap_outs": sched.get("swap_outs"),
-        "peak_event": peak_event,
-        "first_divergence": first,
-        "diverging_events": len(diverged),
-        "size_mismatches": sizes[:10],
-        "size_mismatch_count": len(sizes),
+        **diagnosis,
     }
