@@ -144,15 +144,18 @@ def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
     prm = solver.parameters
     prm.random_seed = seed
     prm.log_search_progress = verbose
+    prm.num_workers = 1 if deterministic else max(1, workers)
     if deterministic:
-        prm.num_workers = 1
         prm.max_deterministic_time = det_per_second * time_limit_s
-        cap = WALL_SAFETY * time_limit_s
-        prm.max_time_in_seconds = max(0.05, cap if wall_cap_s is None else min(cap, wall_cap_s))
-    else:
-        prm.num_workers = max(1, workers)
-        prm.max_time_in_seconds = max(0.05, time_limit_s if wall_cap_s is None else min(time_limit_s, wall_cap_s))
+    prm.max_time_in_seconds = max(0.05, wall_cap(time_limit_s, deterministic, wall_cap_s))
     return solver
+
+
+def wall_cap(time_limit_s: float, deterministic: bool, wall_cap_s: float | None = None) -> float:
+    """Wall-clock seconds a run with this limit may take: WALL_SAFETY x the limit in a deterministic run (a
+    safety net), the limit otherwise; never more than ``wall_cap_s`` (the wall time left to the whole call)."""
+    cap = (WALL_SAFETY if deterministic else 1.0) * time_limit_s
+    return cap if wall_cap_s is None else min(cap, wall_cap_s)
 
 
 def used_seconds(solver: cp_model.CpSolver, time_limit_s: float, deterministic: bool) -> float:
@@ -411,9 +414,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     m = model.m
 
     build_s = time.perf_counter() - t0  # the model build counts against the wall-clock limit
-    wall_cap = (WALL_SAFETY if deterministic else 1.0) * time_limit_s
-    wall_cap = wall_cap if wall_cap_s is None else min(wall_cap, wall_cap_s)
-    solver = configure(time_limit_s, workers, seed, deterministic, verbose, wall_cap_s=wall_cap - build_s,
+    solver = configure(time_limit_s, workers, seed, deterministic, verbose,
+                       wall_cap_s=wall_cap(time_limit_s, deterministic, wall_cap_s) - build_s,
                        det_per_second=det_per_second(len(m.Proto().variables)))
     if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
         # the hint is a complete solution and proofs come from the relaxation bound, so every worker

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from trainplan.schedule.bounds import Bound
-from trainplan.schedule.mip import WALL_SAFETY, _ticks, configure, time_unit, used_seconds
+from trainplan.schedule.mip import _ticks, configure, time_unit, used_seconds, wall_cap
 from trainplan.schedule.problem import Problem
 
 DET_BUDGET = 1500.0  # deterministic s per s of limit: min(cap, max(0.05, DET_BUDGET / variables)) with cap 0.4 for
@@ -294,8 +294,7 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     schedule of the same cost. ``wall_cap_s``: the wall time left to the whole call, if it caps the rounds
     (see mip.configure); the bound's ``work_s`` is the time used (mip.used_seconds)."""
     p = problem
-    wall = (WALL_SAFETY if deterministic else 1.0) * time_limit_s
-    wall_end = time.perf_counter() + (wall if wall_cap_s is None else min(wall, wall_cap_s))
+    wall_end = time.perf_counter() + wall_cap(time_limit_s, deterministic, wall_cap_s)
     if budget_bytes < p.floor_bytes:  # some op's working set (or the keep set) alone is over the budget
         return Bound(math.inf, 0, "INFEASIBLE", True), None
     tu = time_unit(p)
