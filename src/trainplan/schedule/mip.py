@@ -127,8 +127,9 @@ DET_PER_SECOND = 0.04  # deterministic s per wall s of limit: CP-SAT 9.15 measur
 DET_SMALL_MODEL = 400.0  # smaller models advance the clock faster (0.19 per wall s at 1.9k variables, 0.13
 DET_MAX_PER_SECOND = 0.1  # at 9k, 0.01-0.05 at 19k): min(0.1, max(0.04, 400 / variables)), about half of that
 LNS_ONLY_ABOVE = 60  # ops: above this, a hinted wall-clock run gives every worker to LNS (see solve_mip)
-WALL_SAFETY = 2.0  # wall-clock cap of a deterministic run, as a multiple of its share (a safety net; the rates
-# above are set to about half of what this host reaches, so a run normally ends at half its share)
+WALL_SAFETY = 2.0  # wall-clock cap of a deterministic run, as a multiple of its share (a safety net). The rates
+# above are about half of what this host reaches on most models, but not on all: some hinted 5.5k-variable
+# models reach 0.02-0.06 (rate 0.07), and 19k-variable ones 0.01-0.05 (rate 0.04); there the cap stops them
 
 
 def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
