@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Callable
 
+from trainplan.align.units import AlignError
 from trainplan.io import ArtifactError
 from trainplan.schedule.problem import ProblemError
 
@@ -53,6 +54,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse.Namespace], int]]] = {
     "schedule": _add_schedule,
+    "align": lambda sub: __import__("trainplan.align.cli", fromlist=["add_parser"]).add_parser(sub),
 }
 
 
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return runners[args.command](args)
-    except (ArtifactError, ProblemError) as exc:
+    except (ArtifactError, ProblemError, AlignError) as exc:
         print(f"trainplan {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
