@@ -1,5 +1,6 @@
 import hashlib
 import importlib.util
+import os
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -21,6 +22,8 @@ for _key in list(config):
     config[_key] = _sorted_keys(config[_key])
 
 MODELS = config["study"]["plan"]
+# The alignment stage runs over every model of the study (planned or overflow-checked), each once.
+ALIGN_MODELS = list(dict.fromkeys(MODELS + config["study"].get("overflow", [])))
 DEVICE = config["device"]
 
 
@@ -125,6 +128,18 @@ def validation_files():
     )
 
 
+def align_policy(wildcards):
+    """Precision policy of the model's ops for alignment: the overflow loop's final policy when the model
+    has an overflow run, else the starting policy (`overflow.policy`)."""
+    if wildcards.model in config["study"].get("overflow", []):
+        return f"results/overflow/{wildcards.model}/final_policy.yaml"
+    policy = config["overflow"]["policy"]
+    # relative to the working directory, else to the workflow (a study run in another --directory)
+    if os.path.isabs(policy) or os.path.exists(policy):
+        return policy
+    return os.path.join(workflow.basedir, policy)
+
+
 def all_targets():
     """Every final artifact of the study."""
     return expand(
@@ -150,4 +165,4 @@ def all_targets():
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []
-    )
+    ) + ["results/align/study.csv", "results/plots/align/align.png"]

@@ -363,21 +363,29 @@ def _reduction(spec: OpSpec, target: Any, b: _Builder) -> Problem:
 
 
 def _attention(spec: OpSpec, target: Any, b: _Builder) -> Problem:
-    causal = bool(spec.args.get("is_causal", False))
-    q_role = "query" if "query" in spec.inputs else primary_arg(target)
+    q_role = primary_arg(target)
     q = spec.inputs[q_role]
     _need_rank(spec, q_role, q, (4,))
-    seq = "an added query at the end is discarded; an added key at the end comes after every real query, so the causal mask hides it"
+    masked = "attn_mask" in spec.inputs
+    causal = bool(spec.args.get("is_causal", False))
+    seq = ("added keys get -inf in the mask (added query rows 0); added queries are discarded" if masked else
+           "an added query at the end is discarded; an added key at the end comes after every real query, so the causal mask hides it")
     b.axis("BH", q[0] * q[1], "batch", padable=False)
-    b.axis("L", q[2], "rows", padable=causal, reason=seq if causal else "no causal mask: an added key would change every softmax")
-    b.axis("D", q[3], "columns", reason="zero head-dim entries add 0 to every q.k and give added output columns, discarded; the scale is 1/sqrt(real head dim)")
+    b.axis("L", q[2], "rows", padable=masked or causal,
+           reason=seq if masked or causal else "no mask: an added key would change every softmax")
+    b.axis("D", q[3], "columns", reason="zero head-dim entries add 0 to every q.k and give added output columns, "
+                                         "discarded; the scale is passed as 1/sqrt(real head dim)")
     for role, s in _all_tensors(spec):
-        if role in ("logsumexp",) or len(s) != 4:
+        _need_rank(spec, role, s, (4,))
+        if role == "attn_mask":
+            _check(spec, role, s[2] * s[3], q[2] * q[2], "query x key positions")
+            m = b.axis("BHm", s[0] * s[1], "batch", padable=False)
+            b.tensor(role, s, (m, "L", "L"), EITHER, (("L",), ("L",)), {"L": "0 (query rows), -inf (key columns)"})
             continue
         _check(spec, role, s[0] * s[1], q[0] * q[1], "batch x heads")
-        lk = "L" if s[2] == q[2] else b.axis(f"L_{role}", s[2], "rows", padable=False)
+        seq_axis = "L" if s[2] == q[2] else b.axis(f"L_{role}", s[2], "rows", padable=False)
         dv = "D" if s[3] == q[3] else b.axis(f"D_{role}", s[3], "columns", padable=False)
-        b.tensor(role, s, ("BH", lk, dv), EITHER, ((lk,), (dv,)), {lk: "0", dv: "0"})
+        b.tensor(role, s, ("BH", seq_axis, dv), EITHER, ((seq_axis,), (dv,)), {seq_axis: "0", dv: "0"})
     return b.problem()
 
 
