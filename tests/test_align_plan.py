@@ -135,6 +135,9 @@ def test_every_class_never_above_naive():
             for spec in specs:
                 p = plan_op(spec, g)
                 assert p["pad_elements"] <= p["naive_pad_elements"], (spec, g)
+                assert all(t["aligned_after"] for t in p["tensors"]), (spec, g)
+                # the planned pad is exactly the padded views' extra elements
+                assert p["pad_elements"] == sum(math.prod(t["padded_view"]) - math.prod(t["shape"]) for t in p["tensors"])
 
 
 @pytest.mark.parametrize("entry,needle", [

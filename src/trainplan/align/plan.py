@@ -46,6 +46,8 @@ def plan_op(spec: OpSpec, granularity: int) -> dict[str, Any]:
             "pad_elements": after - t.numel(),
             "naive_pad_elements": naive_numel(t.shape, q) - t.numel(),
             "aligned_before": aligned(t, problem.axes, {}, q),
+            # naive: every dimension a multiple of q, so every count, stride and block is
+            "aligned_after": strategy == "naive" or aligned(t, problem.axes, padded, q),
             "pad_values": {problem.axes[a].kind: t.values.get(a, "0") for a in padded if a in t.view},
         })
     first = tensors[0] if tensors else None
@@ -95,6 +97,7 @@ def totals(plans: list[dict[str, Any]]) -> dict[str, Any]:
         "naive_pad_share": naive / total if total else 0.0,
         "tensors_aligned_before": sum(t["aligned_before"] for t in tensors),
         "share_aligned_before": sum(t["aligned_before"] for t in tensors) / len(tensors) if tensors else 1.0,
+        "tensors_aligned_after": sum(t["aligned_after"] for t in tensors),
         "naive_fallbacks": sum(p["strategy"] == "naive" for p in plans),
         "ops_per_class": dict(sorted(classes.items())),
     }
