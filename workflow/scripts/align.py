@@ -1,7 +1,5 @@
 """Snakemake adapter: padding plan of every half-precision op of one model (seed 001), ours vs naive."""
 
-import torch
-
 from trainplan.align.plan import totals
 from trainplan.align.study import model_summary, plan_model
 from trainplan.io import write_json, write_table

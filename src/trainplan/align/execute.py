@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
 from trainplan.align.problem import Problem, TensorView

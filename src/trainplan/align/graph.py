@@ -12,7 +12,7 @@ from trainplan.precision.interpreter import FP32_ARGS
 
 #: Outputs a half-precision kernel keeps in fp32 (the flash-attention logsumexp): op -> output indices.
 FP32_OUTPUTS = {"aten._scaled_dot_product_flash_attention_for_cpu.default": (1,)}
-_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+HALF_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def bound_args(node: torch.fx.Node) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def op_spec(node: torch.fx.Node, dtype: torch.dtype) -> OpSpec:
         for i, v in enumerate(vals):
             if (s := _shape(v)) is not None and i not in FP32_OUTPUTS.get(op, ()):
                 outputs[f"out{i}"] = s
-    return OpSpec(node.name, op, _DTYPE_NAMES[dtype], inputs, outputs, args)
+    return OpSpec(node.name, op, HALF_DTYPES[dtype], inputs, outputs, args)
 
 
 def half_ops(gm: torch.fx.GraphModule, dtypes: dict[str, torch.dtype]) -> list[tuple[torch.fx.Node, OpSpec]]:
@@ -67,7 +67,7 @@ def half_ops(gm: torch.fx.GraphModule, dtypes: dict[str, torch.dtype]) -> list[t
     out = []
     for node in gm.graph.nodes:
         dtype = dtypes.get(node.name)
-        if node.op != "call_function" or dtype not in _DTYPE_NAMES:
+        if node.op != "call_function" or dtype not in HALF_DTYPES:
             continue
         spec = op_spec(node, dtype)
         if spec.inputs or spec.outputs:

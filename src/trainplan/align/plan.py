@@ -72,7 +72,7 @@ def plan_op(spec: OpSpec, granularity: int) -> dict[str, Any]:
         "pad_value": pad_value if strategy != "naive" else "0",
         "naive_pad_elements": naive,
         "naive_pad_bytes": naive * elsize,
-        "bytes": sum(t["shape"] and math.prod(t["shape"]) * elsize for t in tensors),
+        "bytes": sum(math.prod(t["shape"]) * elsize for t in tensors),
         "note": problem.note,
         "tensors": tensors,
     }

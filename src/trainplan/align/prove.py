@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_map
 from trainplan.align.classes import build_problem
 from trainplan.align.cost import padding_times
 from trainplan.align.execute import compare, run_padded
-from trainplan.align.graph import _DTYPE_NAMES, op_spec
+from trainplan.align.graph import HALF_DTYPES, op_spec
 from trainplan.align.plan import strategy_name
 from trainplan.align.problem import solve
 from trainplan.align.units import element_size, quantum
@@ -71,7 +71,7 @@ class PaddedInterpreter(PrecisionInterpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         dtype = self.dtypes.get(n.name)
-        if n.op != "call_function" or dtype not in _DTYPE_NAMES or n.target is operator.getitem:
+        if n.op != "call_function" or dtype not in HALF_DTYPES or n.target is operator.getitem:
             return super().run_node(n)
         spec = op_spec(n, dtype)
         problem = build_problem(spec)
