@@ -68,12 +68,16 @@ def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[lis
 
 
 def comparison_table(model: str, k: int, fraction: float, results: list[StageSchedules]) -> pd.DataFrame:
-    """One row per stage and method: status, time, overhead over no-recompute, peak, budget, gap, solve time."""
+    """One row per stage and method: status, time, overhead over no-recompute, peak, budget, gap, solve time.
+    A schedule over the budget keeps its time and peak (``over_budget``); ``memory_fraction`` is its peak
+    above the fixed bytes as a fraction of the no-recompute activation peak."""
     rows = []
     for res in results:
         base = res.methods["no_recompute"]["time"]
+        fixed, nr_peak = res.problem.get("fixed_bytes", 0), res.problem["no_recompute_peak_bytes"]
         for method, sched in res.methods.items():
             time = sched.get("time")
+            peak = sched.get("peak_bytes")
             rows.append(
                 {
                     "model": model,
@@ -84,13 +88,18 @@ def comparison_table(model: str, k: int, fraction: float, results: list[StageSch
                     "status": sched["status"],
                     "time_s": time,
                     "overhead": (time / base - 1.0) if time is not None and base else None,
-                    "peak_bytes": sched.get("peak_bytes"),
+                    "peak_bytes": peak,
+                    "over_budget": peak is not None and peak > res.problem["budget_bytes"],
+                    "memory_fraction": (peak - fixed) / (nr_peak - fixed) if peak is not None and nr_peak > fixed else None,
                     "budget_bytes": sched["budget_bytes"],
                     "requested_budget_bytes": res.problem["budget_bytes"],
+                    "fixed_bytes": fixed,
+                    "no_recompute_peak_bytes": nr_peak,
                     "gap": sched.get("gap"),
                     "solve_seconds": sched.get("solve_seconds"),
                     "recomputes": sched.get("recomputes"),
                     "swap_ins": sched.get("swap_ins"),
+                    "note": sched.get("note"),
                 }
             )
     return pd.DataFrame(rows)
