@@ -72,9 +72,9 @@ def test_swap_only_never_recomputes(results):
     assert s.ok and s.extra["recomputes"] == 0 and s.extra["swap_ins"] > 0
 
 
-def test_checkmate_recompute_only(results):
-    s = results[0.6]["checkmate"]
-    assert s.extra["milp_status"] in ("OPTIMAL", "FEASIBLE")
+def test_checkmate_recompute_only():
+    s = checkmate_module.checkmate(at(0.6), time_limit_s=5, workers=2, seed=0)
+    assert s.extra["variant"] == "milp" and s.extra["milp_status"] in ("OPTIMAL", "FEASIBLE")
     assert s.extra["swap_ins"] == 0 and s.extra["recomputes"] > 0
 
 
