@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from trainplan.stage_schedule import read_stage_schedules
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "config" / "config.yaml"
 
@@ -66,10 +68,12 @@ def test_artifacts_parse(study):
         link = summary["host_link"]  # measured (the tiny config says so) and used by every stage problem
         assert link["source"] == "measured" and link["tensors"] > 0
         assert summary["host_link_bytes_per_s"] == pytest.approx(2 * link["bytes_per_direction"] / (link["swap_out_s"] + link["swap_in_s"]))
-        problems = list((study / f"results/schedule/{model}/cpu").glob("k*/b*/problems/stage*.json"))
-        assert problems
-        for path in problems:
-            assert json.loads(path.read_text())["bandwidth"] == summary["host_link_bytes_per_s"]
+        files = list((study / f"results/schedule/{model}/cpu").glob("k*/b*/schedules.json"))
+        assert files
+        for path in files:
+            for stage in read_stage_schedules(path):  # problems valid, every schedule replays to its numbers
+                assert stage.problem["bandwidth"] == summary["host_link_bytes_per_s"]
+                assert set(stage.methods) == {"ours", "no_recompute", "sqrt_checkpoint", "checkmate", "swap_only"}
         assert (study / f"logs/export/{model}/cpu.log").read_text()
         assert len(link["sizes"]) == link["tensors"] and sum(link["sizes"]) == link["bytes_per_direction"]
         # the tiny study's plans swap: the validation times the link again on the profile's very transfers
@@ -117,3 +121,20 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path, edit, named):
     assert out.returncode != 0
     assert named in out.stderr + out.stdout
     assert not (tmp_path / "w" / "results").exists()
+
+
+def test_a_deleted_or_damaged_schedules_file_is_noticed(study):
+    """Every stage's schedules live in one declared file: deleting it reruns the schedule rule, and a damaged
+    one stops the balance rule with an error naming the file and the stage. (Runs last: it alters the study.)"""
+    path = study / "results/schedule/small_cnn/cpu/k1/b0.6/schedules.json"
+    original = path.read_text()
+    path.unlink()
+    assert planned_jobs(study, TINY).get("schedule") == 1
+    data = json.loads(original)
+    del data["stages"][0]["schedule"]["events"][0]
+    path.write_text(json.dumps(data))
+    out = snakemake(study, TINY, "results/balance/small_cnn/cpu/k1/b0.6/plan.json")
+    log = (study / "logs/balance/small_cnn/cpu/k1/b0.6.log").read_text()
+    assert out.returncode != 0
+    assert f"{path.relative_to(study)}: stage 0: event 0" in log
+    path.write_text(original)

@@ -26,6 +26,8 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
     ap.add_argument("--nondeterministic", action="store_true",
                     help="stop CP-SAT on wall time with the parallel portfolio (faster, not reproducible)")
     ap.add_argument("--budget", type=int, default=None, help="override the problem's budget_bytes")
+    ap.add_argument("--stage", type=int, default=None,
+                    help="PROBLEM is a schedules.json of the schedule rule: solve this stage's problem")
     ap.add_argument("-v", "--verbose", action="store_true", help="log CP-SAT search progress")
     return _run_schedule
 
@@ -33,7 +35,7 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
 def _run_schedule(args: argparse.Namespace) -> int:
     from trainplan.schedule import compare, load_problem, save_schedule, solve
 
-    problem = load_problem(args.problem)
+    problem = load_problem(args.problem, stage=args.stage)
     if args.budget is not None:
         problem = problem.with_budget(args.budget)
     opts = {"deterministic": not args.nondeterministic, "verbose": args.verbose}
