@@ -19,17 +19,29 @@ class ArtifactError(RuntimeError):
 
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; move it onto ``path`` only if the block succeeds."""
+    """Yield a temporary path beside ``path``; move it onto ``path`` only if the block succeeds.
+
+    The file gets the mode a plain ``open`` would give it (0o666 less the umask), not ``mkstemp``'s 0o600,
+    so colleagues sharing the results directory can read it when the umask allows.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting and restoring it: the OS offers no read-only call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _default(obj: Any) -> Any:
