@@ -60,14 +60,20 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=_default) + "\n")
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON artifact; a missing or corrupt file raises ArtifactError naming it."""
+def read_json(path: str | os.PathLike[str], schema: str | None = None) -> Any:
+    """Read a JSON artifact; a missing or corrupt file, or one that does not match ``schema`` (a name in
+    ``trainplan/schemas/``), raises ArtifactError naming it."""
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except FileNotFoundError as exc:
         raise ArtifactError(f"artifact not found: {path}") from exc
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"corrupt JSON artifact {path}: {exc}") from exc
+    if schema is not None:
+        from trainplan.schemas import check  # imports this module
+
+        check(data, schema, str(path))
+    return data
 
 
 def write_yaml(path: str | os.PathLike[str], data: Any) -> None:
