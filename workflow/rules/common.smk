@@ -21,15 +21,17 @@ for _key in list(config):
     config[_key] = _sorted_keys(config[_key])
 
 MODELS = config["study"]["plan"]
-DEVICE = config["device"]
+# One device or a list of them (a sweep over devices): every planned result is made for each.
+DEVICES = [config["device"]] if isinstance(config["device"], str) else config["device"]
 
 
 def _check_config():
     """Fail at start, naming the key, for references a schema cannot check."""
-    if DEVICE not in config["devices"]:
-        raise WorkflowError(
-            f"config key 'device': '{DEVICE}' is not one of devices {sorted(config['devices'])}"
-        )
+    for device in DEVICES:
+        if device not in config["devices"]:
+            raise WorkflowError(
+                f"config key 'device': '{device}' is not one of devices {sorted(config['devices'])}"
+            )
     for part, names in config["study"].items():
         for name in names:
             if name not in config["models"]:
@@ -119,7 +121,7 @@ def validation_files():
     return expand(
         "results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
         model=MODELS,
-        device=DEVICE,
+        device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],
     )
@@ -133,8 +135,10 @@ def all_targets():
             "results/plots/{model}/{device}/op_time.png",
         ],
         model=MODELS,
-        device=DEVICE,
-    ) + expand("results/plots/{model}/{backend}/memory.png", model=MODELS, backend=backend_of(DEVICE)) + expand(
+        device=DEVICES,
+    ) + expand(
+        "results/plots/{model}/{backend}/memory.png", model=MODELS, backend=sorted({backend_of(d) for d in DEVICES})
+    ) + expand(
         [
             "results/partition/{model}/{device}/k{k}/partition.json",
             "results/plots/{model}/{device}/k{k}/schedule_overhead.png",
@@ -143,11 +147,11 @@ def all_targets():
             "results/plots/{model}/{device}/k{k}/b{budget}/validation.png",
         ],
         model=MODELS,
-        device=DEVICE,
+        device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],
     ) + ["results/validate/summary.csv"] + (
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []
-    )
+    ) + ["results/provenance.json"]
