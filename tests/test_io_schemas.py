@@ -72,3 +72,15 @@ def test_problem_schema_names_the_key(tmp_path):
     path.write_text(json.dumps({**problem, "ops": [{k: v for k, v in op.items() if k != "bytes"} for op in problem["ops"]]}))
     with pytest.raises(ArtifactError, match=r"stage0.json: not a valid problem artifact: at ops\[0\]: 'bytes' is a required"):
         read_json(path, schema="problem")
+
+
+def test_a_policy_cut_anywhere_is_detected(tmp_path):
+    policy = default_policy().with_denied_nodes(["mm_1", "addmm_2"], name="default+iter1")
+    path = tmp_path / "policy_next.yaml"
+    write_yaml(path, policy.to_dict())
+    lines = path.read_text().splitlines(keepends=True)
+    findings = {"deny_nodes": ["mm_1", "addmm_2"]}
+    for cut in range(1, len(lines)):
+        path.write_text("".join(lines[:cut]))
+        with pytest.raises(PolicyError, match="policy_next.yaml"):
+            load_next_policy(path, findings, "findings.json")

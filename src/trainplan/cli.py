@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from trainplan.io import ArtifactError
+from trainplan.provenance.cli import add_parser as add_publish
 from trainplan.schedule.problem import ProblemError
 
 
@@ -53,6 +54,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse.Namespace], int]]] = {
     "schedule": _add_schedule,
+    "publish": add_publish,
 }
 
 

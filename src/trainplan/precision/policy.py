@@ -58,15 +58,15 @@ class Policy:
         return replace(self, deny_nodes=deny, allow_nodes=allow, name=name or self.name)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain mapping for YAML artifacts (lists, not tuples), with each list's length under ``counts`` so
-        a truncated file is detected on load."""
+        """Plain mapping for YAML artifacts (lists, not tuples). ``counts`` (each list's length) comes before
+        the lists, so a file cut anywhere after it is detected on load."""
         lists = {key: list(getattr(self, key)) for key in _LISTS}
         return {
             "name": self.name,
+            "counts": {key: len(value) for key, value in lists.items()},
             "infer_mode": self.infer_mode,
             "deny_forward_only": self.deny_forward_only,
             **lists,
-            "counts": {key: len(value) for key, value in lists.items()},
         }
 
 
@@ -95,11 +95,14 @@ def policy_from_dict(data: dict[str, Any], source: str = "policy") -> Policy:
     )
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read a policy YAML file, checked against the ``policy`` schema (and its ``counts`` when present)."""
+def load_policy(path: str | Path, written: bool = False) -> Policy:
+    """Read a policy YAML file, checked against the ``policy`` schema and its ``counts`` when present;
+    ``written``: a file the workflow wrote, which must have every list's count."""
     try:
         data = yaml.safe_load(Path(path).read_text())
         check(data, "policy", str(path))
+        if written and set(data.get("counts", {})) != set(_LISTS):
+            raise SchemaError(f"{path}: 'counts' lacks {sorted(set(_LISTS) - set(data.get('counts', {})))}: truncated?")
     except FileNotFoundError as exc:
         raise PolicyError(f"policy file not found: {path}") from exc
     except yaml.YAMLError as exc:
@@ -111,7 +114,7 @@ def load_policy(path: str | Path) -> Policy:
 
 def load_next_policy(path: str | Path, findings: dict[str, Any], findings_path: str | Path) -> Policy:
     """The policy a pass handed on (``policy_next.yaml``), checked against the deny list its findings state."""
-    policy = load_policy(path)
+    policy = load_policy(path, written=True)
     if list(policy.deny_nodes) != findings["deny_nodes"]:
         raise PolicyError(f"{path}: deny_nodes {list(policy.deny_nodes)[:5]} differ from the {len(findings['deny_nodes'])} "
                           f"'deny_nodes' of {findings_path}: edited or truncated; delete both to rerun the pass")
