@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from trainplan.align.units import AlignError
 from trainplan.io import ArtifactError
+from trainplan.provenance.cli import add_parser as add_publish
 from trainplan.schedule.problem import ProblemError
 
 
@@ -57,6 +58,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse.Namespace], int]]] = {
     "schedule": _add_schedule,
     "align": lambda sub: __import__("trainplan.align.cli", fromlist=["add_parser"]).add_parser(sub),
+    "publish": add_publish,
 }
 
 

@@ -24,15 +24,17 @@ for _key in list(config):
 MODELS = config["study"]["plan"]
 # The alignment stage runs over every model of the study (planned or overflow-checked), each once.
 ALIGN_MODELS = list(dict.fromkeys(MODELS + config["study"].get("overflow", [])))
-DEVICE = config["device"]
+# One device or a list of them (a sweep over devices): every planned result is made for each.
+DEVICES = [config["device"]] if isinstance(config["device"], str) else config["device"]
 
 
 def _check_config():
     """Fail at start, naming the key, for references a schema cannot check."""
-    if DEVICE not in config["devices"]:
-        raise WorkflowError(
-            f"config key 'device': '{DEVICE}' is not one of devices {sorted(config['devices'])}"
-        )
+    for device in DEVICES:
+        if device not in config["devices"]:
+            raise WorkflowError(
+                f"config key 'device': '{device}' is not one of devices {sorted(config['devices'])}"
+            )
     for part, names in config["study"].items():
         for name in names:
             if name not in config["models"]:
@@ -122,7 +124,7 @@ def validation_files():
     return expand(
         "results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
         model=MODELS,
-        device=DEVICE,
+        device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],
     )
@@ -148,8 +150,10 @@ def all_targets():
             "results/plots/{model}/{device}/op_time.png",
         ],
         model=MODELS,
-        device=DEVICE,
-    ) + expand("results/plots/{model}/{backend}/memory.png", model=MODELS, backend=backend_of(DEVICE)) + expand(
+        device=DEVICES,
+    ) + expand(
+        "results/plots/{model}/{backend}/memory.png", model=MODELS, backend=sorted({backend_of(d) for d in DEVICES})
+    ) + expand(
         [
             "results/partition/{model}/{device}/k{k}/partition.json",
             "results/plots/{model}/{device}/k{k}/schedule_overhead.png",
@@ -158,11 +162,11 @@ def all_targets():
             "results/plots/{model}/{device}/k{k}/b{budget}/validation.png",
         ],
         model=MODELS,
-        device=DEVICE,
+        device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],
     ) + ["results/validate/summary.csv"] + (
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []
-    ) + ["results/align/study.csv", "results/plots/align/align.png"]
+    ) + ["results/align/study.csv", "results/plots/align/align.png", "results/provenance.json"]

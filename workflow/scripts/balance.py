@@ -28,7 +28,7 @@ with log_to(snakemake.log[0]) as log:
     tables = range_tables(pipeline)
     settings = BalanceSettings(**par.balance)
     memory = MemoryLimit(par.memory_bytes, settings.micro_batches)
-    partition = read_json(inp.partition)
+    partition = read_json(inp.partition, schema="partition")
     first = partition_from_dict(pipeline, partition)
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(inp.profile_summary),

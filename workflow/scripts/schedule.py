@@ -9,7 +9,7 @@ from trainplan.stage_schedule import SolverSettings, comparison_table, schedule_
 with log_to(snakemake.log[0]) as log:
     inp, out, par, wc = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
     graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
-    partition = read_json(inp.partition)
+    partition = read_json(inp.partition, schema="partition")
     stages = [stage["nodes"] for stage in partition["stages"]]
     results = schedule_stages(graph.nodes, graph.tensors, stages, fraction=float(wc.budget),
                               bandwidth=read_host_link(inp.profile_summary),
