@@ -91,6 +91,7 @@ def sweep_table(repeats: int) -> pd.DataFrame:
             ours_s, naive_s = time_op(spec, g, repeats)
             rows.append({"op": spec.id, "class": p["class"], "granularity_bytes": g, "strategy": p["strategy"],
                          "bytes": p["bytes"], "pad_bytes": p["pad_bytes"], "naive_pad_bytes": p["naive_pad_bytes"],
+                         "last_dim_pad_bytes": p["last_dim_pad_bytes"],
                          "aligned_after": all(t["aligned_after"] for t in p["tensors"]),
                          "pad_s_ours": ours_s, "pad_s_naive": naive_s})
     return pd.DataFrame(rows)
@@ -112,6 +113,7 @@ def model_table(models: list[str], config: str) -> pd.DataFrame:
                          "tensors": len(tensors), "tensor_bytes": total,
                          "pad_bytes": sum(p["pad_bytes"] for p in plans),
                          "naive_pad_bytes": sum(p["naive_pad_bytes"] for p in plans),
+                         "last_dim_pad_bytes": sum(p["last_dim_pad_bytes"] for p in plans),
                          "aligned_before": sum(t["aligned_before"] for t in tensors),
                          "aligned_after": sum(t["aligned_after"] for t in tensors),
                          "ops_above_naive": sum(p["pad_bytes"] > p["naive_pad_bytes"] for p in plans),
@@ -119,6 +121,7 @@ def model_table(models: list[str], config: str) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     frame["pad_share"] = frame.pad_bytes / frame.tensor_bytes
     frame["naive_pad_share"] = frame.naive_pad_bytes / frame.tensor_bytes
+    frame["last_dim_pad_share"] = frame.last_dim_pad_bytes / frame.tensor_bytes
     return frame
 
 
@@ -144,6 +147,7 @@ def main() -> None:
     shapes.to_csv(OUT / "align.csv", index=False)
     by_g = shapes.groupby("granularity_bytes").agg(
         ops=("op", "count"), bytes=("bytes", "sum"), pad_bytes=("pad_bytes", "sum"), naive_pad_bytes=("naive_pad_bytes", "sum"),
+        last_dim_pad_bytes=("last_dim_pad_bytes", "sum"),
         aligned_after=("aligned_after", "all"), ops_above_naive=("pad_bytes", lambda s: int((s > shapes.loc[s.index, "naive_pad_bytes"]).sum())),
         pad_s_ours=("pad_s_ours", "sum"), pad_s_naive=("pad_s_naive", "sum")).reset_index()
     by_class = shapes.groupby(["granularity_bytes", "class"]).agg(

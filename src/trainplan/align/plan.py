@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from trainplan.align.classes import OpSpec, build_problem
-from trainplan.align.problem import Problem, aligned, naive_numel, padded_numel, solve
+from trainplan.align.problem import Problem, aligned, last_dim_numel, naive_numel, padded_numel, solve
 from trainplan.align.units import element_size, quantum
 
 
@@ -29,6 +29,7 @@ def plan_op(spec: OpSpec, granularity: int) -> dict[str, Any]:
     problem = build_problem(spec)
     solution = solve(problem, q)
     naive = sum(naive_numel(t.shape, q) - t.numel() for t in problem.tensors)
+    last_dim = sum(last_dim_numel(t.shape, q) - t.numel() for t in problem.tensors)
     tensors = []
     if solution.padded is None:
         strategy, padded, pad = "naive", {}, naive
@@ -72,6 +73,7 @@ def plan_op(spec: OpSpec, granularity: int) -> dict[str, Any]:
         "pad_value": pad_value if strategy != "naive" else "0",
         "naive_pad_elements": naive,
         "naive_pad_bytes": naive * elsize,
+        "last_dim_pad_bytes": last_dim * elsize,
         "bytes": sum(math.prod(t["shape"]) * elsize for t in tensors),
         "note": problem.note,
         "tensors": tensors,
@@ -84,6 +86,7 @@ def totals(plans: list[dict[str, Any]]) -> dict[str, Any]:
     total = sum(p["bytes"] for p in plans)
     ours = sum(p["pad_bytes"] for p in plans)
     naive = sum(p["naive_pad_bytes"] for p in plans)
+    last_dim = sum(p["last_dim_pad_bytes"] for p in plans)
     classes: dict[str, int] = {}
     for p in plans:
         classes[p["class"]] = classes.get(p["class"], 0) + 1
@@ -95,6 +98,8 @@ def totals(plans: list[dict[str, Any]]) -> dict[str, Any]:
         "naive_pad_bytes": naive,
         "pad_share": ours / total if total else 0.0,
         "naive_pad_share": naive / total if total else 0.0,
+        "last_dim_pad_bytes": last_dim,
+        "last_dim_pad_share": last_dim / total if total else 0.0,
         "tensors_aligned_before": sum(t["aligned_before"] for t in tensors),
         "share_aligned_before": sum(t["aligned_before"] for t in tensors) / len(tensors) if tensors else 1.0,
         "tensors_aligned_after": sum(t["aligned_after"] for t in tensors),

@@ -93,6 +93,11 @@ def naive_numel(shape: tuple[int, ...], q: int) -> int:
     return math.prod(round_up(d, q) for d in shape) if shape else (round_up(1, q))
 
 
+def last_dim_numel(shape: tuple[int, ...], q: int) -> int:
+    """Elements after padding only the last dimension to a multiple of q (every row aligned)."""
+    return math.prod(shape[:-1]) * round_up(shape[-1], q) if shape else round_up(1, q)
+
+
 @dataclass(frozen=True)
 class Solution:
     """Chosen padded sizes (axis -> size) or None when no neutral padding aligns every tensor."""

@@ -13,7 +13,7 @@ from trainplan.align.plan import plan_op, totals
 from trainplan.align.prove import proof_rows, run_padded_step
 from trainplan.precision.interpreter import run_step
 
-OP_COLUMNS = ["id", "op", "class", "strategy", "pad_value", "bytes", "pad_bytes", "naive_pad_bytes", "pad_elements",
+OP_COLUMNS = ["id", "op", "class", "strategy", "pad_value", "bytes", "pad_bytes", "naive_pad_bytes", "last_dim_pad_bytes", "pad_elements",
               "naive_pad_elements", "tensors", "tensors_aligned_before", "padded_shape", "note"]
 
 

@@ -1,0 +1,69 @@
+"""The alignment stage as Snakemake runs it on the tiny study: artifacts parse and agree, reruns are exact."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "tests" / "config" / "config.yaml"
+TARGETS = ["results/align/study.csv", "results/plots/align/align.png"]
+
+pytestmark = pytest.mark.workflow
+
+
+def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+           "--configfile", str(config), "--cores", "2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, Path]:
+    workdir = tmp_path_factory.mktemp("align")
+    cfg = yaml.safe_load(TINY.read_text())
+    cfg["align"] = {"prove_granularities": [32], "repeats": 2}
+    config = workdir / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = snakemake(workdir, config, *TARGETS)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return workdir, config
+
+
+def test_artifacts(run):
+    workdir, _ = run
+    study = pd.read_csv(workdir / "results/align/study.csv")
+    assert sorted(study.model) == ["small_cnn", "tiny_gpt2"]
+    for model in study.model:
+        plan = json.loads((workdir / f"results/align/{model}/plan.json").read_text())
+        ops = pd.read_parquet(workdir / f"results/align/{model}/ops.parquet")
+        summary = json.loads((workdir / f"results/align/{model}/summary.json").read_text())
+        assert len(plan["ops"]) == len(ops) == summary["ops"] > 20
+        assert summary["pad_bytes"] == ops.pad_bytes.sum() <= ops.naive_pad_bytes.sum() == summary["naive_pad_bytes"]
+        assert summary["tensors_aligned_after"] == summary["tensors"] and summary["never_more_than_naive_per_op"]
+        assert (ops["class"] != "naive").all()
+        proof = pd.read_parquet(workdir / f"results/align/{model}/proof.parquet")
+        steps = json.loads((workdir / f"results/align/{model}/steps.json").read_text())["steps"]
+        assert proof.within_tolerance.all() and all(s["within_fp16_roundoff"] for s in steps)
+    cnn = study.set_index("model").loc["small_cnn"]
+    assert cnn.proof_padded_ops > 0  # at g = 32 the CNN's 8 channels need a pad
+
+
+def test_cached_and_granularity_reruns_plan(run, tmp_path):
+    workdir, config = run
+    out = snakemake(workdir, config, "--dry-run", *TARGETS)
+    assert "Nothing to be done" in out.stdout + out.stderr
+    cfg = yaml.safe_load(config.read_text())
+    cfg["align"]["granularity_bytes"] = 16
+    changed = tmp_path / "g16.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    out = snakemake(workdir, changed, "--dry-run", "--quiet", "rules", *TARGETS)
+    jobs = {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+$", out.stdout + out.stderr, re.M)}
+    assert {"align", "align_prove", "align_report"} <= jobs and "export" not in jobs
