@@ -13,16 +13,31 @@ import pandas as pd  # noqa: E402
 from trainplan.io import atomic_path  # noqa: E402
 
 PHASE_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
+# Schedule methods' colours: no red, which marks a schedule over its budget.
+METHOD_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"]
 
 
-def _save(fig: Any, path: str) -> None:
+def save_figure(fig: Any, path: str, dpi: int = 110, description: str = "") -> None:
+    """Write ``fig`` as a PNG atomically and close it; ``description`` goes into the PNG's text chunk."""
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight", metadata={"Description": description or None})
     plt.close(fig)
+
+
+def nothing_to_draw(path: str, title: str, reason: str) -> None:
+    """A figure whose title says why there is nothing to draw, instead of empty axes (the reason is also
+    the PNG's ``Description``)."""
+    fig, ax = plt.subplots(figsize=(8, 1.6))
+    ax.set_axis_off()
+    ax.set_title(f"{title}\nnothing to draw: {reason}", fontsize=11, color="tab:red")
+    save_figure(fig, path, description=f"nothing to draw: {reason}")
 
 
 def plot_op_times(ops: pd.DataFrame, summary: dict[str, Any], path: str, top: int = 15) -> None:
     """Per-op time along the execution order, and the ops that take the most time."""
+    if ops.empty:
+        nothing_to_draw(path, f"{summary['model']} on {summary['device']}", "the profile has no op")
+        return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [2, 1]})
     for phase, part in ops.groupby("phase"):
         ax1.bar(part.node_id, part.time_s * 1e3, width=1.0, color=PHASE_COLORS.get(str(phase), "gray"), label=str(phase))
@@ -37,11 +52,14 @@ def plot_op_times(ops: pd.DataFrame, summary: dict[str, Any], path: str, top: in
     ax2.barh(by_op.index[::-1], by_op.to_numpy()[::-1] * 1e3, color="tab:gray")
     ax2.set_xlabel("total time (ms)")
     ax2.set_title("time by aten op")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_memory(memory: pd.DataFrame, summary: dict[str, Any], path: str) -> None:
     """Live bytes while each op runs (no recompute, free after last use), above the fixed bytes."""
+    if memory.empty:
+        nothing_to_draw(path, str(summary["model"]), "the exported memory timeline has no op")
+        return
     fig, ax = plt.subplots(figsize=(11, 4))
     mib = 2**20
     for phase, part in memory.groupby("phase"):
@@ -53,30 +71,64 @@ def plot_memory(memory: pd.DataFrame, summary: dict[str, Any], path: str) -> Non
     ax.set_ylabel("MiB")
     ax.set_title(f"{summary['model']}: peak {summary['peak_bytes'] / mib:.0f} MiB at {summary['peak_node']}")
     ax.legend(loc="upper left")
-    _save(fig, path)
+    save_figure(fig, path)
+
+
+def overhead_points(table: pd.DataFrame) -> pd.DataFrame:
+    """Every method's schedule per stage and requested budget, with the device peak it reaches.
+
+    Columns added to the comparison table's: ``over_budget`` (the table's own column where it has one,
+    else peak > requested budget: a baseline that cannot meet the budget, or our schedule at the smallest
+    feasible budget above it) and ``drawable`` (a time and a peak to draw; rows without are schedules
+    no method found).
+    """
+    table = table.copy()
+    if "over_budget" not in table:
+        table["over_budget"] = table.peak_bytes > table.requested_budget_bytes
+    table["over_budget"] = table.over_budget.fillna(False).astype(bool)
+    table["drawable"] = table.time_s.notna() & table.peak_bytes.notna() & table.overhead.notna()
+    return table
 
 
 def plot_schedule_comparison(table: pd.DataFrame, path: str) -> None:
-    """Step-time overhead over no recompute, per method, against the memory budget (sum over stages)."""
-    within = table.status.isin(["optimal", "feasible"]) & (table.budget_bytes <= table.requested_budget_bytes)
-    table = table.assign(time_s=table.time_s.where(within | (table.method == "no_recompute")))
-    per_budget = (
-        table.groupby(["budget_fraction", "method"])
-        .agg(time_s=("time_s", lambda s: s.sum(min_count=len(s))), status=("status", lambda s: ",".join(sorted(set(s)))))
-        .reset_index()
-    )
-    base = per_budget[per_budget.method == "no_recompute"].set_index("budget_fraction").time_s
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for method, part in per_budget.groupby("method"):
-        if method == "no_recompute":
-            continue
-        ok = part.time_s.notna()
-        overhead = part.time_s[ok].to_numpy() / base.loc[part.budget_fraction[ok]].to_numpy() - 1.0
-        ax.plot(part.budget_fraction[ok], overhead * 100, marker="o", label=str(method))
-    ax.set_xlabel("memory budget (fraction of the no-recompute activation peak)")
-    ax.set_ylabel("step-time overhead over no recompute (%)")
-    ax.invert_xaxis()
-    ax.set_yscale("symlog", linthresh=1.0)
-    ax.set_title(f"{table.model.iloc[0]}, k={table.k.iloc[0]}: methods that found a schedule within the budget")
-    ax.legend()
-    _save(fig, path)
+    """Step-time overhead over no recompute against the device peak reached, per stage and method.
+
+    One panel per stage; a vertical line per requested budget; a schedule over its budget is drawn at its
+    own peak as a hollow red-edged marker, and a method that found no schedule is named in the title.
+    """
+    title = f"{table.model.iloc[0]}, k={table.k.iloc[0]}" if len(table) else "schedule comparison"
+    points = overhead_points(table) if len(table) else table
+    if not len(table) or not points.drawable.any():
+        nothing_to_draw(path, title, "no method produced a schedule with a time and a peak at any budget"
+                        if len(table) else "the comparison table is empty")
+        return
+    stages = sorted(points.stage.unique())
+    methods = sorted(points.method.unique())
+    colors = dict(zip(methods, METHOD_COLORS * len(methods)))
+    fig, axes = plt.subplots(1, len(stages), figsize=(6.5 * len(stages), 4.5), squeeze=False)
+    mib = 2**20
+    for ax, stage in zip(axes[0], stages):
+        part = points[points.stage == stage]
+        for fraction, budget in part.groupby("budget_fraction").requested_budget_bytes.first().items():
+            ax.axvline(budget / mib, color="gray", ls=":", lw=1)
+            ax.annotate(f"budget {fraction:g}", (budget / mib, 1.0), xycoords=("data", "axes fraction"),
+                        rotation=90, va="top", ha="right", fontsize=8, color="gray")
+        for method, rows in part[part.drawable].groupby("method"):
+            rows = rows.sort_values("peak_bytes")
+            x, y, over = rows.peak_bytes / mib, rows.overhead * 100, rows.over_budget
+            ax.plot(x, y, color=colors[method], lw=0.8, marker="o", ms=5, label=str(method))
+            ax.scatter(x[over], y[over], facecolors="none", edgecolors="tab:red", marker="s", s=90, zorder=3)
+        if part.over_budget[part.drawable].any():
+            ax.scatter([], [], facecolors="none", edgecolors="tab:red", marker="s", s=90, label="over its budget")
+        missing = part[~part.drawable]
+        note = "; ".join(f"{m} at {', '.join(f'{b:g}' for b in sorted(rows.budget_fraction))}"
+                         for m, rows in missing.groupby("method"))
+        ax.set_title(f"stage {stage}" + (f"\nno schedule: {note}" if note else ""), fontsize=10)
+        ax.set_xlabel("device peak of the schedule (MiB, parameters and inputs included)")
+        ax.set_ylabel("step-time overhead over no recompute (%)")
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{title}: step-time overhead vs device peak of every method at each budget", fontsize=11, y=1.02)
+    drawn = points[points.drawable]
+    save_figure(fig, path, description=f"{len(drawn)} schedules drawn ({int(drawn.over_budget.sum())} over budget), "
+                f"{int((~points.drawable).sum())} without a schedule")

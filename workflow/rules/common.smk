@@ -1,5 +1,7 @@
 import hashlib
 import importlib.util
+import os
+import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -56,6 +58,26 @@ def _check_config():
 
 _check_config()
 
+# What each `study` list runs: printed once at start (dry runs too), so a layered config's models show.
+STUDY_STAGES = {
+    "plan": "export, profile, partition, schedule, balance, validate",
+    "overflow": "fp16 overflow loop",
+}
+
+
+def _print_study():
+    """One line per `study` list to stderr: the stages it runs and on which models (main process only)."""
+    lines = [f"trainplan study on {DEVICE}: stages k={config['stages']}, budgets {config['budgets']}"]
+    parts = [part for part in STUDY_STAGES if part in config["study"]]
+    for part in parts + sorted(set(config["study"]) - set(parts)):
+        names = config["study"][part]
+        lines.append(f"  study.{part} ({STUDY_STAGES.get(part, part)}): {', '.join(names) or 'none'}")
+    print("\n".join(lines), file=sys.stderr)
+
+
+if workflow.is_main_process:
+    _print_study()
+
 
 wildcard_constraints:
     model="|".join(sorted(config["models"])),
@@ -74,6 +96,14 @@ def code_version(*modules):
             raise WorkflowError(f"trainplan module '{name}' not found: is the package installed (pip install -e .)?")
         digest.update(open(spec.origin, "rb").read())
     return digest.hexdigest()[:12]
+
+
+def study_file(path):
+    """A file named in config: relative to the working directory, else to the workflow's own directory
+    (a study run with `--directory` elsewhere still finds e.g. config/precision_policy.yaml)."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    return os.path.join(os.path.dirname(os.path.abspath(workflow.main_snakefile)), path)
 
 
 def model_spec(wildcards):
@@ -141,6 +171,7 @@ def all_targets():
             "results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
             "results/plots/{model}/{device}/k{k}/b{budget}/balance.png",
             "results/plots/{model}/{device}/k{k}/b{budget}/validation.png",
+            "results/plots/{model}/{device}/k{k}/b{budget}/plan_memory.png",
         ],
         model=MODELS,
         device=DEVICE,
@@ -150,4 +181,4 @@ def all_targets():
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []
-    )
+    ) + expand("results/plots/overflow/{model}/passes.png", model=config["study"].get("overflow", []))
