@@ -94,7 +94,7 @@ def plot_plan_memory(report: dict[str, Any], timeline: pd.DataFrame, stages: lis
         nothing_to_draw(path, _headline(report, ", memory before/after the plan"), "the validation executed no event")
         return
     by_index = {st["index"]: st for st in report["stages"]}
-    fig, axes = plt.subplots(len(stages), 1, figsize=(11, 3.6 * len(stages)), squeeze=False)
+    fig, axes = plt.subplots(len(stages), 1, figsize=(12, 3.8 * len(stages)), squeeze=False, layout="constrained")
     for ax, st in zip(axes[:, 0], stages):
         before_events = solve(st.problem, method="no_recompute").events
         before = predict(st.problem, before_events)
