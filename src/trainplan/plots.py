@@ -118,6 +118,9 @@ def plot_schedule_comparison(table: pd.DataFrame, path: str) -> None:
             x, y, over = rows.peak_bytes / mib, rows.overhead * 100, rows.over_budget
             ax.plot(x, y, color=colors[method], lw=0.8, marker="o", ms=5, label=str(method))
             ax.scatter(x[over], y[over], facecolors="none", edgecolors="tab:red", marker="s", s=90, zorder=3)
+            for (px, py), at in rows.groupby([x, y]).budget_fraction:  # which budgets each point answers
+                ax.annotate("b " + ", ".join(f"{b:g}" for b in sorted(at)), (px, py), xytext=(6, -10),
+                            textcoords="offset points", fontsize=7, color=colors[method])
         if part.over_budget[part.drawable].any():
             ax.scatter([], [], facecolors="none", edgecolors="tab:red", marker="s", s=90, label="over its budget")
         missing = part[~part.drawable]
