@@ -17,6 +17,8 @@ include: "workflow/rules/schedule.smk"
 include: "workflow/rules/overflow.smk"
 include: "workflow/rules/validate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/align.smk"
+include: "workflow/rules/provenance.smk"
 
 
 rule all:

@@ -2,7 +2,7 @@
 
 Layered random training graphs (seeded: forward chain with skips, mirrored backward reading the
 forward activations) at budgets of 90/80/70/50% of the no-recompute peak and 1.1 x the memory
-floor, or every problem JSON in --problems DIR at its own budget. Prints a Markdown table; every
+floor, or every problem JSON (and every stage of every schedules.json) under --problems DIR at its own budget. Prints a Markdown table; every
 number comes from replaying the method's events.
 
     python bench/bench_schedule.py --sizes 100 250 500 1000 2000 --time-limit 10 --workers 2
@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from trainplan.io import read_json
 from trainplan.schedule import METHODS, compare, load_problem, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.problem import Problem
@@ -27,8 +28,14 @@ RC_ONLY = "ours_recompute_only"  # our solver with swapping disabled: the recomp
 
 def cases(args: argparse.Namespace) -> list[tuple[str, Problem]]:
     """(label, problem) pairs: synthetic sizes x budgets, or the problem files of a directory."""
-    if args.problems:
-        return [(path.stem, load_problem(path)) for path in sorted(Path(args.problems).glob("*.json"))]
+    if args.problems:  # problem files, or every stage of the schedule rule's schedules.json files under DIR
+        out = []
+        for path in sorted(Path(args.problems).rglob("*.json")):
+            stages = read_json(path).get("stages")
+            for i in range(len(stages)) if stages else [None]:
+                label = path.stem if i is None else f"{path.parent.relative_to(args.problems)} stage {i}"
+                out.append((label, load_problem(path, stage=i)))
+        return out
     out = []
     for n in args.sizes:
         p = training_graph(n, args.seed, bandwidth=args.bandwidth)

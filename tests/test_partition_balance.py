@@ -124,7 +124,7 @@ def test_partition_round_trip_and_stale_artifact(small):
 
 
 def test_a_stage_without_any_schedule_is_named(small, monkeypatch):
-    from trainplan.partition import stage_schedule
+    from trainplan import stage_schedule
     from trainplan.schedule.schedule_io import no_schedule
 
     nodes, tensors, g, t = small
@@ -136,24 +136,97 @@ def test_a_stage_without_any_schedule_is_named(small, monkeypatch):
         balance(g, t, part, scheduler(nodes, tensors), BalanceSettings(0.9, 2, 2, 0.0))
 
 
-def test_schedules_from_the_schedule_rule_are_reused_not_solved_again(small, monkeypatch):
-    from trainplan.partition import stage_schedule
-    from trainplan.schedule.schedule_io import schedule_from_dict
-    from trainplan.stage_schedule import schedule_stages
+def _timeless(value):
+    """``value`` without wall-clock entries (keys ending in 'seconds'), which differ from run to run."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if not k.endswith("seconds")}
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def rule_schedules(small, tmp_path_factory):
+    """The schedule rule's path: every stage of the first partition solved by every method, written to
+    schedules.json as the rule writes it."""
+    from trainplan.io import write_json
+    from trainplan.stage_schedule import schedule_stages, stage_schedules_dict
 
     nodes, tensors, g, t = small
     part = partition_graph(g, t, 2, tolerance=0.0)
     stage_nodes = [s.nodes for s in stage_stats(g, part.cuts)]
     solved = schedule_stages(nodes, tensors, stage_nodes, fraction=0.5, bandwidth=1e6, solver=SOLVER, progress=False)
-    sched = scheduler(nodes, tensors)
-    for res in solved:
-        raw = json.loads(json.dumps(res.ours.to_dict()))  # through JSON, as the rule writes it
-        sched.reuse(res.nodes, res.problem, schedule_from_dict(problem_from_dict(res.problem), raw))
-    monkeypatch.setattr(stage_schedule, "solve_stage", lambda *a: pytest.fail("solved a reused stage again"))
-    for res in solved:
-        got = sched(res.index, res.nodes).schedule
-        assert (got.events, got.time, got.peak_bytes) == (res.ours.events, res.ours.time, res.ours.peak_bytes)
-    assert sched.reused == 2 and sched.solved == 0
-    tampered = {**res.ours.to_dict(), "time": res.ours.time * 0.5}
-    with pytest.raises(ValueError, match="replay to"):
-        schedule_from_dict(problem_from_dict(res.problem), tampered)
+    path = tmp_path_factory.mktemp("schedule") / "schedules.json"
+    write_json(path, stage_schedules_dict({"model": "small", "k": 2, "budget_fraction": 0.5}, solved))
+    return part, stage_nodes, solved, path
+
+
+def test_balance_takes_iteration_0_from_the_schedule_rule_with_the_same_plan(small, rule_schedules, monkeypatch):
+    """Balance reuses the schedule rule's schedules (read back and replay-checked), solves none of them
+    again, and the plan is the one it gets by solving every stage itself."""
+    from trainplan import stage_schedule
+    from trainplan.partition import stage_schedule as partition_stage_schedule
+    from trainplan.stage_schedule import read_stage_schedules
+
+    nodes, tensors, g, t = small
+    part, stage_nodes, solved, path = rule_schedules
+    settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=2, tolerance=0.0)
+    fresh = plan_dict(g, balance(g, t, part, scheduler(nodes, tensors), settings), settings, None)
+    reused = scheduler(nodes, tensors)
+    for res in read_stage_schedules(path, stage_nodes):
+        reused.reuse(res.nodes, res.problem, res.ours)
+    real = stage_schedule.schedule_stage
+    solved_here = []
+
+    def recorded(nodes, tensors, stage_nodes, **kwargs):  # the DP partition's stages may differ from iteration 0's
+        solved_here.append(tuple(stage_nodes))
+        return real(nodes, tensors, stage_nodes, **kwargs)
+
+    monkeypatch.setattr(partition_stage_schedule, "schedule_stage", recorded)
+    plan = plan_dict(g, balance(g, t, part, reused, settings), settings, None)
+    assert reused.reused == 2 and not set(solved_here) & set(map(tuple, stage_nodes))
+    assert _timeless(plan) == _timeless(fresh)
+    for res, stage in zip(solved, plan["stages"]):
+        assert stage["schedule"]["events"] == [list(e) for e in res.ours.events]
+
+
+def test_a_damaged_or_foreign_schedules_file_is_named(small, rule_schedules, tmp_path):
+    from trainplan.io import ArtifactError
+    from trainplan.stage_schedule import read_stage_schedules
+
+    _, stage_nodes, _, path = rule_schedules
+    data = json.loads(path.read_text())
+    with pytest.raises(ArtifactError, match="artifact not found: .*gone.json"):
+        read_stage_schedules(tmp_path / "gone.json", stage_nodes)
+    cut = tmp_path / "cut.json"
+    cut.write_text(path.read_text()[: len(path.read_text()) // 2])
+    with pytest.raises(ArtifactError, match=f"corrupt JSON artifact {cut}"):
+        read_stage_schedules(cut, stage_nodes)
+
+    def altered(change, name):
+        bad = json.loads(json.dumps(data))
+        change(bad)
+        out = tmp_path / name
+        out.write_text(json.dumps(bad))
+        return out
+
+    def drop_event(d):
+        del d["stages"][1]["schedule"]["events"][0]
+
+    def halve_time(d):
+        d["stages"][0]["methods"]["sqrt_checkpoint"]["time"] /= 2
+
+    cases = [(drop_event, r"stage 1: event 0 \w+ '.*': op is not resident"),
+             (halve_time, r"stage 0: schedule \(sqrt_checkpoint\) states time"),
+             (lambda d: d["stages"].pop(), r"1 stage\(s\), but the partition has 2"),
+             (lambda d: d["stages"][0]["problem"]["ops"][0].pop("bytes"), r"stage 0: op '.*' missing key 'bytes'"),
+             (lambda d: d["stages"][1].pop("schedule"), r"stage 1: missing key 'schedule'")]
+    for i, (change, message) in enumerate(cases):
+        bad = altered(change, f"bad{i}.json")
+        with pytest.raises(ArtifactError, match=f"{bad}: {message}"):
+            read_stage_schedules(bad, stage_nodes)
+    swapped = altered(lambda d: d["stages"].reverse(), "swapped.json")
+    with pytest.raises(ArtifactError, match="stage 0: index 1 at position 0"):
+        read_stage_schedules(swapped, stage_nodes)
+    with pytest.raises(ArtifactError, match="stage 0: its nodes are not the partition's stage"):
+        read_stage_schedules(path, stage_nodes[::-1])

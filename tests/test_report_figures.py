@@ -17,7 +17,7 @@ from trainplan.precision.report import plot_study
 
 
 def comparison(**extra: list) -> pd.DataFrame:
-    """A stage at budget 0.5 as GPT-2's default study has it: every baseline over the budget or without a
+    """A stage at budget 0.5 as GPT-2's default study had it: every baseline over the budget or without a
     schedule, ours at the smallest feasible budget above the requested one (the figure that was empty)."""
     rows = {
         "model": ["gpt2"] * 5, "k": [2] * 5, "budget_fraction": [0.5] * 5, "stage": [0] * 5,
@@ -26,6 +26,8 @@ def comparison(**extra: list) -> pd.DataFrame:
         "time_s": [1.0, 1.4, None, None, 1.1],
         "overhead": [0.0, 0.4, None, None, 0.1],
         "peak_bytes": [300, 290, None, None, 240],
+        "over_budget": [True, True, False, False, True],
+        "memory_fraction": [1.0, 0.95, None, None, 0.7],
         "budget_bytes": [200, 200, 200, 200, 240],
         "requested_budget_bytes": [200] * 5,
         **extra,
@@ -37,17 +39,12 @@ def description(path: Path) -> str:
     return Image.open(path).info.get("Description", "")
 
 
-def test_overhead_points_keep_every_schedule_and_mark_over_budget():
+def test_overhead_points_keep_every_schedule_over_budget_or_not():
     points = overhead_points(comparison()).set_index("method")
     assert points.drawable.to_dict() == {"no_recompute": True, "sqrt_checkpoint": True, "checkmate": False,
                                          "swap_only": False, "ours": True}
-    # over the requested budget: the baselines at their own peak, and ours at its bisected budget
-    assert points.over_budget[points.drawable].to_dict() == {"no_recompute": True, "sqrt_checkpoint": True, "ours": True}
-
-
-def test_overhead_points_use_the_tables_own_over_budget_column():
-    points = overhead_points(comparison(over_budget=[True, True, False, False, False])).set_index("method")
-    assert not points.over_budget["ours"] and points.over_budget["sqrt_checkpoint"]
+    within = overhead_points(comparison(status=["infeasible", "over_budget", "not_built", "unknown", "optimal"]))
+    assert within.drawable.sum() == 3  # the status does not hide a schedule that has a time and a memory
 
 
 def test_overhead_figure_draws_the_case_that_was_empty(tmp_path):
@@ -59,7 +56,8 @@ def test_overhead_figure_draws_the_case_that_was_empty(tmp_path):
 @pytest.mark.parametrize(
     ("draw", "reason"),
     [
-        (lambda p: plot_schedule_comparison(comparison().assign(time_s=None, overhead=None), p), "no method produced"),
+        (lambda p: plot_schedule_comparison(comparison().assign(time_s=None, overhead=None, memory_fraction=None), p),
+         "no method produced"),
         (lambda p: plot_schedule_comparison(comparison().iloc[:0], p), "table is empty"),
         (lambda p: plot_study(pd.DataFrame(), p), "no model"),
         (lambda p: plot_validation({"model": "m", "k": 1, "budget_fraction": 0.5, "status": "failed",

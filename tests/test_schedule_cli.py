@@ -45,3 +45,16 @@ def test_bad_file_one_line_error(tmp_path):
     assert not (tmp_path / "s.json").exists()
     missing = run("schedule", str(tmp_path / "none.json"), "-o", str(tmp_path / "s.json"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr and "none.json" in missing.stderr
+
+
+def test_a_stage_of_a_schedules_file(tmp_path):
+    """``--stage N`` solves stage N's problem of the schedule rule's schedules.json; a missing stage is named."""
+    src, out = tmp_path / "schedules.json", tmp_path / "s.json"
+    src.write_text(json.dumps({"stages": [{"index": 0, "problem": PROBLEM}]}))
+    res = run("schedule", str(src), "--stage", "0", "-o", str(out), "--time-limit", "2", "--workers", "1")
+    assert res.returncode == 0, res.stderr
+    data = read_json(out)
+    assert replay(problem_from_dict(PROBLEM), data["events"], 650).time == data["time"]
+    res = run("schedule", str(src), "--stage", "1", "-o", str(tmp_path / "t.json"))
+    assert res.returncode == 2 and res.stderr.strip() == f"trainplan schedule: error: {src}: no stage 1 (a schedules.json has a 'stages' list)"
+    assert not (tmp_path / "t.json").exists()

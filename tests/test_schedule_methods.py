@@ -1,13 +1,17 @@
 """Every method's schedule replays valid with the reported numbers; ours is never worse."""
 
 import importlib
+import time
 
 import pytest
 
 from trainplan.io import read_json
 from trainplan.schedule import compare, problem_from_dict, replay, save_schedule, solve
 from trainplan.schedule import checkmate as checkmate_module
-from trainplan.schedule.baselines import no_recompute_events, sqrt_checkpoint
+from trainplan.schedule import checkmate_lp
+from trainplan.schedule.baselines import no_recompute_events, sqrt_checkpoint, swap_only
+from trainplan.schedule.checkmate_lp import THRESHOLDS
+from trainplan.schedule.schedule_io import NO_SCHEDULE_STATUSES
 from trainplan.schedule.synthetic import training_graph
 
 GRAPH = training_graph(40, 7)
@@ -28,11 +32,12 @@ def test_every_schedule_replays_to_its_numbers(results):
         for name, s in by_method.items():
             assert s.method == name
             if not s.events:
-                assert s.status == "infeasible" and s.time is None
+                assert s.status in NO_SCHEDULE_STATUSES and s.time is None
                 continue
             rep = replay(GRAPH, s.events)
             assert (rep.time, rep.peak_bytes) == (s.time, s.peak_bytes), name
             assert s.ok == (rep.peak_bytes <= s.budget_bytes), name
+            assert (s.status == "over_budget") == s.extra.get("over_budget", False) == (not s.ok), name
             if s.ok:
                 assert s.bound <= s.time and s.gap == pytest.approx((s.time - s.bound) / s.time)
 
@@ -46,11 +51,13 @@ def test_ours_no_worse_than_any_baseline(results):
                 assert ours.time <= s.time * (1 + 1e-12), name
 
 
-def test_no_recompute_is_optimal_at_its_own_peak_and_infeasible_below(results):
+def test_no_recompute_is_optimal_at_its_own_peak_and_over_budget_below(results):
     full, tight = results[1.0], results[0.6]
     assert full["no_recompute"].status == "optimal" and full["ours"].status == "optimal"
     assert full["no_recompute"].peak_bytes == NR_PEAK
-    assert tight["no_recompute"].status == "infeasible"
+    over = tight["no_recompute"]  # reported at its own peak, with its time, flagged
+    assert over.status == "over_budget" and over.extra["over_budget"] and over.peak_bytes == NR_PEAK
+    assert over.time == full["no_recompute"].time
     assert tight["ours"].time > full["ours"].time
     assert tight["ours"].extra["recomputes"] + tight["ours"].extra["swap_ins"] > 0
 
@@ -65,17 +72,67 @@ def test_swap_only_never_recomputes(results):
     assert s.ok and s.extra["recomputes"] == 0 and s.extra["swap_ins"] > 0
 
 
-def test_checkmate_recompute_only(results):
-    s = results[0.6]["checkmate"]
-    assert s.extra["milp_status"] in ("OPTIMAL", "FEASIBLE")
+def test_checkmate_recompute_only():
+    s = checkmate_module.checkmate(at(0.6), time_limit_s=5, workers=2, seed=0)
+    assert s.extra["variant"] == "milp" and s.extra["milp_status"] in ("OPTIMAL", "FEASIBLE")
     assert s.extra["swap_ins"] == 0 and s.extra["recomputes"] > 0
 
 
-def test_checkmate_reports_not_built_honestly(monkeypatch):
+def test_checkmate_lp_rounding_where_the_milp_is_not_built(monkeypatch):
+    """Above the MILP's size the LP relaxation is rounded: statuses say what is known (the MILP NOT_BUILT is
+    not 'infeasible'), the schedule replays to its numbers, and the call keeps its time limit."""
     monkeypatch.setattr(checkmate_module, "MAX_VARIABLES", 10)
+    t0 = time.perf_counter()
+    s = checkmate_module.checkmate(at(0.6), time_limit_s=4, seed=0)
+    assert time.perf_counter() - t0 <= 4 * 1.05
+    assert s.extra["milp_status"] == "NOT_BUILT" and s.extra["variant"] == "lp_rounding"
+    assert s.extra["lp_status"] == "OPTIMAL" and s.extra["rounding"]["rounds"] >= len(THRESHOLDS)
+    assert s.status in ("feasible", "over_budget") and s.events
+    rep = replay(GRAPH, s.events)
+    assert (rep.time, rep.peak_bytes, rep.swap_ins) == (s.time, s.peak_bytes, 0)
+    assert (s.status == "over_budget") == (rep.peak_bytes > s.budget_bytes)
+
+
+def test_checkmate_statuses_when_nothing_is_found(monkeypatch):
+    monkeypatch.setattr(checkmate_module, "MAX_VARIABLES", 10)
+    monkeypatch.setattr(checkmate_lp, "BUILD_SHARE", 0.0)  # the LP's build deadline passes at once
     s = checkmate_module.checkmate(at(0.6), time_limit_s=1)
-    assert s.status == "infeasible" and s.events == [] and s.extra["milp_status"] == "NOT_BUILT"
-    assert "not built" in s.extra["note"]
+    assert s.status == "not_built" and s.events == [] and s.extra["lp_status"] == "NOT_BUILT"
+    assert "not built" in s.extra["note"] and s.extra["milp_status"] == "NOT_BUILT"
+    p = GRAPH.with_budget(GRAPH.fixed_bytes - 1)  # proven: the fixed bytes alone exceed the budget
+    assert checkmate_module.checkmate(p, time_limit_s=1).status == "infeasible"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lp_rounding_is_valid_and_never_below_the_milp_optimum(seed):
+    """Small recompute-only graphs: the MILP proves its optimum; every rounding that fits costs at least as
+    much (the rounding is a recompute-only schedule with first computes in program order, as the MILP's)."""
+    g = training_graph(16, seed)
+    nr = replay(g, no_recompute_events(g)).peak_bytes
+    p = g.with_budget(g.fixed_bytes + int(0.85 * (nr - g.fixed_bytes)))
+    milp = checkmate_module.checkmate(p, time_limit_s=10, workers=1)
+    assert milp.extra["milp_status"] == "OPTIMAL"
+    lp = checkmate_lp.checkmate_lp(p, time_limit_s=5, seed=seed)
+    assert lp.extra["lp_status"] == "OPTIMAL" and lp.events
+    rep = replay(p, lp.events)
+    assert (rep.time, rep.peak_bytes) == (lp.time, lp.peak_bytes)
+    assert lp.ok and lp.extra["rounding"]["within_budget"] >= 1
+    assert lp.time >= milp.time * (1 - 1e-9)
+
+
+def test_over_budget_baselines_keep_their_time_and_peak():
+    """sqrt(n) and swap-only that cannot meet a budget report their own peak and time, flagged."""
+    tight = GRAPH.with_budget(GRAPH.floor_bytes)
+    sq = sqrt_checkpoint(tight)
+    assert sq.status == "over_budget" and sq.extra["over_budget"] and sq.time > 0
+    assert sq.peak_bytes == replay(GRAPH, sq.events).peak_bytes > tight.budget_bytes
+    no_swap = problem_from_dict({**tight.to_dict(), "ops": [
+        {**op, "swap": op["id"] != "f3"} for op in tight.to_dict()["ops"]]})
+    sw = swap_only(no_swap)
+    rep = replay(no_swap, sw.events)
+    assert sw.status == "over_budget" and rep.peak_bytes == sw.peak_bytes > no_swap.budget_bytes
+    assert rep.recomputes == 0 and "least budget it met" in sw.extra["note"]
+    assert swap_only(no_swap.with_budget(sw.peak_bytes)).ok  # the greedy meets its own peak
 
 
 def test_schedule_file_round_trip(tmp_path):

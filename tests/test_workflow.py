@@ -11,6 +11,8 @@ import pytest
 import yaml
 from workflow_run import TINY, snakemake
 
+from trainplan.stage_schedule import read_stage_schedules
+
 pytestmark = pytest.mark.workflow
 
 
@@ -53,10 +55,12 @@ def test_artifacts_parse(study):
         link = summary["host_link"]  # measured (the tiny config says so) and used by every stage problem
         assert link["source"] == "measured" and link["tensors"] > 0
         assert summary["host_link_bytes_per_s"] == pytest.approx(2 * link["bytes_per_direction"] / (link["swap_out_s"] + link["swap_in_s"]))
-        problems = list((study / f"results/schedule/{model}/cpu").glob("k*/b*/problems/stage*.json"))
-        assert problems
-        for path in problems:
-            assert json.loads(path.read_text())["bandwidth"] == summary["host_link_bytes_per_s"]
+        files = list((study / f"results/schedule/{model}/cpu").glob("k*/b*/schedules.json"))
+        assert files
+        for path in files:
+            for stage in read_stage_schedules(path):  # problems valid, every schedule replays to its numbers
+                assert stage.problem["bandwidth"] == summary["host_link_bytes_per_s"]
+                assert set(stage.methods) == {"ours", "no_recompute", "sqrt_checkpoint", "checkmate", "swap_only"}
         assert (study / f"logs/export/{model}/cpu.log").read_text()
         assert len(link["sizes"]) == link["tensors"] and sum(link["sizes"]) == link["bytes_per_direction"]
         # the tiny study's plans swap: the validation times the link again on the profile's very transfers
@@ -115,3 +119,20 @@ def test_dry_run_names_each_stages_models_and_the_tiny_study_stays_tiny(tmp_path
     assert "study.overflow (fp16 overflow loop): tiny_gpt2\n" in text
     # the default config's full-size models are defined (inherited) but no job runs them
     assert not re.search(r"model=(gpt2|resnet50|t5_ff)\b", text)
+
+
+def test_a_deleted_or_damaged_schedules_file_is_noticed(study):
+    """Every stage's schedules live in one declared file: deleting it reruns the schedule rule, and a damaged
+    one stops the balance rule with an error naming the file and the stage. (Runs last: it alters the study.)"""
+    path = study / "results/schedule/small_cnn/cpu/k1/b0.6/schedules.json"
+    original = path.read_text()
+    path.unlink()
+    assert planned_jobs(study, TINY).get("schedule") == 1
+    data = json.loads(original)
+    del data["stages"][0]["schedule"]["events"][0]
+    path.write_text(json.dumps(data))
+    out = snakemake(study, TINY, "results/balance/small_cnn/cpu/k1/b0.6/plan.json")
+    log = (study / "logs/balance/small_cnn/cpu/k1/b0.6.log").read_text()
+    assert out.returncode != 0
+    assert f"{path.relative_to(study)}: stage 0: event 0" in log
+    path.write_text(original)

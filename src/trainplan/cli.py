@@ -7,7 +7,9 @@ import logging
 import sys
 from collections.abc import Callable
 
+from trainplan.align.units import AlignError
 from trainplan.io import ArtifactError
+from trainplan.provenance.cli import add_parser as add_publish
 from trainplan.schedule.problem import ProblemError
 
 
@@ -25,6 +27,8 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
     ap.add_argument("--nondeterministic", action="store_true",
                     help="stop CP-SAT on wall time with the parallel portfolio (faster, not reproducible)")
     ap.add_argument("--budget", type=int, default=None, help="override the problem's budget_bytes")
+    ap.add_argument("--stage", type=int, default=None,
+                    help="PROBLEM is a schedules.json of the schedule rule: solve this stage's problem")
     ap.add_argument("-v", "--verbose", action="store_true", help="log CP-SAT search progress")
     return _run_schedule
 
@@ -32,7 +36,7 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
 def _run_schedule(args: argparse.Namespace) -> int:
     from trainplan.schedule import compare, load_problem, save_schedule, solve
 
-    problem = load_problem(args.problem)
+    problem = load_problem(args.problem, stage=args.stage)
     if args.budget is not None:
         problem = problem.with_budget(args.budget)
     opts = {"deterministic": not args.nondeterministic, "verbose": args.verbose}
@@ -53,6 +57,8 @@ def _run_schedule(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse.Namespace], int]]] = {
     "schedule": _add_schedule,
+    "align": lambda sub: __import__("trainplan.align.cli", fromlist=["add_parser"]).add_parser(sub),
+    "publish": add_publish,
 }
 
 
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return runners[args.command](args)
-    except (ArtifactError, ProblemError) as exc:
+    except (ArtifactError, ProblemError, AlignError) as exc:
         print(f"trainplan {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

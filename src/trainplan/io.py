@@ -19,17 +19,29 @@ class ArtifactError(RuntimeError):
 
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; move it onto ``path`` only if the block succeeds."""
+    """Yield a temporary path beside ``path``; move it onto ``path`` only if the block succeeds.
+
+    The file gets the mode a plain ``open`` would give it (0o666 less the umask), not ``mkstemp``'s 0o600,
+    so colleagues sharing the results directory can read it when the umask allows.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting and restoring it: the OS offers no read-only call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _default(obj: Any) -> Any:
@@ -48,14 +60,20 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=_default) + "\n")
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON artifact; a missing or corrupt file raises ArtifactError naming it."""
+def read_json(path: str | os.PathLike[str], schema: str | None = None) -> Any:
+    """Read a JSON artifact; a missing or corrupt file, or one that does not match ``schema`` (a name in
+    ``trainplan/schemas/``), raises ArtifactError naming it."""
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text())
     except FileNotFoundError as exc:
         raise ArtifactError(f"artifact not found: {path}") from exc
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"corrupt JSON artifact {path}: {exc}") from exc
+    if schema is not None:
+        from trainplan.schemas import check  # imports this module
+
+        check(data, schema, str(path))
+    return data
 
 
 def write_yaml(path: str | os.PathLike[str], data: Any) -> None:

@@ -75,26 +75,19 @@ def plot_memory(memory: pd.DataFrame, summary: dict[str, Any], path: str) -> Non
 
 
 def overhead_points(table: pd.DataFrame) -> pd.DataFrame:
-    """Every method's schedule per stage and requested budget, with the device peak it reaches.
-
-    Columns added to the comparison table's: ``over_budget`` (the table's own column where it has one,
-    else peak > requested budget: a baseline that cannot meet the budget, or our schedule at the smallest
-    feasible budget above it) and ``drawable`` (a time and a peak to draw; rows without are schedules
-    no method found).
-    """
-    table = table.copy()
-    if "over_budget" not in table:
-        table["over_budget"] = table.peak_bytes > table.requested_budget_bytes
-    table["over_budget"] = table.over_budget.fillna(False).astype(bool)
-    table["drawable"] = table.time_s.notna() & table.peak_bytes.notna() & table.overhead.notna()
-    return table
+    """The comparison table with ``drawable``: the schedules that have a time and a memory to draw (every
+    method's, over its budget or not); the others are schedules a method did not produce."""
+    return table.assign(over_budget=table.over_budget.fillna(False).astype(bool),
+                        drawable=table.time_s.notna() & table.memory_fraction.notna() & table.overhead.notna())
 
 
 def plot_schedule_comparison(table: pd.DataFrame, path: str) -> None:
-    """Step-time overhead over no recompute against the device peak reached, per stage and method.
+    """Step-time overhead over no recompute against the memory used, per stage, method and budget.
 
-    One panel per stage; a vertical line per requested budget; a schedule over its budget is drawn at its
-    own peak as a hollow red-edged marker, and a method that found no schedule is named in the title.
+    One panel per stage; x is the schedule's peak above the fixed bytes as a fraction of the stage's
+    no-recompute activation peak, so each requested budget is a vertical line at its fraction. A schedule
+    over its budget is drawn at its own peak, marked with a hollow red square, never dropped; a method
+    without a schedule is named, with its status, in the panel's title.
     """
     title = f"{table.model.iloc[0]}, k={table.k.iloc[0]}" if len(table) else "schedule comparison"
     points = overhead_points(table) if len(table) else table
@@ -106,16 +99,15 @@ def plot_schedule_comparison(table: pd.DataFrame, path: str) -> None:
     methods = sorted(points.method.unique())
     colors = dict(zip(methods, METHOD_COLORS * len(methods)))
     fig, axes = plt.subplots(1, len(stages), figsize=(6.5 * len(stages), 4.5), squeeze=False)
-    mib = 2**20
     for ax, stage in zip(axes[0], stages):
         part = points[points.stage == stage]
-        for fraction, budget in part.groupby("budget_fraction").requested_budget_bytes.first().items():
-            ax.axvline(budget / mib, color="gray", ls=":", lw=1)
-            ax.annotate(f"budget {fraction:g}", (budget / mib, 1.0), xycoords=("data", "axes fraction"),
+        for fraction in sorted(part.budget_fraction.unique()):
+            ax.axvline(fraction, color="gray", ls=":", lw=1)
+            ax.annotate(f"budget {fraction:g}", (fraction, 1.0), xycoords=("data", "axes fraction"),
                         rotation=90, va="top", ha="right", fontsize=8, color="gray")
         for method, rows in part[part.drawable].groupby("method"):
-            rows = rows.sort_values("peak_bytes")
-            x, y, over = rows.peak_bytes / mib, rows.overhead * 100, rows.over_budget
+            rows = rows.sort_values("memory_fraction")
+            x, y, over = rows.memory_fraction, rows.overhead * 100, rows.over_budget
             ax.plot(x, y, color=colors[method], lw=0.8, marker="o", ms=5, label=str(method))
             ax.scatter(x[over], y[over], facecolors="none", edgecolors="tab:red", marker="s", s=90, zorder=3)
             for (px, py), at in rows.groupby([x, y]).budget_fraction:  # which budgets each point answers
@@ -124,14 +116,14 @@ def plot_schedule_comparison(table: pd.DataFrame, path: str) -> None:
         if part.over_budget[part.drawable].any():
             ax.scatter([], [], facecolors="none", edgecolors="tab:red", marker="s", s=90, label="over its budget")
         missing = part[~part.drawable]
-        note = "; ".join(f"{m} at {', '.join(f'{b:g}' for b in sorted(rows.budget_fraction))}"
-                         for m, rows in missing.groupby("method"))
+        note = "; ".join(f"{m} ({', '.join(sorted(set(rows.status)))}) at "
+                         f"{', '.join(f'{b:g}' for b in sorted(rows.budget_fraction))}" for m, rows in missing.groupby("method"))
         ax.set_title(f"stage {stage}" + (f"\nno schedule: {note}" if note else ""), fontsize=10)
-        ax.set_xlabel("device peak of the schedule (MiB, parameters and inputs included)")
+        ax.set_xlabel("memory used: peak above the fixed bytes / no-recompute activation peak")
         ax.set_ylabel("step-time overhead over no recompute (%)")
         ax.set_yscale("symlog", linthresh=1.0)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{title}: step-time overhead vs device peak of every method at each budget", fontsize=11, y=1.02)
+    fig.suptitle(f"{title}: step-time overhead vs memory used, every method at each budget", fontsize=11, y=1.02)
     drawn = points[points.drawable]
     save_figure(fig, path, description=f"{len(drawn)} schedules drawn ({int(drawn.over_budget.sum())} over budget), "
                 f"{int((~points.drawable).sum())} without a schedule")

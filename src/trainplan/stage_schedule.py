@@ -1,16 +1,19 @@
-"""Schedule pipeline stages at a budget fraction: one stage problem builder and solver shared by the
-``schedule`` rule (our solver and every baseline) and the ``balance`` loop (our solver, cached)."""
+"""Schedule pipeline stages at a budget fraction: one stage problem builder and solver (``schedule_stage``)
+shared by the ``schedule`` rule (our solver and every baseline) and the ``balance`` loop (our solver, cached;
+iteration 0 reads the ``schedule`` rule's ``schedules.json``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from tqdm import tqdm
 
+from trainplan.io import ArtifactError, read_json
 from trainplan.schedule.problem import problem_from_dict
-from trainplan.schedule.schedule_io import Schedule
+from trainplan.schedule.schedule_io import Schedule, schedule_from_dict
 from trainplan.schedule.solve import METHODS, solve
 from trainplan.stage_problem import budget_for, no_recompute_peak, stage_problem
 
@@ -39,6 +42,14 @@ def solve_stage(raw: dict[str, Any], solver: SolverSettings, method: str = "ours
     return solve(problem_from_dict(raw), solver.time_limit_s, solver.workers, solver.seed, method=method)
 
 
+def schedule_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, fraction: float,
+                   bandwidth: float, solver: SolverSettings) -> tuple[dict[str, Any], Schedule]:
+    """The one place a stage is scheduled with our method, for the ``schedule`` rule and the balance loop:
+    its budgeted problem and our schedule."""
+    raw = budgeted_stage_problem(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth)
+    return raw, solve_stage(raw, solver)
+
+
 @dataclass
 class StageSchedules:
     """One stage's problem (dict, budget set), our schedule and every method's schedule at the same budget."""
@@ -59,21 +70,58 @@ def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[lis
     """
     out: list[StageSchedules] = []
     for index, stage_nodes in enumerate(tqdm(stages, desc="schedule stages", disable=not progress)):
-        raw = budgeted_stage_problem(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth)
-        ours = solve_stage(raw, solver)
+        raw, ours = schedule_stage(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth, solver=solver)
         methods = {m: solve_stage(raw, solver, m).to_dict() for m in METHODS if m != "ours"}
         methods["ours"] = ours.to_dict()
         out.append(StageSchedules(index, list(stage_nodes), raw, ours, methods))
     return out
 
 
+def stage_schedules_dict(head: dict[str, Any], results: list[StageSchedules]) -> dict[str, Any]:
+    """The ``schedules.json`` of one budget: ``head`` (model, device, k, budget fraction) and per stage its
+    index, fx nodes, problem, our schedule and every method's schedule at the requested budget."""
+    return {**head, "stages": [{"index": r.index, "nodes": r.nodes, "problem": r.problem, "schedule": r.ours.to_dict(),
+                                "methods": {m: d for m, d in r.methods.items() if m != "ours"}} for r in results]}
+
+
+def read_stage_schedules(path: str | Path, stages: list[list[str]] | None = None) -> list[StageSchedules]:
+    """Read and check a ``schedules.json``: every stage's problem is valid, every schedule replays on it to
+    the time and peak it states, and (given ``stages``, the partition's node lists) the stages are the
+    partition's. Raises ArtifactError naming the file and the stage."""
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("stages"), list):
+        raise ArtifactError(f"{path}: not a schedules file (no 'stages' list)")
+    if stages is not None and len(data["stages"]) != len(stages):
+        raise ArtifactError(f"{path}: {len(data['stages'])} stage(s), but the partition has {len(stages)}")
+    out = []
+    for pos, raw in enumerate(data["stages"]):
+        where = f"{path}: stage {pos}"
+        try:
+            if raw["index"] != pos:
+                raise ValueError(f"index {raw['index']} at position {pos}")
+            if stages is not None and raw["nodes"] != stages[pos]:
+                raise ValueError("its nodes are not the partition's stage (a stale or foreign file)")
+            problem = problem_from_dict(raw["problem"])
+            ours = schedule_from_dict(problem, raw["schedule"])
+            methods = {m: schedule_from_dict(problem, d).to_dict() for m, d in raw["methods"].items()}
+        except (KeyError, TypeError, ValueError) as exc:  # ProblemError and ScheduleError are ValueErrors
+            what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ArtifactError(f"{where}: {what}") from exc
+        out.append(StageSchedules(pos, list(raw["nodes"]), raw["problem"], ours, {**methods, "ours": ours.to_dict()}))
+    return out
+
+
 def comparison_table(model: str, k: int, fraction: float, results: list[StageSchedules]) -> pd.DataFrame:
-    """One row per stage and method: status, time, overhead over no-recompute, peak, budget, gap, solve time."""
+    """One row per stage and method: status, time, overhead over no-recompute, peak, budget, gap, solve time.
+    A schedule over the budget keeps its time and peak (``over_budget``); ``memory_fraction`` is its peak
+    above the fixed bytes as a fraction of the no-recompute activation peak."""
     rows = []
     for res in results:
         base = res.methods["no_recompute"]["time"]
+        fixed, nr_peak = res.problem.get("fixed_bytes", 0), res.problem["no_recompute_peak_bytes"]
         for method, sched in res.methods.items():
             time = sched.get("time")
+            peak = sched.get("peak_bytes")
             rows.append(
                 {
                     "model": model,
@@ -84,13 +132,18 @@ def comparison_table(model: str, k: int, fraction: float, results: list[StageSch
                     "status": sched["status"],
                     "time_s": time,
                     "overhead": (time / base - 1.0) if time is not None and base else None,
-                    "peak_bytes": sched.get("peak_bytes"),
+                    "peak_bytes": peak,
+                    "over_budget": peak is not None and peak > res.problem["budget_bytes"],
+                    "memory_fraction": (peak - fixed) / (nr_peak - fixed) if peak is not None and nr_peak > fixed else None,
                     "budget_bytes": sched["budget_bytes"],
                     "requested_budget_bytes": res.problem["budget_bytes"],
+                    "fixed_bytes": fixed,
+                    "no_recompute_peak_bytes": nr_peak,
                     "gap": sched.get("gap"),
                     "solve_seconds": sched.get("solve_seconds"),
                     "recomputes": sched.get("recomputes"),
                     "swap_ins": sched.get("swap_ins"),
+                    "note": sched.get("note"),
                 }
             )
     return pd.DataFrame(rows)

@@ -23,15 +23,19 @@ for _key in list(config):
     config[_key] = _sorted_keys(config[_key])
 
 MODELS = config["study"]["plan"]
-DEVICE = config["device"]
+# The alignment stage runs over every model of the study (planned or overflow-checked), each once.
+ALIGN_MODELS = list(dict.fromkeys(MODELS + config["study"].get("overflow", [])))
+# One device or a list of them (a sweep over devices): every planned result is made for each.
+DEVICES = [config["device"]] if isinstance(config["device"], str) else config["device"]
 
 
 def _check_config():
     """Fail at start, naming the key, for references a schema cannot check."""
-    if DEVICE not in config["devices"]:
-        raise WorkflowError(
-            f"config key 'device': '{DEVICE}' is not one of devices {sorted(config['devices'])}"
-        )
+    for device in DEVICES:
+        if device not in config["devices"]:
+            raise WorkflowError(
+                f"config key 'device': '{device}' is not one of devices {sorted(config['devices'])}"
+            )
     for part, names in config["study"].items():
         for name in names:
             if name not in config["models"]:
@@ -58,20 +62,20 @@ def _check_config():
 
 _check_config()
 
-# What each `study` list runs: printed once at start (dry runs too), so a layered config's models show.
-STUDY_STAGES = {
-    "plan": "export, profile, partition, schedule, balance, validate",
-    "overflow": "fp16 overflow loop",
-}
+def study_stages():
+    """(what, models) for each part of the study, after config layering: the start-up summary."""
+    parts = [
+        ("study.plan (export, profile, partition, schedule, balance, validate)", MODELS),
+        ("study.overflow (fp16 overflow loop)", config["study"].get("overflow", [])),
+        ("align (every plan and overflow model)", ALIGN_MODELS),
+    ]
+    return parts + [(f"study.{part}", names) for part, names in config["study"].items() if part not in ("plan", "overflow")]
 
 
 def _print_study():
-    """One line per `study` list to stderr: the stages it runs and on which models (main process only)."""
-    lines = [f"trainplan study on {DEVICE}: stages k={config['stages']}, budgets {config['budgets']}"]
-    parts = [part for part in STUDY_STAGES if part in config["study"]]
-    for part in parts + sorted(set(config["study"]) - set(parts)):
-        names = config["study"][part]
-        lines.append(f"  study.{part} ({STUDY_STAGES.get(part, part)}): {', '.join(names) or 'none'}")
+    """Which models each stage runs, on which devices, stage counts and budgets: once, to stderr."""
+    lines = [f"trainplan study on {', '.join(DEVICES)}: stages k={config['stages']}, budgets {config['budgets']}"]
+    lines += [f"  {what}: {', '.join(names) or 'none'}" for what, names in study_stages()]
     print("\n".join(lines), file=sys.stderr)
 
 
@@ -149,10 +153,18 @@ def validation_files():
     return expand(
         "results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
         model=MODELS,
-        device=DEVICE,
+        device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],
     )
+
+
+def align_policy(wildcards):
+    """Precision policy of the model's ops for alignment: the overflow loop's final policy when the model
+    has an overflow run, else the starting policy (`overflow.policy`)."""
+    if wildcards.model in config["study"].get("overflow", []):
+        return f"results/overflow/{wildcards.model}/final_policy.yaml"
+    return study_file(config["overflow"]["policy"])
 
 
 def all_targets():
@@ -163,8 +175,10 @@ def all_targets():
             "results/plots/{model}/{device}/op_time.png",
         ],
         model=MODELS,
-        device=DEVICE,
-    ) + expand("results/plots/{model}/{backend}/memory.png", model=MODELS, backend=backend_of(DEVICE)) + expand(
+        device=DEVICES,
+    ) + expand(
+        "results/plots/{model}/{backend}/memory.png", model=MODELS, backend=sorted({backend_of(d) for d in DEVICES})
+    ) + expand(
         [
             "results/partition/{model}/{device}/k{k}/partition.json",
             "results/plots/{model}/{device}/k{k}/schedule_overhead.png",
@@ -174,11 +188,15 @@ def all_targets():
             "results/plots/{model}/{device}/k{k}/b{budget}/plan_memory.png",
         ],
         model=MODELS,
-        device=DEVICE,
+        device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],
     ) + ["results/validate/summary.csv"] + (
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []
-    ) + expand("results/plots/overflow/{model}/passes.png", model=config["study"].get("overflow", []))
+    ) + expand("results/plots/overflow/{model}/passes.png", model=config["study"].get("overflow", [])) + [
+        "results/align/study.csv",
+        "results/plots/align/align.png",
+        "results/provenance.json",
+    ]

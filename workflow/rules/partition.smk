@@ -31,8 +31,7 @@ rule balance:
         profile="results/profile/{model}/{device}/ops.parquet",
         profile_summary="results/profile/{model}/{device}/summary.json",
         partition="results/partition/{model}/{device}/k{k}/partition.json",
-        problems="results/schedule/{model}/{device}/k{k}/b{budget}/problems",
-        schedules="results/schedule/{model}/{device}/k{k}/b{budget}/schedules",
+        schedules="results/schedule/{model}/{device}/k{k}/b{budget}/schedules.json",
     output:
         plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
         iterations="results/balance/{model}/{device}/k{k}/b{budget}/iterations.json",

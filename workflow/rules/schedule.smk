@@ -5,8 +5,7 @@ rule schedule:
         profile_summary="results/profile/{model}/{device}/summary.json",
         partition="results/partition/{model}/{device}/k{k}/partition.json",
     output:
-        problems=directory("results/schedule/{model}/{device}/k{k}/b{budget}/problems"),
-        schedules=directory("results/schedule/{model}/{device}/k{k}/b{budget}/schedules"),
+        schedules="results/schedule/{model}/{device}/k{k}/b{budget}/schedules.json",
         table="results/schedule/{model}/{device}/k{k}/b{budget}/compare.csv",
     log:
         "logs/schedule/{model}/{device}/k{k}/b{budget}.log",
@@ -18,7 +17,7 @@ rule schedule:
         seed=config["solver"]["seed"],
         code=code_version(
             "stage_problem", "stage_schedule", "schedule.schedule_io", "schedule.solve", "schedule.mip",
-            "schedule.heuristic", "schedule.baselines", "schedule.checkmate", "schedule.bounds",
+            "schedule.heuristic", "schedule.baselines", "schedule.checkmate", "schedule.checkmate_lp", "schedule.bounds",
         ),
     threads: config["solver"]["workers"]
     conda:

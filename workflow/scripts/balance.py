@@ -1,14 +1,11 @@
 """Snakemake adapter: schedule each stage at the budget, re-partition for balance, compare with the DP.
 
-The first partition's stages reuse the schedule rule's schedules (same stages, budget and solver settings).
+Iteration 0 (the partition rule's stages) takes its schedules from the schedule rule's schedules.json, checked
+against the partition and replayed; later iterations solve their new stages with the same function.
 """
-
-from pathlib import Path
 
 from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.io import read_json, write_json
-from trainplan.schedule import problem_from_dict
-from trainplan.schedule.schedule_io import schedule_from_dict
 from trainplan.logs import log_to
 from trainplan.partition import (
     BalanceSettings,
@@ -22,6 +19,7 @@ from trainplan.partition import (
     plan_dict,
     range_tables,
 )
+from trainplan.stage_schedule import read_stage_schedules
 
 with log_to(snakemake.log[0]) as log:
     inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards
@@ -30,14 +28,13 @@ with log_to(snakemake.log[0]) as log:
     tables = range_tables(pipeline)
     settings = BalanceSettings(**par.balance)
     memory = MemoryLimit(par.memory_bytes, settings.micro_batches)
-    first = partition_from_dict(pipeline, read_json(inp.partition))
+    partition = read_json(inp.partition, schema="partition")
+    first = partition_from_dict(pipeline, partition)
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(inp.profile_summary),
                                budget_fraction=par.budget_fraction, solver=solver)
-    for path in sorted(Path(inp.schedules).glob("stage*[0-9].json")):
-        raw = read_json(path)
-        problem = read_json(Path(inp.problems) / path.name)
-        scheduler.reuse(raw.pop("stage_nodes"), problem, schedule_from_dict(problem_from_dict(problem), raw))
+    for res in read_stage_schedules(inp.schedules, [stage["nodes"] for stage in partition["stages"]]):
+        scheduler.reuse(res.nodes, res.problem, res.ours)
     log.info("reused %d stage schedule(s) from %s", scheduler.reused, inp.schedules)
     result = balance(pipeline, tables, first, scheduler, settings, memory)
     head = {"model": wc.model, "device": wc.device, "k": first.k, "budget_fraction": par.budget_fraction}

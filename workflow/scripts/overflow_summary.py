@@ -5,7 +5,7 @@ import torch
 from trainplan.io import read_json, read_table, write_json, write_table, write_yaml
 from trainplan.logs import log_to
 from trainplan.precision.cases import build_case
-from trainplan.precision.policy import load_policy
+from trainplan.precision.policy import load_next_policy, load_policy
 from trainplan.precision.summary import summarize
 
 with log_to(snakemake.log[0]) as log:
@@ -13,8 +13,8 @@ with log_to(snakemake.log[0]) as log:
     model, p = snakemake.wildcards.model, snakemake.params
     traced, flat, _ = build_case(model, p.spec, p.seed, p.param_scale)
     nodes = read_table(snakemake.input.nodes, ["name", "flops"])
-    iterations = [read_json(f) for f in snakemake.input.iterations]
-    final = load_policy(snakemake.input.final_policy)
+    iterations = [read_json(f, schema="findings") for f in snakemake.input.iterations]
+    final = load_next_policy(snakemake.input.final_policy, iterations[-1], snakemake.input.iterations[-1])
     result = summarize(traced, flat, iterations, load_policy(snakemake.input.policy), final,
                        dict(zip(nodes.name, nodes.flops)), injected=[e["node"] for e in p.inject],
                        repeats=p.repeats, warmup=p.warmup, emulate_matmul=p.emulate_matmul)

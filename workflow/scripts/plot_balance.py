@@ -5,4 +5,4 @@ from trainplan.logs import log_to
 from trainplan.partition.plot import plot_balance
 
 with log_to(snakemake.log[0]):
-    plot_balance(read_json(snakemake.input.iterations), snakemake.output[0])
+    plot_balance(read_json(snakemake.input.iterations, schema="iterations"), snakemake.output[0])

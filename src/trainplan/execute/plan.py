@@ -86,7 +86,7 @@ def parse_plan(data: Any, where: str = "plan") -> list[StagePlan]:
 def load_plan(path: str | Path) -> tuple[dict[str, Any], list[StagePlan]]:
     """Read and validate ``plan.json``; a missing or corrupt file raises PlanError naming it."""
     try:
-        data = read_json(path)
+        data = read_json(path, schema="plan")
     except ArtifactError as exc:
         raise PlanError(str(exc)) from exc
     return data, parse_plan(data, str(path))

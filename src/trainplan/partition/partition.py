@@ -43,7 +43,7 @@ class Partition:
             "boundary_bytes": sum(s.boundary_in_bytes for s in self.stages),
             "refinement": {"start_bytes": r.start_bytes, "end_bytes": r.end_bytes, "weight_limit": r.limit,
                            "moves": [vars(m) for m in r.moves]},
-            "stages": [{**s.to_dict(), "weighted_time": w} for s, w in zip(self.stages, self.weighted_times)],
+            "stages": [{**s.to_dict(), "n_nodes": len(s.nodes), "weighted_time": w} for s, w in zip(self.stages, self.weighted_times)],
         }
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from trainplan.partition.errors import PartitionError
 from trainplan.schedule.schedule_io import Schedule
-from trainplan.stage_schedule import SolverSettings, budgeted_stage_problem, solve_stage
+from trainplan.stage_schedule import SolverSettings, schedule_stage
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,8 @@ class StageScheduler:
         key = tuple(stage_nodes)
         if key not in self._cache:
             t0 = time.perf_counter()
-            problem = budgeted_stage_problem(self.nodes, self.tensors, stage_nodes, fraction=self.fraction,
-                                             bandwidth=self.bandwidth)
-            sched = solve_stage(problem, self.solver)
+            problem, sched = schedule_stage(self.nodes, self.tensors, stage_nodes, fraction=self.fraction,
+                                            bandwidth=self.bandwidth, solver=self.solver)
             self._cache[key] = ScheduledStage(problem, sched, time.perf_counter() - t0)
             log.info("stage %d: %d nodes, budget %d B, %s time %s s (%.1f s)", index, len(stage_nodes),
                      problem["budget_bytes"], sched.status, sched.time, self._cache[key].seconds)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from trainplan.io import read_json
 
 
 def iteration_dir(model: str, i: int) -> str:
@@ -29,9 +30,8 @@ def walk_iterations(checkpoint: Any, model: str, cap: int) -> list[str]:
     for i in range(cap):
         findings = checkpoint.get(model=model, i=i).output.findings
         files.append(findings)
-        with open(findings) as handle:
-            if json.load(handle)["converged"]:
-                break
+        if read_json(findings, schema="findings")["converged"]:
+            break
     return files
 
 

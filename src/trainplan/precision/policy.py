@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import yaml
 
+from trainplan.schemas import SchemaError, check
+
 ALLOW, DENY, INFER = "allow", "deny", "infer"
 INFER_MODES = ("producer", "promote")
 
@@ -56,20 +58,20 @@ class Policy:
         return replace(self, deny_nodes=deny, allow_nodes=allow, name=name or self.name)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain mapping for YAML artifacts (lists, not tuples)."""
+        """Plain mapping for YAML artifacts (lists, not tuples). ``counts`` (each list's length) comes before
+        the lists, so a file cut anywhere after it is detected on load."""
+        lists = {key: list(getattr(self, key)) for key in _LISTS}
         return {
             "name": self.name,
+            "counts": {key: len(value) for key, value in lists.items()},
             "infer_mode": self.infer_mode,
             "deny_forward_only": self.deny_forward_only,
-            "allow": list(self.allow),
-            "deny": list(self.deny),
-            "infer": list(self.infer),
-            "allow_nodes": list(self.allow_nodes),
-            "deny_nodes": list(self.deny_nodes),
+            **lists,
         }
 
 
-_KEYS = {"name", "infer_mode", "deny_forward_only", "allow", "deny", "infer", "allow_nodes", "deny_nodes"}
+_LISTS = ("allow", "deny", "infer", "allow_nodes", "deny_nodes")
+_KEYS = {"name", "infer_mode", "deny_forward_only", "counts", *_LISTS}
 
 
 def policy_from_dict(data: dict[str, Any], source: str = "policy") -> Policy:
@@ -80,7 +82,7 @@ def policy_from_dict(data: dict[str, Any], source: str = "policy") -> Policy:
     if unknown:
         raise PolicyError(f"{source}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
     lists = {}
-    for key in ("allow", "deny", "infer", "allow_nodes", "deny_nodes"):
+    for key in _LISTS:
         value = data.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise PolicyError(f"{source}: key '{key}' must be a list of strings")
@@ -93,15 +95,30 @@ def policy_from_dict(data: dict[str, Any], source: str = "policy") -> Policy:
     )
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read a policy YAML file."""
+def load_policy(path: str | Path, written: bool = False) -> Policy:
+    """Read a policy YAML file, checked against the ``policy`` schema and its ``counts`` when present;
+    ``written``: a file the workflow wrote, which must have every list's count."""
     try:
         data = yaml.safe_load(Path(path).read_text())
+        check(data, "policy", str(path))
+        if written and set(data.get("counts", {})) != set(_LISTS):
+            raise SchemaError(f"{path}: 'counts' lacks {sorted(set(_LISTS) - set(data.get('counts', {})))}: truncated?")
     except FileNotFoundError as exc:
         raise PolicyError(f"policy file not found: {path}") from exc
     except yaml.YAMLError as exc:
         raise PolicyError(f"corrupt policy file {path}: {exc}") from exc
+    except SchemaError as exc:
+        raise PolicyError(str(exc)) from exc
     return policy_from_dict(data, str(path))
+
+
+def load_next_policy(path: str | Path, findings: dict[str, Any], findings_path: str | Path) -> Policy:
+    """The policy a pass handed on (``policy_next.yaml``), checked against the deny list its findings state."""
+    policy = load_policy(path, written=True)
+    if list(policy.deny_nodes) != findings["deny_nodes"]:
+        raise PolicyError(f"{path}: deny_nodes {list(policy.deny_nodes)[:5]} differ from the {len(findings['deny_nodes'])} "
+                          f"'deny_nodes' of {findings_path}: edited or truncated; delete both to rerun the pass")
+    return policy
 
 
 def op_keys(node: torch.fx.Node) -> tuple[str, str]:

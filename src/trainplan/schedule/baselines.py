@@ -10,6 +10,7 @@ import time
 
 from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
 from trainplan.schedule.problem import Problem
+from trainplan.schedule.replay import replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
 
 
@@ -28,7 +29,7 @@ def no_recompute(problem: Problem) -> Schedule:
                        solve_seconds=time.perf_counter() - start)
 
 
-def sqrt_checkpoint_events(problem: Problem) -> list[tuple[str, str]] | None:
+def sqrt_checkpoint_events(problem: Problem, stop_at: float | None = None) -> list[tuple[str, str]] | None:
     """Chen et al. 2016 on a general DAG: segments of ceil(sqrt(n)) ops in program order.
 
     Segment boundaries (the last op of each segment), keep ops and recompute=false ops are
@@ -64,34 +65,44 @@ def sqrt_checkpoint_events(problem: Problem) -> list[tuple[str, str]] | None:
             if u not in checkpoint and nu is not None and nu // seg > i // seg and rebuildable(u, nu):
                 sim.free(u)
 
-    return Simulator(problem, None, allow_swap=False).run(after_step=drop_interior)
+    return Simulator(problem, None, allow_swap=False, stop_at=stop_at).run(after_step=drop_interior)
 
 
-def sqrt_checkpoint(problem: Problem) -> Schedule:
-    """Baseline 2: sqrt(n) checkpointing (budget-agnostic; infeasible when its peak is over)."""
+def sqrt_checkpoint(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
+    """Baseline 2: sqrt(n) checkpointing. Budget-agnostic: over the budget its schedule is still given,
+    with status ``over_budget``."""
     start = time.perf_counter()
-    events = sqrt_checkpoint_events(problem)
+    events = sqrt_checkpoint_events(problem, stop_at=start + time_limit_s)
     if events is None:
         return no_schedule(problem.budget_bytes, "sqrt_checkpoint", time.perf_counter() - start,
-                           "a dropped tensor cannot be recomputed (recompute=false upstream)")
+                           "time limit passed before the schedule was complete", status="unknown")
     return from_events(problem, events, budget_bytes=problem.budget_bytes, method="sqrt_checkpoint",
                        solve_seconds=time.perf_counter() - start)
 
 
-def swap_only(problem: Problem) -> Schedule:
-    """Baseline 4: greedy eviction that only swaps (best of the eviction policies)."""
+def swap_only(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
+    """Baseline 4: greedy eviction that only swaps (best of the eviction policies). If no policy meets the
+    budget, the least budget the greedy meets (bisection to 0.5%, between the budget and the no-recompute
+    peak, within the time limit) and its schedule there, with status ``over_budget``."""
     start = time.perf_counter()
-    best = None
+    deadline = start + time_limit_s
+    budget = problem.budget_bytes
+    best, best_time = None, math.inf
     for policy in POLICIES:
-        events = greedy(problem, problem.budget_bytes, allow_recompute=False, policy=policy)
-        if events is not None:
-            sched = from_events(problem, events, budget_bytes=problem.budget_bytes, method="swap_only",
-                                solve_seconds=0.0)
-            if best is None or sched.time < best.time:
-                best = sched
-    elapsed = time.perf_counter() - start
+        events = greedy(problem, budget, allow_recompute=False, policy=policy, stop_at=deadline)
+        if events is not None and (t := replay(problem, events).time) < best_time:
+            best, best_time = events, t
+    extra = {}
     if best is None:
-        return no_schedule(problem.budget_bytes, "swap_only", elapsed,
-                           "greedy swap-only eviction cannot meet the budget")
-    best.solve_seconds = elapsed
-    return best
+        lo, hi, best = budget, None, no_recompute_events(problem)
+        hi = replay(problem, best).peak_bytes
+        while hi - lo > max(1, int(0.005 * hi)) and time.perf_counter() < deadline:
+            mid = (lo + hi) // 2
+            events = greedy(problem, mid, allow_recompute=False, stop_at=deadline)
+            if events is None:
+                lo = mid
+            else:
+                best, hi = events, replay(problem, events).peak_bytes
+        extra["note"] = f"greedy swap-only eviction cannot meet the budget; the least budget it met: {hi} B"
+    return from_events(problem, best, budget_bytes=budget, method="swap_only",
+                       solve_seconds=time.perf_counter() - start, extra=extra)

@@ -1,9 +1,10 @@
-"""Baseline 3: Checkmate's recompute-only MILP (Jain et al. 2020) on CP-SAT.
+"""Baseline 3: Checkmate's recompute-only MILP (Jain et al. 2020) on CP-SAT; above MAX_VARIABLES its LP
+relaxation with rounding (``checkmate_lp.py``).
 
 Stage t computes op t for the first time; R[t,i] = op i computed in stage t, S[t,i] = i kept on
 device from stage t-1 into t, FREE[t,i,k] = i freed right after computing k in stage t. Memory
 U[t,k] is tracked after each computation; the model has O(n^2) stages x positions, so large graphs
-are not built (the result says so) or time out (the best incumbent is reported, if any).
+get the LP rounding instead, and a MILP that times out reports its best incumbent, if any.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from trainplan.schedule.checkmate_lp import checkmate_lp
 from trainplan.schedule.heuristic import greedy
 from trainplan.schedule.mip import _ticks, byte_unit, configure, time_unit
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
 
 MAX_VARIABLES = 300_000
+MILP_SECONDS_PER_VARIABLE = 2e-5  # building the CP-SAT model: measured 12-22 us per variable on this host
+MILP_BUILD_SHARE = 0.5  # the MILP is built only if its estimated build time fits in this share of the limit
 
 
 def model_size(problem: Problem) -> int:
@@ -59,9 +63,10 @@ def _stage_hint(problem: Problem, events: list[tuple[str, str]]) -> tuple[set[tu
     return R, S
 
 
-def _build(p: Problem, bu: int, tu: float) -> tuple[cp_model.CpModel, dict, dict]:
+def _build(p: Problem, bu: int, tu: float, deadline: float) -> tuple[cp_model.CpModel, dict, dict] | None:
     """The MILP at ``p.budget_bytes`` (R, S, FREE, U; memory in units of ``bu`` bytes, time in ticks of ``tu``
-    s), hinted with the recompute-only greedy schedule where one fits."""
+    s), hinted with the recompute-only greedy schedule where one fits; None if ``deadline`` (perf_counter)
+    passes first."""
     n = p.n
     cap_units = (p.budget_bytes - p.fixed_bytes) // bu
     b = [math.ceil(op.bytes / bu) for op in p.ops]
@@ -76,7 +81,7 @@ def _build(p: Problem, bu: int, tu: float) -> tuple[cp_model.CpModel, dict, dict
             S[t, i] = m.NewBoolVar(f"S{t}_{i}")
     for i in range(n):  # the final state: keep ops on device, nothing else
         S[n, i] = m.NewConstant(1 if i in p.keep_idx else 0)
-    events = greedy(p, p.budget_bytes, allow_swap=False)  # recompute-only greedy: a complete hint
+    events = greedy(p, p.budget_bytes, allow_swap=False, stop_at=deadline)  # recompute-only greedy: a hint
     hr, hs = _stage_hint(p, events) if events is not None else (None, None)
 
     def rv(t: int, i: int) -> bool:
@@ -86,6 +91,8 @@ def _build(p: Problem, bu: int, tu: float) -> tuple[cp_model.CpModel, dict, dict
         return i in p.keep_idx if t == n else (t, i) in hs
 
     for t in range(n):
+        if time.perf_counter() > deadline:
+            return None
         for j in range(t + 1):
             for i in p.inputs[j]:
                 m.Add(R[t, j] <= R[t, i] + S[t, i])  # inputs on device before a compute
@@ -149,29 +156,45 @@ def _decode(p: Problem, solver: cp_model.CpSolver, R: dict, S: dict) -> list[tup
 
 
 def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0) -> Schedule:
-    """Solve the recompute-only MILP at ``problem.budget_bytes``; report the solver status honestly."""
+    """Checkmate at ``problem.budget_bytes`` within ``time_limit_s``: the MILP where it is built (up to
+    MAX_VARIABLES, and if its estimated build time fits MILP_BUILD_SHARE of the limit), else its LP
+    relaxation with rounding (``checkmate_lp``). The status says what is known:
+    ``infeasible`` only with a proof (the MILP's, or fixed bytes over the budget), ``unknown`` when the time
+    ran out without a schedule, ``not_built`` when no model could be built in time, ``over_budget`` for a
+    rounded schedule that does not fit (its time and peak are given)."""
     t0 = time.perf_counter()
     p, budget = problem, problem.budget_bytes
-    size = model_size(p)
-    if size > MAX_VARIABLES:
-        return no_schedule(budget, "checkmate", time.perf_counter() - t0,
-                           f"model not built: {size} variables > {MAX_VARIABLES} (O(n^2) stage grid)",
-                           {"milp_status": "NOT_BUILT"})
     cap = budget - p.fixed_bytes
     if cap < 0:
         return no_schedule(budget, "checkmate", time.perf_counter() - t0, "fixed_bytes exceed the budget",
                            {"milp_status": "INFEASIBLE"})
+    size = model_size(p)
+    build_s = MILP_SECONDS_PER_VARIABLE * size
+    if size > MAX_VARIABLES or build_s > MILP_BUILD_SHARE * time_limit_s:
+        why = (f"{size} variables > {MAX_VARIABLES} (O(n^2) stage grid)" if size > MAX_VARIABLES else
+               f"{size} variables: ~{build_s:.1f} s to build, over {MILP_BUILD_SHARE:.0%} of the time limit")
+        return checkmate_lp(p, time_limit_s=time_limit_s, seed=seed,
+                            extra={"milp_status": "NOT_BUILT", "milp_variables": size, "milp_note": why})
     bu, tu = byte_unit(cap), time_unit(p)
-    m, R, S = _build(p, bu, tu)
-    solver = configure(time_limit_s, workers, seed, deterministic=False)
+    built = _build(p, bu, tu, deadline=t0 + time_limit_s)
+    if built is None:
+        return no_schedule(budget, "checkmate", time.perf_counter() - t0,
+                           f"the MILP ({size} variables) was not built within the time limit",
+                           {"variant": "milp", "milp_status": "NOT_BUILT", "milp_variables": size}, status="not_built")
+    m, R, S = built
+    left = max(0.05, time_limit_s - (time.perf_counter() - t0))
+    solver = configure(left, workers, seed, deterministic=False)
     solver.parameters.cp_model_probing_level = 0  # probing dominates presolve on this model
     code = solver.Solve(m)
     status = solver.StatusName(code)
     wall = time.perf_counter() - t0
-    extra = {"milp_status": status, "milp_variables": len(m.Proto().variables), "time_unit_s": tu, "byte_unit": bu}
+    extra = {"variant": "milp", "milp_status": status, "milp_variables": len(m.Proto().variables),
+             "time_unit_s": tu, "byte_unit": bu}
+    if code == cp_model.INFEASIBLE:
+        return no_schedule(budget, "checkmate", wall, "the recompute-only MILP is proven infeasible at this budget",
+                           extra)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        note = "time limit without a solution" if code == cp_model.UNKNOWN else "recompute-only infeasible at this budget"
-        return no_schedule(budget, "checkmate", wall, note, extra)
+        return no_schedule(budget, "checkmate", wall, "time limit without a solution", extra, status="unknown")
     extra["milp_bound_recompute_only"] = solver.BestObjectiveBound() * tu
     return from_events(p, _decode(p, solver, R, S), budget_bytes=budget, method="checkmate", solve_seconds=wall,
                        optimal=False, extra=extra)

@@ -186,12 +186,18 @@ def problem_from_dict(data: Any) -> Problem:
     )
 
 
-def load_problem(path: str | Path) -> Problem:
-    """Read and validate a problem JSON file; errors name the file (ProblemError)."""
+def load_problem(path: str | Path, stage: int | None = None) -> Problem:
+    """Read and validate a problem JSON file, or with ``stage`` the problem of that stage of a schedules.json
+    (the schedule rule's output); errors name the file (ProblemError)."""
     try:
         data = read_json(path)
     except ArtifactError as exc:
         raise ProblemError(str(exc)) from exc
+    if stage is not None:
+        stages = data.get("stages") if isinstance(data, dict) else None
+        if not isinstance(stages, list) or not 0 <= stage < len(stages) or not isinstance(stages[stage], dict):
+            raise ProblemError(f"{path}: no stage {stage} (a schedules.json has a 'stages' list)")
+        data = stages[stage].get("problem")
     try:
         return problem_from_dict(data)
     except ProblemError as exc:

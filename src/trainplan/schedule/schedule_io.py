@@ -42,7 +42,9 @@ class Schedule:
 def from_events(problem: Problem, events: list[tuple[str, str]], *, budget_bytes: int, method: str,
                 solve_seconds: float, bound: float | None = None, optimal: bool = False,
                 extra: dict[str, Any] | None = None) -> Schedule:
-    """Replay ``events`` (must be valid) and build a Schedule; status is infeasible if peak > budget.
+    """Replay ``events`` (must be valid) and build a Schedule; status ``over_budget`` (extra
+    ``over_budget: true``) if its peak exceeds the budget: a valid schedule, with its time and peak, that
+    does not meet the budget.
 
     ``bound`` is a lower bound on the time at this budget; gap = (time - bound) / time.
     """
@@ -50,16 +52,24 @@ def from_events(problem: Problem, events: list[tuple[str, str]], *, budget_bytes
     fits = rep.peak_bytes <= budget_bytes
     bound = max(bound or 0.0, problem.compute_time) if fits else None
     gap = max(0.0, (rep.time - bound) / rep.time) if fits and rep.time > 0 else (0.0 if fits else None)
-    status = ("optimal" if optimal or gap <= 1e-9 else "feasible") if fits else "infeasible"
+    status = ("optimal" if optimal or gap <= 1e-9 else "feasible") if fits else "over_budget"
     counts = {"recomputes": rep.recomputes, "swap_ins": rep.swap_ins, "swap_outs": rep.swap_outs}
+    flag = {} if fits else {"over_budget": True}
     return Schedule(status, list(events), rep.time, rep.peak_bytes, budget_bytes, bound, gap,
-                    solve_seconds, method, {**counts, **(extra or {})})
+                    solve_seconds, method, {**counts, **flag, **(extra or {})})
+
+
+#: statuses of a schedule without events: proven infeasible (the note says by what), none found within
+#: the limit (unknown), or the method's model was not built (too big for the limit)
+NO_SCHEDULE_STATUSES = ("infeasible", "unknown", "not_built")
 
 
 def no_schedule(budget_bytes: int, method: str, solve_seconds: float, note: str,
-                extra: dict[str, Any] | None = None) -> Schedule:
-    """An 'infeasible' schedule without events (no method found one)."""
-    return Schedule("infeasible", [], None, None, budget_bytes, None, None, solve_seconds, method,
+                extra: dict[str, Any] | None = None, status: str = "infeasible") -> Schedule:
+    """A schedule without events: ``status`` says what is known (see NO_SCHEDULE_STATUSES)."""
+    if status not in NO_SCHEDULE_STATUSES:
+        raise ValueError(f"status {status!r} is not one of {NO_SCHEDULE_STATUSES}")
+    return Schedule(status, [], None, None, budget_bytes, None, None, solve_seconds, method,
                     {"note": note, **(extra or {})})
 
 

@@ -388,9 +388,9 @@ def _baseline(problem: Problem, method: str, time_limit_s: float, workers: int, 
     if method == "no_recompute":
         return baselines.no_recompute(problem)
     if method == "sqrt_checkpoint":
-        return baselines.sqrt_checkpoint(problem)
+        return baselines.sqrt_checkpoint(problem, time_limit_s)
     if method == "swap_only":
-        return baselines.swap_only(problem)
+        return baselines.swap_only(problem, time_limit_s)
     if method == "checkmate":
         return checkmate(problem, time_limit_s=time_limit_s, workers=workers, seed=seed)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

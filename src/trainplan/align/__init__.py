@@ -1,0 +1,13 @@
+"""fp16 DMA alignment padding (seed 001): per-op-class padding with fewer bytes than naive, proven by execution.
+
+Typical use::
+
+    from trainplan.align import OpSpec, plan_op
+    plan_op(OpSpec("x", "aten._softmax.default", "float16", {"self": (3, 5, 7, 9)}, args={"dim": -1}), 4)
+"""
+
+from trainplan.align.classes import OpSpec, build_problem, classify, resolve
+from trainplan.align.plan import plan_op, totals
+from trainplan.align.units import AlignError, quantum
+
+__all__ = ["AlignError", "OpSpec", "build_problem", "classify", "plan_op", "quantum", "resolve", "totals"]

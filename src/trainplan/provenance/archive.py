@@ -1,0 +1,82 @@
+"""``trainplan publish``: one .tar.gz of the code, the resolved config and a finished study's results."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+import yaml
+
+from trainplan.io import ArtifactError, atomic_path, read_json
+from trainplan.provenance.record import file_digests
+
+STUDY_DIRS = ("results", "logs", "benchmarks", ".snakemake/metadata")
+CONFIG = "config/published.yaml"
+PROVENANCE = "results/provenance.json"
+HOWTO = """# Published trainplan study
+
+Code (git commit {commit}{dirty}), resolved config ({config}), results, logs, benchmarks and Snakemake's
+metadata of the study. `results/provenance.json` records the software versions, the machine, the seeds
+and the sha256 of every result file. To rebuild the report (nothing is recomputed: the results are up to
+date for this code and config):
+
+    python3 -m venv .venv && . .venv/bin/activate && pip install torch=={torch} && pip install -e .
+    snakemake --configfile {config} --replace-workflow-config --dry-run   # nothing to be done
+    snakemake --configfile {config} --replace-workflow-config --report report.html
+
+(`--replace-workflow-config`: the study's resolved config alone, not merged into config/config.yaml.)
+"""
+
+
+class PublishError(ArtifactError):
+    """The study cannot be published as it stands (no provenance, results changed since, no git tree)."""
+
+
+def tracked_files(repo: Path) -> list[str]:
+    """Files git tracks in ``repo`` (their working-tree content is archived, as it produced the study)."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise PublishError(f"{repo}: not a git work tree; publish archives the files git tracks") from exc
+    return [name for name in out.decode().split("\0") if name and (repo / name).is_file()]
+
+
+def study_files(study: Path) -> list[str]:
+    """Result, log, benchmark and Snakemake metadata files of the study (paths relative to it)."""
+    return sorted(str(p.relative_to(study)) for d in STUDY_DIRS if (study / d).is_dir()
+                  for p in (study / d).rglob("*") if p.is_file() and not p.name.startswith(".nfs"))
+
+
+def publish(study: str | Path, repo: str | Path, output: str | Path) -> list[str]:
+    """Write ``output`` (.tar.gz, one top folder named after it); returns the archived paths.
+
+    Refuses (PublishError naming the file) when ``results/provenance.json`` is missing or a result file
+    changed since it was written: the archive must be what the provenance describes.
+    """
+    study, repo = Path(study), Path(repo)
+    record = read_json(study / PROVENANCE, schema="provenance")
+    current = file_digests(study, [f for f in record["results"] if (study / f).is_file()])
+    for name, digest in record["results"].items():
+        if current.get(name) != digest:
+            raise PublishError(f"{study / name}: {'changed' if name in current else 'deleted'} since "
+                               f"{study / PROVENANCE} was written; rerun snakemake before publishing")
+    code = [f for f in tracked_files(repo) if not any(f.startswith(d + "/") for d in STUDY_DIRS)]
+    top = Path(output).name.removesuffix(".gz").removesuffix(".tar").removesuffix(".tgz")
+    git = record["git"]
+    howto = HOWTO.format(commit=git["commit"], dirty=", with uncommitted changes" if git["dirty"] else "",
+                         config=CONFIG, torch=record["versions"]["torch"])
+    extra = {CONFIG: yaml.safe_dump(record["config"], sort_keys=False), "PUBLISHED.md": howto}
+    members = [*code, *study_files(study), *extra]
+    with atomic_path(output) as tmp, tarfile.open(tmp, "w:gz") as tar:
+        for name in code:
+            tar.add(repo / name, arcname=f"{top}/{name}", recursive=False)
+        for name in study_files(study):
+            tar.add(study / name, arcname=f"{top}/{name}", recursive=False)
+        for name, text in extra.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode, info.mtime = len(data), 0o644, int(Path(study / PROVENANCE).stat().st_mtime)
+            tar.addfile(info, io.BytesIO(data))
+    return members
