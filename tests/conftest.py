@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from workflow_run import TINY, snakemake
 
 from trainplan.export import GraphTables, graph_tables
 from trainplan.models import BuiltModel, build_model
@@ -31,3 +33,12 @@ def small_cnn() -> tuple[BuiltModel, TracedStep, list, GraphTables]:
     built = build_model("small_cnn", SMALL_CNN, seed=0)
     traced, flat = trace_training_step(built)
     return built, traced, flat, graph_tables(traced)
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory) -> Path:
+    """Working directory of the tiny test study (tests/config/config.yaml), run once per session."""
+    workdir = tmp_path_factory.mktemp("study")
+    out = snakemake(workdir, TINY)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return workdir

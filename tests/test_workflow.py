@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from workflow_run import TINY, snakemake
 
 from trainplan.stage_schedule import read_stage_schedules
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "tests" / "config" / "config.yaml"
-
 pytestmark = pytest.mark.workflow
-
-
-def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(config), "--cores", "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
 
 
 def planned_jobs(workdir: Path, config: Path) -> dict[str, int]:
@@ -47,11 +37,8 @@ def edited(tmp: Path, name: str, edit) -> Path:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("study")
-    out = snakemake(workdir, TINY)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return workdir
+def study(tiny_study) -> Path:
+    return tiny_study
 
 
 def test_artifacts_parse(study):
@@ -121,6 +108,17 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path, edit, named):
     assert out.returncode != 0
     assert named in out.stderr + out.stdout
     assert not (tmp_path / "w" / "results").exists()
+
+
+def test_dry_run_names_each_stages_models_and_the_tiny_study_stays_tiny(tmp_path):
+    out = snakemake(tmp_path / "w", TINY, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    assert text.count("trainplan study on cpu") == 1
+    assert "study.plan (export, profile, partition, schedule, balance, validate): tiny_gpt2, small_cnn\n" in text
+    assert "study.overflow (fp16 overflow loop): tiny_gpt2\n" in text
+    # the default config's full-size models are defined (inherited) but no job runs them
+    assert not re.search(r"model=(gpt2|resnet50|t5_ff)\b", text)
 
 
 def test_a_deleted_or_damaged_schedules_file_is_noticed(study):

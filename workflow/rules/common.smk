@@ -1,6 +1,7 @@
 import hashlib
 import importlib.util
 import os
+import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -61,6 +62,26 @@ def _check_config():
 
 _check_config()
 
+def study_stages():
+    """(what, models) for each part of the study, after config layering: the start-up summary."""
+    parts = [
+        ("study.plan (export, profile, partition, schedule, balance, validate)", MODELS),
+        ("study.overflow (fp16 overflow loop)", config["study"].get("overflow", [])),
+        ("align (every plan and overflow model)", ALIGN_MODELS),
+    ]
+    return parts + [(f"study.{part}", names) for part, names in config["study"].items() if part not in ("plan", "overflow")]
+
+
+def _print_study():
+    """Which models each stage runs, on which devices, stage counts and budgets: once, to stderr."""
+    lines = [f"trainplan study on {', '.join(DEVICES)}: stages k={config['stages']}, budgets {config['budgets']}"]
+    lines += [f"  {what}: {', '.join(names) or 'none'}" for what, names in study_stages()]
+    print("\n".join(lines), file=sys.stderr)
+
+
+if workflow.is_main_process:
+    _print_study()
+
 
 wildcard_constraints:
     model="|".join(sorted(config["models"])),
@@ -79,6 +100,14 @@ def code_version(*modules):
             raise WorkflowError(f"trainplan module '{name}' not found: is the package installed (pip install -e .)?")
         digest.update(open(spec.origin, "rb").read())
     return digest.hexdigest()[:12]
+
+
+def study_file(path):
+    """A file named in config: relative to the working directory, else to the workflow's own directory
+    (a study run with `--directory` elsewhere still finds e.g. config/precision_policy.yaml)."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    return os.path.join(os.path.dirname(os.path.abspath(workflow.main_snakefile)), path)
 
 
 def model_spec(wildcards):
@@ -135,11 +164,7 @@ def align_policy(wildcards):
     has an overflow run, else the starting policy (`overflow.policy`)."""
     if wildcards.model in config["study"].get("overflow", []):
         return f"results/overflow/{wildcards.model}/final_policy.yaml"
-    policy = config["overflow"]["policy"]
-    # relative to the working directory, else to the workflow (a study run in another --directory)
-    if os.path.isabs(policy) or os.path.exists(policy):
-        return policy
-    return os.path.join(workflow.basedir, policy)
+    return study_file(config["overflow"]["policy"])
 
 
 def all_targets():
@@ -160,6 +185,7 @@ def all_targets():
             "results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
             "results/plots/{model}/{device}/k{k}/b{budget}/balance.png",
             "results/plots/{model}/{device}/k{k}/b{budget}/validation.png",
+            "results/plots/{model}/{device}/k{k}/b{budget}/plan_memory.png",
         ],
         model=MODELS,
         device=DEVICES,
@@ -169,4 +195,8 @@ def all_targets():
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []
-    ) + ["results/align/study.csv", "results/plots/align/align.png", "results/provenance.json"]
+    ) + expand("results/plots/overflow/{model}/passes.png", model=config["study"].get("overflow", [])) + [
+        "results/align/study.csv",
+        "results/plots/align/align.png",
+        "results/provenance.json",
+    ]

@@ -29,10 +29,13 @@ rule plot_memory:
             "results/plots/{model}/{backend}/memory.png",
             caption="../report/memory.rst",
             category="Export",
+            subcategory="{model}",
             labels={"model": "{model}", "figure": "memory timeline"},
         ),
     log:
         "logs/plot_memory/{model}/{backend}.log",
+    params:
+        code=code_version("plots"),
     conda:
         "../envs/trainplan.yaml"
     script:

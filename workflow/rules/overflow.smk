@@ -12,7 +12,7 @@ wildcard_constraints:
 
 checkpoint overflow_iteration:
     input:
-        unpack(lambda w: overflow_paths.iteration_inputs(w.model, int(w.i), OVERFLOW["policy"])),
+        unpack(lambda w: overflow_paths.iteration_inputs(w.model, int(w.i), study_file(OVERFLOW["policy"]))),
     output:
         findings="results/overflow/{model}/iter{i}/findings.json",
         policy="results/overflow/{model}/iter{i}/policy_next.yaml",
@@ -42,7 +42,7 @@ rule overflow_summary:
         final_policy=lambda w: overflow_paths.final_policy(
             overflow_paths.walk_iterations(checkpoints.overflow_iteration, w.model, OVERFLOW["max_iterations"])[-1]
         ),
-        policy=OVERFLOW["policy"],
+        policy=study_file(OVERFLOW["policy"]),
         nodes="results/export/{model}/cpu/nodes.parquet",  # the loop runs on the CPU
     output:
         summary="results/overflow/{model}/summary.json",
@@ -80,12 +80,13 @@ rule overflow_report:
             "results/plots/overflow/overflow.png",
             caption="../report/overflow.rst",
             category="Overflow",
+            subcategory="all models",
             labels={"figure": "fp16 overflow loop"},
         ),
     log:
         "logs/overflow/report.log",
     params:
-        code=code_version("precision.report"),
+        code=code_version("precision.report", "plots"),
     conda:
         "../envs/trainplan.yaml"
     script:

@@ -69,10 +69,13 @@ rule plot_balance:
             "results/plots/{model}/{device}/k{k}/b{budget}/balance.png",
             caption="../report/partition_balance.rst",
             category="Balance",
+            subcategory="{model}",
             labels={"model": "{model}", "k": "{k}", "budget": "{budget}", "figure": "stage times"},
         ),
     log:
         "logs/plot_balance/{model}/{device}/k{k}/b{budget}.log",
+    params:
+        code=code_version("partition.plot", "plots"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
         budget=r"[0-9]*\.?[0-9]+",

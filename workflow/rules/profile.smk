@@ -34,10 +34,13 @@ rule plot_profile:
             "results/plots/{model}/{device}/op_time.png",
             caption="../report/op_time.rst",
             category="Profile",
+            subcategory="{model}",
             labels={"model": "{model}", "figure": "per-op time"},
         ),
     log:
         "logs/plot_profile/{model}/{device}.log",
+    params:
+        code=code_version("plots"),
     conda:
         "../envs/trainplan.yaml"
     script:

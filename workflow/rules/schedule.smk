@@ -35,10 +35,13 @@ rule schedule_summary:
             "results/plots/{model}/{device}/k{k}/schedule_overhead.png",
             caption="../report/schedule_overhead.rst",
             category="Schedule",
-            labels={"model": "{model}", "stages": "{k}", "figure": "overhead vs budget"},
+            subcategory="{model}",
+            labels={"model": "{model}", "stages": "{k}", "figure": "overhead vs memory"},
         ),
     log:
         "logs/schedule_summary/{model}/{device}/k{k}.log",
+    params:
+        code=code_version("plots"),
     conda:
         "../envs/trainplan.yaml"
     script:

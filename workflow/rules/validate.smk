@@ -40,10 +40,13 @@ rule plot_validate:
             "results/plots/{model}/{device}/k{k}/b{budget}/validation.png",
             caption="../report/validate.rst",
             category="Validate",
+            subcategory="{model}",
             labels={"model": "{model}", "k": "{k}", "budget": "{budget}", "figure": "predicted vs measured"},
         ),
     log:
         "logs/plot_validate/{model}/{device}/k{k}/b{budget}.log",
+    params:
+        code=code_version("execute.plot", "plots"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
         budget=r"[0-9]*\.?[0-9]+",
@@ -61,6 +64,7 @@ rule validate_summary:
             "results/validate/summary.csv",
             caption="../report/validate_summary.rst",
             category="Validate",
+            subcategory="all models",
             labels={"figure": "summary table"},
         ),
     log:
