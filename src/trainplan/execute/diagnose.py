@@ -23,7 +23,7 @@ class Tolerances:
     and a raw error beyond ``time_rel`` is always named in the stage's warnings."""
 
     peak_rel: float = 0.10
-    budget_over: float = 0.05
+    budget_over: float = 0.0
     time_rel: float = 0.20
     event_rel: float = 0.10
     grad_rtol: float = 1e-5
