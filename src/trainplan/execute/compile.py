@@ -20,6 +20,7 @@ but the frees and swaps.
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -112,6 +113,46 @@ def event_done(stage: int, position: int) -> None:
         _PROBES[-1].event_done(stage, position)
 
 
+@dataclass
+class Clock:
+    """Wall time of a clocked compiled run, per (stage position, communication?) segment."""
+
+    sync: Any = None  # called before each reading (CUDA), None on the CPU
+    totals: dict[tuple[int, bool], float] = field(default_factory=dict)
+    last: tuple[tuple[int, bool], int] | None = None
+
+    def tick(self, stage: int, communication: bool) -> None:
+        if self.sync is not None:
+            self.sync()
+        now = time.perf_counter_ns()
+        if self.last is not None:
+            label, start = self.last
+            self.totals[label] = self.totals.get(label, 0.0) + (now - start) / 1e9
+        self.last = ((stage, communication), now) if stage >= 0 else None
+
+    def stage_seconds(self, stage: int, communication: bool = False) -> float:
+        return self.totals.get((stage, communication), 0.0)
+
+
+_CLOCKS: list[Clock] = []
+
+
+def tick(stage: int, communication: bool) -> None:
+    """Clock hook: a segment of a stage's events starts (stage -1: the run ends)."""
+    if _CLOCKS:
+        _CLOCKS[-1].tick(stage, communication)
+
+
+@contextmanager
+def clocking(clock: Clock) -> Iterator[Clock]:
+    """Route the clock hooks of compiled modules run inside to ``clock``."""
+    _CLOCKS.append(clock)
+    try:
+        yield clock
+    finally:
+        _CLOCKS.pop()
+
+
 @contextmanager
 def probing(probe: Probe) -> Iterator[Probe]:
     """Route the probe hooks of compiled modules run inside to ``probe``."""
@@ -145,8 +186,9 @@ class _Stage:
 
 class _Compiler:
     def __init__(self, gm: torch.fx.GraphModule, layout: GraphLayout, stages: list[StageLayout],
-                 device: torch.device, probe: bool) -> None:
-        self.gm, self.layout, self.device, self.probe = gm, layout, device, probe
+                 device: torch.device, probe: bool, clocked: bool) -> None:
+        self.gm, self.layout, self.device, self.probe, self.clocked = gm, layout, device, probe, clocked
+        self.segment: tuple[int, bool] | None = None
         self.graph = torch.fx.Graph()
         self.stages = [_Stage(st) for st in stages]
         self.inputs: dict[str, torch.fx.Node] = {}
@@ -160,6 +202,12 @@ class _Compiler:
         for slot, sid in layout.storage.items():
             self.slots_on.setdefault(sid, []).append(slot)
         self.where = ""
+
+    def enter(self, stage: int, communication: bool) -> None:
+        """With a clock, start a new timed segment where the stage or the kind of work changes."""
+        if self.clocked and self.segment != (stage, communication):
+            self._call(tick, stage, communication)
+            self.segment = (stage, communication)
 
     # --- values -----------------------------------------------------------------------------------
     def _call(self, target: Any, *args: Any) -> torch.fx.Node:
@@ -232,7 +280,10 @@ class _Compiler:
             st.resident.add(sid)
             st.pending.pop(sid, None)
             if sid in st.layout.exported and sid not in self.channel:
+                stage = self.stages.index(st)
+                self.enter(stage, True)
                 self.channel[sid] = self._call(send, st.env[next(s for s in self.slots_on[sid] if s in st.env)])
+                self.enter(stage, op.boundary)
         st.computed.add(op_id)
 
     def _on(self, st: _Stage, sids: set[int]) -> list[Slot]:
@@ -284,6 +335,8 @@ class _Compiler:
         owner = {n.name: st for st in self.stages for op in st.layout.ops.values() if not op.boundary for n in op.nodes}
         outputs = [self._value(owner.get(a.name, self.stages[0]), a) for a in out_node.args[0]]
         self._call(free, *dict.fromkeys(v for st in self.stages for v in st.env.values()))
+        if self.clocked:
+            self._call(tick, -1, False)
         self.graph.output(tuple(outputs))
 
 
@@ -297,7 +350,6 @@ class CompiledPlan:
 
     module: torch.fx.GraphModule
     order: list[tuple[int, int]]
-    probe: bool
 
     def __call__(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         with torch.no_grad():
@@ -305,19 +357,32 @@ class CompiledPlan:
 
 
 def compile_plan(gm: torch.fx.GraphModule, layout: GraphLayout, stages: list[StageLayout],
-                 events: list[list[tuple[str, str]]], *, device: torch.device, probe: bool = False) -> CompiledPlan:
+                 events: list[list[tuple[str, str]]], *, device: torch.device, probe: bool = False,
+                 clocked: bool = False) -> CompiledPlan:
     """Straight-line code for the plan's events on the traced step ``gm``; raises ExecutionError naming the
-    stage, event and node when an event reads a value the plan does not hold."""
-    c = _Compiler(gm, layout, stages, device, probe)
+    stage, event and node when an event reads a value the plan does not hold. ``probe``: calls that record
+    the live storages after each event (:func:`probe_run`); ``clocked``: a clock reading wherever the running
+    stage changes or a stage starts or ends communication (its events on received storages, and sending one),
+    for :class:`Clock`."""
+    c = _Compiler(gm, layout, stages, device, probe, clocked)
     order = execution_order(stages, events)
     for s, pos in order:
         kind, oid = events[s][pos]
         c.where = f"stage {stages[s].index} event {pos} {kind} '{oid}'"
+        c.enter(s, stages[s].ops[oid].boundary)
         _EVENTS[kind](c, c.stages[s], oid)
         if probe:
             c._call(event_done, s, pos)
     c.finish()
-    return CompiledPlan(torch.fx.GraphModule(gm, c.graph, class_name="CompiledPlan"), order, probe)
+    return CompiledPlan(torch.fx.GraphModule(gm, c.graph, class_name="CompiledPlan"), order)
+
+
+def clocked_run(plan: CompiledPlan, flat: list[torch.Tensor], device: torch.device) -> Clock:
+    """Run a clocked compiled plan; the clock holds each stage's own and communication seconds."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    with clocking(Clock(sync)) as clock:
+        plan(*flat)
+    return clock
 
 
 def probe_run(plan: CompiledPlan, layout: GraphLayout, stages: list[StageLayout],
