@@ -33,7 +33,7 @@ MODELS = {  # the tiny study's models (tests/config/config.yaml)
                   "inputs": {"batch_size": 2, "seq_len": 16}},
     "small_cnn": {"source": "callable", "callable": "trainplan.zoo:small_cnn"},
 }
-MIB = 2**20
+KIB = 2**10
 
 
 def make_plan(name: str, fraction: float, out: Path, seed: int) -> None:
@@ -67,8 +67,8 @@ def main() -> None:
     built = build_model(args.model, MODELS[args.model], seed=args.seed)
     model, batch = built.module, built.batch
     step = trainplan.load_step(args.plan, model, batch)
-    print(f"plan {args.plan}: budget {step.budget_bytes[0] / MIB:.2f} MiB, predicted peak "
-          f"{step.predicted_peak_bytes[0] / MIB:.2f} MiB")
+    print(f"plan {args.plan}: budget {step.budget_bytes[0] / KIB:.1f} KiB, predicted peak "
+          f"{step.predicted_peak_bytes[0] / KIB:.1f} KiB")
 
     reference = copy.deepcopy(model)  # the same model trained without a plan, on the same traced graph
     unplanned = step.traced.gm
@@ -86,8 +86,8 @@ def main() -> None:
         same = torch.equal(loss, ref_loss) and all(torch.equal(grads[n], g) for n, g
                                                   in zip(step.traced.param_names, ref_grads))
         print(f"step {i}: loss {loss.item():.6f} (unplanned {ref_loss.item():.6f}, bit-identical {same}); "
-              f"peak {(start + peak) / MIB:.2f} MiB (unplanned {(start + ref_peak) / MIB:.2f} MiB, "
-              f"budget {step.budget_bytes[0] / MIB:.2f} MiB)")
+              f"peak {(start + peak) / KIB:.1f} KiB (unplanned {(start + ref_peak) / KIB:.1f} KiB, "
+              f"budget {step.budget_bytes[0] / KIB:.1f} KiB)")
         for m, g, opt in ((model, [grads[n] for n, _ in model.named_parameters()], optimizers[0]),
                           (reference, ref_grads, optimizers[1])):
             for p, gp in zip(m.parameters(), g):
