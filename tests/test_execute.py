@@ -438,3 +438,17 @@ def test_corrupt_plans_raise_a_clear_error(mlp, tmp_path):
     del broken["stages"][0]["problem"]["ops"][0]["nodes"]
     with pytest.raises(PlanError, match="lacks 'nodes'"):
         parse_plan(broken)
+
+
+@pytest.mark.parametrize("events_of", [no_recompute, swap_and_recompute])
+def test_a_multi_output_kernel_is_counted_whole_so_the_peak_is_the_plans(small_cnn, events_of):
+    """Batch norm and convolution_backward make all their outputs at once: the further ones are the kernel
+    op's workspace, so the measured peak is the plan's, and never above it."""
+    _, traced, flat, tables = small_cnn
+    stages, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], events_of))
+    raw = stages[0].raw["ops"]
+    extras = {op["id"].split("#")[0] for op in raw if "#" in op["id"]}
+    assert extras and all(op["workspace"] == sum(o["bytes"] for o in raw if o["id"].startswith(op["id"] + "#"))
+                          for op in raw if op["id"] in extras)
+    predicted = predict(stages[0].problem, stages[0].events)
+    assert max(r.bytes_peak for r in result.records) == predicted.peak == stages[0].schedule["peak_bytes"]
