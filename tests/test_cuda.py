@@ -54,7 +54,7 @@ def test_a_swapped_storage_comes_back_intact_after_its_device_memory_is_reused()
     torch.cuda.synchronize()
     got = torch.empty(0, dtype=torch.float32, device=CUDA).set_(back)
     assert torch.equal(got, want) and all(bool((c == 7.0).all()) for c in clobber)
-    assert pool.copies[0].is_pinned()
+    assert pool.copies[0].data.is_pinned()
 
 
 def test_a_host_resident_storage_of_a_cuda_step_swaps_on_the_host():

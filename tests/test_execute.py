@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 import weakref
 from typing import Any
 
@@ -24,6 +25,7 @@ from trainplan.execute import (
 )
 from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
 from trainplan.execute.predict import predict
+from trainplan.execute.compile import clocked_run, compile_plan
 from trainplan.execute.measure import time_runs
 from trainplan.export import graph_tables
 from trainplan.models import build_model
@@ -33,7 +35,7 @@ from trainplan.stage_problem import stage_problem
 from trainplan.trace import make_step_fn, trace_training_step
 
 MSE_MLP: dict[str, Any] = {"source": "callable", "callable": "tests.test_execute:mse_mlp", "kwargs": {}}
-LOOSE_TIME = Tolerances(time_rel=1e9)  # tiny models: per-event overhead dominates, time is not under test
+LOOSE_TIME = Tolerances(time_rel=1e9, load_rel=1e9)  # tiny models: time is not under test
 
 
 def mse_mlp(width: int = 32, depth: int = 3, batch_size: int = 8) -> tuple[nn.Module, dict[str, torch.Tensor]]:
@@ -258,11 +260,22 @@ def test_two_stages_run_interleaved_on_their_own_pools(small_cnn):
     assert producer < first_receive  # a stage waits for the storage it receives
     received_ids = {op["id"] for op in received}
     assert all(r.boundary == (r.stage == 1 and r.op in received_ids) for r in result.records)
-    # receiving is communication: timed apart from the stage's own events, and every event counted once
-    timings = time_runs(lambda: result, lambda: result, 2, repeats=1, warmup=0)
-    comm = sum(r.seconds for r in result.records if r.boundary)
-    assert comm > 0 and timings.communication_runs == [[0.0], [pytest.approx(comm)]]
-    assert sum(timings.stage_runs[s][0] for s in (0, 1)) + comm == pytest.approx(sum(r.seconds for r in result.records))
+    # compiled and clocked: sending and receiving are communication, timed apart from each stage's own events
+    layout = GraphLayout.build(traced.gm, [t.detach() for t in flat], tables.tensors)
+    layouts = stage_layouts(stages, layout)
+    compiled = compile_plan(traced.gm, layout, layouts, [s.events for s in stages], device=torch.device("cpu"),
+                            clocked=True)
+    clocks: list = []
+
+    def run():
+        start = time.perf_counter()
+        clocks.append(clocked_run(compiled, [t.detach() for t in flat], torch.device("cpu")))
+        clocks[-1].wall = time.perf_counter() - start
+        return clocks[-1]
+
+    timings = time_runs(run, run, 2, repeats=1, warmup=0)
+    assert all(timings.communication_runs[s][0] > 0 and timings.stage_runs[s][0] > 0 for s in (0, 1))
+    assert sum(clocks[0].totals.values()) <= clocks[0].wall
 
 
 def test_validation_passes_a_faithful_plan_and_reports_everything(mlp):
@@ -280,19 +293,22 @@ def test_validation_passes_a_faithful_plan_and_reports_everything(mlp):
     faults = rep["timing"]["page_faults_per_run"]
     assert len(faults) == 1 and all(isinstance(f, int) and f >= 0 for f in faults)
     assert len(v.timeline) == len(plan["stages"][0]["schedule"]["events"])
+    assert rep["compiled_vs_interpreted"] == {"events": len(v.timeline), "mismatches": []}
+    assert rep["gradients"]["vs_interpreter"]["bit_exact"]
+    assert (v.timeline.compiled_bytes_after == v.timeline.measured_bytes_after).all()
     assert (v.timeline.measured_bytes_peak == v.timeline.predicted_bytes_peak).all()
 
 
 @pytest.mark.parametrize(
-    ("measured", "baseline", "basis", "status", "warned"),
+    ("measured", "baseline", "status"),
     [
-        (1.30, 1.25, "load_adjusted", "passed", True),  # the machine is 1.25x slower than at the profile
-        (1.30, 1.00, "load_adjusted", "failed", False),  # same speed: the plan itself is 30% off
-        (1.30, 1.25, "raw", "failed", False),
-        (1.10, 1.00, "raw", "passed", False),
+        (1.30, 1.25, "unreliable"),  # the machine is 1.25x slower than at the profile: busy, never a pass
+        (1.05, 1.25, "unreliable"),
+        (1.30, 1.00, "failed"),  # same speed: the plan itself is 30% off
+        (1.05, 1.00, "passed"),
     ],
 )
-def test_the_time_gate_holds_the_chosen_error_and_names_the_other(mlp, measured, baseline, basis, status, warned):
+def test_the_verdict_rests_on_the_raw_time_and_a_busy_machine_is_unreliable(mlp, measured, baseline, status):
     """A stage whose plan predicts time T and whose no-recompute events were profiled at B: measured
     ``measured x T`` while those events took ``baseline x B`` alongside it."""
     _, traced, flat, tables = mlp
@@ -300,16 +316,13 @@ def test_the_time_gate_holds_the_chosen_error_and_names_the_other(mlp, measured,
     st = stages[0]
     planned, profiled = float(st.schedule["time"]), st.problem.compute_time
     times = StageTime([measured * planned], [baseline * profiled])
-    rep = stage_report(st, result.records, predict(st.problem, st.events), times, Tolerances(time_basis=basis))
+    rep = stage_report(st, result.records, predict(st.problem, st.events), times, Tolerances())
     assert rep["status"] == status, rep["reasons"]
     assert rep["time_rel_err"] == pytest.approx(measured - 1)
     assert rep["load_factor"] == pytest.approx(baseline)
     assert rep["time_rel_err_load_adjusted"] == pytest.approx(measured / baseline - 1)
-    assert bool(rep["warnings"]) == warned
-    named = rep["reasons"] + rep["warnings"]
-    assert all("step time" in r and "stage 0" in r for r in named) and (status == "passed") != bool(rep["reasons"])
-    with pytest.raises(ValueError, match="time_basis"):
-        Tolerances(time_basis="median")
+    assert bool(rep["unreliable"]) == (status == "unreliable") and bool(rep["reasons"]) == (status == "failed")
+    assert all("step time" in r and "stage 0" in r for r in rep["reasons"] + rep["unreliable"])
 
 
 def test_the_load_adjusted_time_recosts_compute_at_the_load_and_transfers_at_the_link_now(mlp):
@@ -327,9 +340,10 @@ def test_the_load_adjusted_time_recosts_compute_at_the_load_and_transfers_at_the
     assert rep["time_rel_err_load_adjusted"] == pytest.approx(planned / rep["predicted_time_now_s"] - 1)
 
 
-def test_each_plan_run_is_held_to_the_baseline_run_beside_it(mlp):
+def test_each_plan_run_is_recosted_at_the_baseline_run_beside_it(mlp):
     """The machine halves its speed after two runs: the medians of the two series would pair a slow plan run
-    with a fast baseline run and call the plan 100% off; run by run, every pair but one agrees."""
+    with a fast baseline run and call the plan 100% off; run by run, every pair but one agrees. The verdict
+    stays on the raw time."""
     _, traced, flat, tables = mlp
     stages, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], no_recompute))
     st = stages[0]
@@ -337,8 +351,8 @@ def test_each_plan_run_is_held_to_the_baseline_run_beside_it(mlp):
     pred = predict(st.problem, st.events)
     drifting = StageTime([2 * planned] * 3 + [planned] * 2, [2 * profiled] * 2 + [profiled] * 3)
     rep = stage_report(st, result.records, pred, drifting, Tolerances())
-    assert rep["time_rel_err_load_adjusted"] == pytest.approx(0.0) and rep["status"] == "passed"
-    slow_plan = StageTime([1.5 * planned] * 3, [profiled] * 3)  # the plan itself 50% over: still failed
+    assert rep["time_rel_err_load_adjusted"] == pytest.approx(0.0) and rep["status"] == "failed"
+    slow_plan = StageTime([1.5 * planned] * 3, [profiled] * 3)  # the plan itself 50% over
     rep = stage_report(st, result.records, pred, slow_plan, Tolerances())
     assert rep["time_rel_err_load_adjusted"] == pytest.approx(0.5) and rep["status"] == "failed"
 
@@ -424,3 +438,17 @@ def test_corrupt_plans_raise_a_clear_error(mlp, tmp_path):
     del broken["stages"][0]["problem"]["ops"][0]["nodes"]
     with pytest.raises(PlanError, match="lacks 'nodes'"):
         parse_plan(broken)
+
+
+@pytest.mark.parametrize("events_of", [no_recompute, swap_and_recompute])
+def test_a_multi_output_kernel_is_counted_whole_so_the_peak_is_the_plans(small_cnn, events_of):
+    """Batch norm and convolution_backward make all their outputs at once: the further ones are the kernel
+    op's workspace, so the measured peak is the plan's, and never above it."""
+    _, traced, flat, tables = small_cnn
+    stages, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], events_of))
+    raw = stages[0].raw["ops"]
+    extras = {op["id"].split("#")[0] for op in raw if "#" in op["id"]}
+    assert extras and all(op["workspace"] == sum(o["bytes"] for o in raw if o["id"].startswith(op["id"] + "#"))
+                          for op in raw if op["id"] in extras)
+    predicted = predict(stages[0].problem, stages[0].events)
+    assert max(r.bytes_peak for r in result.records) == predicted.peak == stages[0].schedule["peak_bytes"]

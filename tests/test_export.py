@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT2
-from trainplan.export import is_inplace, memory_table
+from trainplan.export import graph_tables, is_inplace, memory_table
 from trainplan.models import BuiltModel, ModelSpecError, build_model, default_loss, on_device
 from trainplan.trace import TraceError, trace_training_step
 
@@ -127,3 +127,28 @@ def test_tables_roundtrip_parquet(tmp_path, tiny_gpt2):
     tables.nodes.to_parquet(tmp_path / "n.parquet")
     back = pd.read_parquet(tmp_path / "n.parquet")
     assert list(back.inputs.iloc[5]) == list(tables.nodes.inputs.iloc[5])
+
+
+TINY_DISTILBERT = {
+    "source": "transformers",
+    "architecture": "DistilBertForMaskedLM",
+    "config": {"n_layers": 2, "dim": 64, "hidden_dim": 128, "n_heads": 4, "vocab_size": 512, "max_position_embeddings": 64},
+    "inputs": {"batch_size": 2, "seq_len": 16},
+}
+
+
+@pytest.mark.parametrize("spec", [TINY_GPT2, TINY_DISTILBERT], ids=["gpt2", "distilbert"])
+def test_backward_matmuls_carry_the_module_of_the_forward_matmul(spec):
+    """Every linear layer's backward has its two matmuls (input and weight gradient) attributed to that layer,
+    none to the loss function (which is where inheriting from the first input put all of them)."""
+    traced, _ = trace_training_step(build_model("m", spec, seed=0))
+    nodes = graph_tables(traced).nodes
+    fwd, bwd = nodes[nodes.phase == "forward"], nodes[nodes.phase == "backward"]
+    matmul = r"aten\.(?:mm|addmm|bmm)\."
+    fwd_mm = fwd[fwd.op.str.contains(matmul)]
+    bwd_mm = bwd[bwd.op.str.contains(matmul)]
+    assert not bwd_mm.module.str.contains("loss").any()
+    assert (bwd.module != "").all()
+    linear_modules = set(fwd_mm.module[fwd_mm.op.str.contains(r"aten\.(?:mm|addmm)\.")])
+    counts = bwd_mm.module.value_counts()
+    assert linear_modules and all(counts.get(m, 0) == 2 for m in linear_modules), counts.to_dict()

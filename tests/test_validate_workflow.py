@@ -52,7 +52,7 @@ def workdir(tmp_path_factory) -> Path:
     config = {
         "seed": 0, "device": "cpu", "devices": {"cpu": {"type": "cpu", "memory_gib": 1.0, "host_link_gbytes_per_s": 16.0}},
         "models": {"small_cnn": SMALL_CNN}, "study": {"plan": ["small_cnn"]}, "budgets": [0.7, 0.5], "stages": [1],
-        "validate": {"repeats": 1, "warmup": 0, "threads": 1, "tolerances": {"time_rel": 1.0e9}},
+        "validate": {"repeats": 1, "warmup": 0, "threads": 1, "tolerances": {"time_rel": 1.0e9, "load_rel": 1.0e9}},
     }
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     out = snakemake(work, "results/profile/small_cnn/cpu/summary.json", rules=("export", "profile"))

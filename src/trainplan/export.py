@@ -12,7 +12,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import flop_registry
 
 from trainplan.memory import memory_profile
-from trainplan.trace import TracedStep, module_path
+from trainplan.trace import TracedStep, backward_seq_nr, module_path
 
 FORWARD, BACKWARD = "forward", "backward"
 
@@ -54,6 +54,25 @@ def _input_tensors(node: torch.fx.Node, tensor_of: dict[str, list[str]]) -> list
     return [t for a in node.all_input_nodes for t in tensor_of.get(a.name, [])]
 
 
+def _module(node: torch.fx.Node, phase: str, module_of: dict[str, str], module_of_seq: dict[int, str]) -> str:
+    """Module path of an op. Forward: the innermost module running it (its autograd sequence number is
+    remembered for the first op carrying it, the op that created the backward function). Backward: the
+    module of the forward op with the same sequence number (``trace.link_backward_to_forward``); an op
+    with none (gradient accumulation between functions) or a forward op outside every module inherits
+    from its first input that has one."""
+    seq = node.meta.get("seq_nr")
+    if phase == FORWARD:
+        module = module_path(node)
+        if module and isinstance(seq, int):
+            module_of_seq.setdefault(seq, module)
+    else:
+        grad_fn = backward_seq_nr(node)
+        module = module_of_seq.get(grad_fn, "") if grad_fn is not None else ""
+    if not module:
+        module = next((module_of[a.name] for a in node.all_input_nodes if module_of.get(a.name)), "")
+    return module
+
+
 def graph_tables(traced: TracedStep) -> GraphTables:
     """Build node and tensor tables from a traced step; storages are de-duplicated across aliases."""
     kinds = iter(traced.placeholder_kinds())
@@ -67,6 +86,7 @@ def graph_tables(traced: TracedStep) -> GraphTables:
     node_rows: list[dict[str, Any]] = []
     phase = FORWARD
     module_of: dict[str, str] = {}
+    module_of_seq: dict[int, str] = {}  # autograd sequence number -> module of the forward op that has it
     for node in traced.gm.graph.nodes:
         if node.op == "output":
             continue
@@ -107,9 +127,7 @@ def graph_tables(traced: TracedStep) -> GraphTables:
         tensor_of[node.name] = ids
         if not is_op:
             continue
-        module = module_path(node)
-        if phase == BACKWARD or not module:
-            module = next((module_of[a.name] for a in node.all_input_nodes if module_of.get(a.name)), module)
+        module = _module(node, phase, module_of, module_of_seq)
         module_of[node.name] = module
         node_rows.append(
             {

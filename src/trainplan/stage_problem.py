@@ -2,7 +2,8 @@
 
 The problem works on storages, not fx nodes: every node that allocates storage becomes one op whose
 output is its first new storage, and each further new storage of a multi-output kernel becomes an op
-``name#i`` that reads the first and may not be recomputed (no kernel recomputes one output alone).
+``name#i`` that reads the first and may not be recomputed (no kernel recomputes one output alone); the
+first op's ``workspace`` is the bytes of those further outputs, which the kernel holds while it runs.
 View/alias nodes (no new storage) are folded into the op that produced their base, and their time is
 added to it. An op whose storage a later node changes in place may be neither recomputed nor swapped.
 Storages read by the stage but produced by another stage are boundary inputs: zero-time ops, placed
@@ -86,6 +87,8 @@ def stage_problem(
             extras = [new_op(f"{name}#{i}", [sid], inputs=[name]) for i, sid in enumerate(own[1:], start=1)]
             for extra in extras:
                 extra["recompute"] = False
+            # the kernel makes all its outputs at once: while it runs, the further ones are held too
+            op["workspace"] = int(sum(e["bytes"] for e in extras))
         else:  # a view: folded into the op holding its base storage
             extras = []
             base = source(out_storages[0])

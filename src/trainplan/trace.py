@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.fx import traceback as fx_traceback
@@ -91,6 +91,49 @@ def module_path(node: torch.fx.Node) -> str:
     return list(stack)[-1] if stack else ""
 
 
+#: key of fx meta ``custom`` holding the autograd sequence number of the backward function running an op
+GRAD_FN_KEY = "grad_fn_seq_nr"
+
+
+def _enter_grad_fn(seq: int) -> None:
+    fx_traceback.set_grad_fn_seq_nr(seq)
+    fx_traceback.current_meta["custom"] = {**fx_traceback.current_meta.get("custom", {}), GRAD_FN_KEY: seq}
+
+
+def _exit_grad_fn() -> None:
+    fx_traceback.reset_grad_fn_seq_nr()
+    outer = fx_traceback.current_meta.get("grad_fn_seq_nr")
+    custom = {k: v for k, v in fx_traceback.current_meta.get("custom", {}).items() if k != GRAD_FN_KEY}
+    if outer:
+        custom[GRAD_FN_KEY] = outer[-1]
+    fx_traceback.current_meta["custom"] = custom
+
+
+def link_backward_to_forward(loss: torch.Tensor) -> None:
+    """While tracing, tag every op that a backward function of ``loss``'s autograd graph runs with that
+    function's sequence number: fx meta ``seq_nr`` (torch's own forward/backward link, as aot_autograd sets
+    it) and ``custom[GRAD_FN_KEY]`` (set only inside a backward function, so an op the engine runs between
+    functions, such as a gradient accumulation, is told apart). The forward op that created the function
+    carries the same ``seq_nr``, so a backward op can be attributed to the module of the op it differentiates."""
+    seen: set[torch.autograd.graph.Node] = set()
+    queue = [loss.grad_fn] if loss.grad_fn is not None else []
+    while queue:
+        fn = queue.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        seq = fn._sequence_nr()
+        fn.register_prehook(lambda _g, seq=seq: _enter_grad_fn(seq))
+        fn.register_hook(lambda _gi, _go: _exit_grad_fn())
+        queue.extend(f for f, _ in fn.next_functions if f is not None and f not in seen)
+
+
+def backward_seq_nr(node: torch.fx.Node) -> int | None:
+    """Sequence number of the backward function that ran a traced backward op (None outside any)."""
+    seq = (node.meta.get("custom") or {}).get(GRAD_FN_KEY)
+    return seq if isinstance(seq, int) else None
+
+
 def flat_inputs(built: BuiltModel) -> tuple[list[str], list[str], list[str], list[torch.Tensor]]:
     """Names of parameters, buffers and batch entries, and the flat list of their tensors."""
     params = dict(built.module.named_parameters())
@@ -100,8 +143,10 @@ def flat_inputs(built: BuiltModel) -> tuple[list[str], list[str], list[str], lis
     return list(params), list(buffers), list(batch), flat
 
 
-def make_step_fn(built: BuiltModel, param_names: list[str], buffer_names: list[str], batch_names: list[str]) -> Any:
-    """The training step as a function of flat tensors: returns ``(loss, *grads)``."""
+def make_step_fn(built: BuiltModel, param_names: list[str], buffer_names: list[str], batch_names: list[str],
+                 on_loss: Callable[[torch.Tensor], None] | None = None) -> Any:
+    """The training step as a function of flat tensors: returns ``(loss, *grads)``. ``on_loss`` is called
+    with the loss before the backward pass."""
     n_p, n_b = len(param_names), len(buffer_names)
 
     def step(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -110,6 +155,8 @@ def make_step_fn(built: BuiltModel, param_names: list[str], buffer_names: list[s
         batch = dict(zip(batch_names, flat[n_p + n_b :]))
         out = torch.func.functional_call(built.module, {**params, **buffers}, args=(), kwargs=batch, tie_weights=True)
         loss = built.loss_fn(out)
+        if on_loss is not None:
+            on_loss(loss)
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
         grads = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params.values(), grads))
         return (loss, *grads)
@@ -122,7 +169,7 @@ def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tenso
     param_names, buffer_names, batch_names, flat = flat_inputs(built)
     for p in built.module.parameters():
         p.requires_grad_(True)
-    step = make_step_fn(built, param_names, buffer_names, batch_names)
+    step = make_step_fn(built, param_names, buffer_names, batch_names, on_loss=link_backward_to_forward)
     watcher = _LastCall()
     try:
         with watcher, _record_module_paths(built.module):

@@ -24,6 +24,7 @@ with log_to(snakemake.log[0]) as log:
         device=par.device["type"],
         tolerances=Tolerances(**par.settings["tolerances"]),
         allocator_check=par.settings["allocator_check"],
+        attempts=par.settings["attempts"],
     )
     result = validate_plan(built, plan, stages, graph.tensors, export_names=graph.nodes["name"].tolist(),
                            settings=settings, link_sizes=read_host_link_sizes(inp.profile_summary))
@@ -31,7 +32,7 @@ with log_to(snakemake.log[0]) as log:
     log.info("%s k=%s b=%s: %s", wc.model, wc.k, wc.budget, report["status"])
     for reason in report["reasons"]:
         log.warning("%s", reason)
-    for warning in report.get("warnings", []):
-        log.warning("%s", warning)
+    for note in report.get("unreliable", []):
+        log.warning("unreliable: %s", note)
     write_json(snakemake.output.validation, report)
     write_table(snakemake.output.timeline, result.timeline)

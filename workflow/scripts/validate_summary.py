@@ -9,8 +9,8 @@ from trainplan.logs import log_to
 with log_to(snakemake.log[0]) as log:
     rows = [row for path in snakemake.input for row in summary_rows(read_json(path))]
     table = pd.DataFrame(rows)
-    failed = table.loc[table.status == "failed", ["model", "k", "budget_fraction"]].drop_duplicates()
-    log.info("%d plan(s) validated, %d failed", len(snakemake.input), len(failed))
-    for row in failed.itertuples():
-        log.warning("FAILED: %s k=%s budget %s", row.model, row.k, row.budget_fraction)
+    plans = table[["model", "k", "budget_fraction", "status"]].drop_duplicates()
+    log.info("%d plan(s) validated: %s", len(snakemake.input), plans.status.value_counts().to_dict())
+    for row in plans[plans.status != "passed"].itertuples():
+        log.warning("%s: %s k=%s budget %s", row.status.upper(), row.model, row.k, row.budget_fraction)
     write_table(snakemake.output.table, table)

@@ -42,6 +42,7 @@ class EventRecord:
     op_bytes: int = -1  # real bytes of the op's storages after a compute
     boundary: bool = False  # an event on a storage received from another stage (communication, not compute)
     unplanned: dict[str, int] = field(default_factory=dict)  # op -> bytes held for it outside the plan
+    storages: frozenset[int] = frozenset()  # plan storages held after it (resident and pending)
 
 
 @dataclass
@@ -52,7 +53,6 @@ class Shared:
     channel: dict[int, torch.UntypedStorage] = field(default_factory=dict)
     surprises: set[str] = field(default_factory=set)  # nodes the plan took for views that allocated
     regenerated: list[str] = field(default_factory=list)  # ops whose storage had to be re-made by its kernel
-    shadowed: set[str] = field(default_factory=set)  # extra kernel outputs held after their free (see _free)
 
 
 class StageRunner:
@@ -66,19 +66,10 @@ class StageRunner:
         self.host = HostPool(device)
         self.scalars: dict[str, Any] = {}
         self.carried: dict[str, list[int]] = {}  # op -> pending extra outputs swapped out with it
+        self.computed: set[str] = set()  # ops computed so far
         self.position = 0
         self._measuring = False
         self._peak = 0
-
-    @property
-    def done(self) -> bool:
-        return self.position >= len(self.events)
-
-    def blocked(self) -> bool:
-        """True while the next event receives a storage no stage has produced yet."""
-        kind, oid = self.events[self.position]
-        op = self.stage.ops[oid]
-        return kind == "compute" and op.boundary and any(s not in self.shared.channel for s in op.storages)
 
     def waiting_for(self) -> str:
         kind, oid = self.events[self.position]
@@ -106,6 +97,7 @@ class StageRunner:
             record.bytes_peak = max(self._peak, record.bytes_after)
             record.host_bytes = self.host.nbytes()
             record.unplanned = self._unplanned()
+            record.storages = frozenset(self.pool.resident) | frozenset(self.pool.pending)
             if kind == "compute":
                 held = {self.pool.resident[s].data_ptr(): self.pool.resident[s].nbytes()
                         for s in op.storages if s in self.pool.resident}
@@ -139,19 +131,12 @@ class StageRunner:
                 self._run_node(self.layout.nodes[self.layout.producer[sid]], op)
             if sid in self.stage.exported:
                 self.shared.channel.setdefault(sid, self.pool.resident[sid])
+        self.computed.add(op.id)
 
     def _free(self, op: OpSpec) -> None:
-        """Drop the op's storages. An extra kernel output freed while its kernel's first output is resident
-        stays held (pending on it): the plan may recompute it from that output, which only keeping it allows."""
+        """Drop the op's storages and the extra kernel outputs still pending on it."""
         for sid in op.storages:
-            kernel = self.layout.producer[sid]
-            storage = self.pool.resident.get(sid)
             self.pool.drop(sid)
-            source = self.stage.ops.get(kernel)
-            if kernel != op.id and storage is not None and source is not None and all(
-                    s in self.pool.resident for s in source.storages):
-                self.pool.pending[sid] = (storage, kernel)
-                self.shared.shadowed.add(op.id)
         self.pool.drop_pending_of(op.id)
 
     def _swap_out(self, op: OpSpec) -> None:
@@ -214,7 +199,10 @@ class StageRunner:
         elif sid in op.storages:
             self.pool.put(sid, st)
             self._remember(sid, (name, idx), t)
-        elif sid not in self.pool.resident:
+        elif sid not in self.pool.resident and self.stage.holder.get(sid) not in self.computed:
+            # an extra output is held until its own op is computed; one whose op was computed already (a
+            # recompute of the kernel: extra outputs are never recomputed) lives only while the kernel runs,
+            # as the kernel op's workspace in the plan
             self.pool.pending[sid] = (st, op.id)
 
     def _remember(self, sid: int, slot: Slot, t: torch.Tensor) -> None:
@@ -275,23 +263,43 @@ class RunResult:
     runners: list[StageRunner]
 
 
+def execution_order(stages: list[StageLayout], events: list[list[tuple[str, str]]]) -> list[tuple[int, int]]:
+    """(stage position, event position) of every event in the order a run takes them: each stage goes as far
+    as it can, round-robin, and waits at a boundary op until a stage has computed the storage it receives.
+    Raises ExecutionError on a cycle, naming the waiting events."""
+    produced: set[int] = set()
+    pos = [0] * len(stages)
+    order: list[tuple[int, int]] = []
+
+    def blocked(s: int) -> bool:
+        op = stages[s].ops[events[s][pos[s]][1]]
+        return events[s][pos[s]][0] == "compute" and op.boundary and any(x not in produced for x in op.storages)
+
+    while any(p < len(ev) for p, ev in zip(pos, events)):
+        progressed = False
+        for s, st in enumerate(stages):
+            while pos[s] < len(events[s]) and not blocked(s):
+                kind, oid = events[s][pos[s]]
+                if kind == "compute":
+                    produced.update(x for x in st.ops[oid].storages if x in st.exported)
+                order.append((s, pos[s]))
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            waits = "; ".join(f"stage {stages[s].index} event {pos[s]} {events[s][pos[s]][0]} '{events[s][pos[s]][1]}'"
+                              for s in range(len(stages)) if pos[s] < len(events[s]))
+            raise ExecutionError(f"deadlock: every stage waits for a storage no stage has produced ({waits})")
+    return order
+
+
 def run_plan(stages: list[StageLayout], events: list[list[tuple[str, str]]], layout: GraphLayout,
              gm: torch.fx.GraphModule, *, device: torch.device, measure: bool = False) -> RunResult:
-    """Execute every stage's events, interleaving stages as boundary storages become available."""
+    """Execute every stage's events in :func:`execution_order`."""
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     shared = Shared()
     runners = [StageRunner(st, ev, layout, shared, device, sync) for st, ev in zip(stages, events)]
-    records: list[EventRecord] = []
     with torch.no_grad():
-        while not all(r.done for r in runners):
-            progressed = False
-            for r in runners:
-                while not r.done and not r.blocked():
-                    records.append(r.step(measure))
-                    progressed = True
-            if not progressed:
-                waits = "; ".join(r.waiting_for() for r in runners if not r.done)
-                raise ExecutionError(f"deadlock: every stage waits for a storage no stage has produced ({waits})")
+        records = [runners[s].step(measure) for s, _ in execution_order(stages, events)]
         outputs = _outputs(gm, stages, runners)
     return RunResult(records, outputs, shared, runners)
 

@@ -1,0 +1,395 @@
+"""Compile a plan into code: its events become straight-line nodes of one ``torch.fx.GraphModule``.
+
+A compute runs the op's fx nodes (a recompute runs them again, as duplicated nodes); a free is a call
+to :func:`free` taking every value on the op's storages, so that fx's generated code drops them right
+after it (fx deletes each value after its last use); a swap-out copies a storage to the host
+(:func:`swap_out`: numpy on the CPU, pinned memory on a side stream on CUDA) and a swap-in makes a fresh
+device storage from that copy (:func:`swap_in`) and views it as the op's values. Stages (k > 1) run in
+one module in the event interpreter's order (:func:`trainplan.execute.runner.execution_order`), each on
+its own values; a storage another stage receives is copied when it is computed (:func:`send`) and
+viewed by the receiving stage at its receive event. Values the plan
+keeps to the end are taken by a last :func:`free`, so nothing is dropped earlier than the plan says.
+
+The module takes the traced step's flat inputs and returns ``(loss, *grads)``. With ``probe``, it also
+calls :func:`track` on every value it makes and :func:`event_done` after every event, which a
+:class:`Probe` turns into the live storages and device bytes after each event (the interpreter's
+``measure`` records, for checking one against the other); without it, no call sits between the ops
+but the frees and swaps.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx.node import map_arg
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from trainplan.execute.layout import GraphLayout, Slot, StageLayout
+from trainplan.execute.pool import HostCopy, clone_storage, from_host, to_host
+from trainplan.execute.runner import ExecutionError, execution_order
+
+#: (dtype, storage offset, size, stride) of a slot's tensor, from the trace
+SlotMeta = tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...]]
+
+_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    if device.type != "cuda":
+        return None
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    return _STREAMS[device]
+
+
+def free(*values: Any) -> None:
+    """The point where a plan frees storages: the generated code drops ``values`` right after this call."""
+
+
+def swap_out(t: torch.Tensor) -> HostCopy:
+    """A host copy of the whole storage under ``t``."""
+    return to_host(t.untyped_storage(), _side_stream(t.device))
+
+
+def swap_in(copy: HostCopy, device: torch.device) -> torch.UntypedStorage:
+    """A fresh device storage holding a host copy's bytes."""
+    return from_host(copy, device, _side_stream(device))
+
+
+def view(storage: torch.UntypedStorage, dtype: torch.dtype, offset: int, size: tuple[int, ...],
+         stride: tuple[int, ...]) -> torch.Tensor:
+    """A tensor over ``storage`` with the given layout."""
+    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+
+
+def send(t: torch.Tensor) -> torch.UntypedStorage:
+    """A copy of the storage under ``t`` for the stage that receives it (which counts it from its receive)."""
+    return clone_storage(t.untyped_storage(), t.device)
+
+
+@dataclass
+class Probe:
+    """Live storages per stage, recorded after every event of a probed compiled run."""
+
+    fixed: list[dict[int, int]]  # per stage: data pointer -> bytes of the fixed storages it reads
+    tracked: list[list[tuple[StorageWeakRef, int, int, int]]] = field(default_factory=list)  # (ref, ptr, bytes, sid)
+    after: list[tuple[int, int, int, frozenset[int]]] = field(default_factory=list)  # (stage, pos, bytes, sids)
+
+    def __post_init__(self) -> None:
+        self.tracked = [[] for _ in self.fixed]
+
+    def track(self, t: Any, stage: int, sid: int) -> None:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            self.tracked[stage].append((StorageWeakRef(st), st.data_ptr(), st.nbytes(), sid))
+
+    def event_done(self, stage: int, position: int) -> None:
+        live = [x for x in self.tracked[stage] if not x[0].expired()]
+        self.tracked[stage] = live
+        held = dict(self.fixed[stage])
+        held.update((ptr, nbytes) for _, ptr, nbytes, _ in live)
+        sids = frozenset(sid for _, ptr, _, sid in live if ptr not in self.fixed[stage])
+        self.after.append((stage, position, int(sum(held.values())), sids))
+
+
+_PROBES: list[Probe] = []
+
+
+def track(t: Any, stage: int, sid: int) -> None:
+    """Probe hook: a value a stage made, on plan storage ``sid``."""
+    if _PROBES:
+        _PROBES[-1].track(t, stage, sid)
+
+
+def event_done(stage: int, position: int) -> None:
+    """Probe hook: a stage's event is done."""
+    if _PROBES:
+        _PROBES[-1].event_done(stage, position)
+
+
+@dataclass
+class Clock:
+    """Wall time of a clocked compiled run, per (stage position, communication?) segment."""
+
+    sync: Any = None  # called before each reading (CUDA), None on the CPU
+    totals: dict[tuple[int, bool], float] = field(default_factory=dict)
+    last: tuple[tuple[int, bool], int] | None = None
+
+    def tick(self, stage: int, communication: bool) -> None:
+        if self.sync is not None:
+            self.sync()
+        now = time.perf_counter_ns()
+        if self.last is not None:
+            label, start = self.last
+            self.totals[label] = self.totals.get(label, 0.0) + (now - start) / 1e9
+        self.last = ((stage, communication), now) if stage >= 0 else None
+
+    def stage_seconds(self, stage: int, communication: bool = False) -> float:
+        return self.totals.get((stage, communication), 0.0)
+
+
+_CLOCKS: list[Clock] = []
+
+
+def tick(stage: int, communication: bool) -> None:
+    """Clock hook: a segment of a stage's events starts (stage -1: the run ends)."""
+    if _CLOCKS:
+        _CLOCKS[-1].tick(stage, communication)
+
+
+@contextmanager
+def clocking(clock: Clock) -> Iterator[Clock]:
+    """Route the clock hooks of compiled modules run inside to ``clock``."""
+    _CLOCKS.append(clock)
+    try:
+        yield clock
+    finally:
+        _CLOCKS.pop()
+
+
+@contextmanager
+def probing(probe: Probe) -> Iterator[Probe]:
+    """Route the probe hooks of compiled modules run inside to ``probe``."""
+    _PROBES.append(probe)
+    try:
+        yield probe
+    finally:
+        _PROBES.pop()
+
+
+def slot_meta(node: torch.fx.Node, idx: int) -> SlotMeta:
+    """The traced layout of one tensor value of a node."""
+    val = node.meta["val"] if idx < 0 else node.meta["val"][idx]
+    return val.dtype, int(val.storage_offset()), tuple(val.shape), tuple(val.stride())
+
+
+@dataclass
+class _Stage:
+    """What the compiler tracks of one stage: the current graph value of each slot, non-tensor values,
+    storages resident and pending (extra kernel outputs kept until their op is computed), host copies."""
+
+    layout: StageLayout
+    env: dict[Slot, torch.fx.Node] = field(default_factory=dict)
+    scalars: dict[str, Any] = field(default_factory=dict)
+    resident: set[int] = field(default_factory=set)
+    pending: dict[int, str] = field(default_factory=dict)  # storage -> op whose kernel made it
+    computed: set[str] = field(default_factory=set)
+    host: dict[int, torch.fx.Node] = field(default_factory=dict)
+    carried: dict[str, list[int]] = field(default_factory=dict)
+
+
+class _Compiler:
+    def __init__(self, gm: torch.fx.GraphModule, layout: GraphLayout, stages: list[StageLayout],
+                 device: torch.device, probe: bool, clocked: bool) -> None:
+        self.gm, self.layout, self.device, self.probe, self.clocked = gm, layout, device, probe, clocked
+        self.segment: tuple[int, bool] | None = None
+        self.graph = torch.fx.Graph()
+        self.stages = [_Stage(st) for st in stages]
+        self.inputs: dict[str, torch.fx.Node] = {}
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                self.inputs[node.name] = self.graph.placeholder(node.name)
+            elif node.op == "get_attr":
+                self.inputs[node.name] = self.graph.get_attr(str(node.target))
+        self.channel: dict[int, torch.fx.Node] = {}  # storage -> the value a stage sends on it
+        self.slots_on: dict[int, list[Slot]] = {}
+        for slot, sid in layout.storage.items():
+            self.slots_on.setdefault(sid, []).append(slot)
+        self.where = ""
+
+    def enter(self, stage: int, communication: bool) -> None:
+        """With a clock, start a new timed segment where the stage or the kind of work changes."""
+        if self.clocked and self.segment != (stage, communication):
+            self._call(tick, stage, communication)
+            self.segment = (stage, communication)
+
+    # --- values -----------------------------------------------------------------------------------
+    def _call(self, target: Any, *args: Any) -> torch.fx.Node:
+        return self.graph.call_function(target, tuple(args))
+
+    def _hold(self, st: _Stage, slot: Slot, value: torch.fx.Node) -> None:
+        st.env[slot] = value
+        if self.probe and self.layout.storage[slot] not in self.layout.fixed:
+            self._call(track, value, self.stages.index(st), self.layout.storage[slot])
+
+    def _value(self, st: _Stage, node: torch.fx.Node) -> Any:
+        if node.name in self.inputs:
+            return self.inputs[node.name]
+        if node.name in st.scalars:
+            return st.scalars[node.name]
+        slot = (node.name, -1)
+        if slot not in st.env and self.layout.storage.get(slot) in self.layout.fixed:  # made by another stage
+            sid = self.layout.storage[slot]
+            base = next(self.inputs[n] for n, _ in self.slots_on[sid] if n in self.inputs)
+            storage = self.graph.call_method("untyped_storage", (base,))
+            self._hold(st, slot, self._call(view, storage, *slot_meta(node, -1)))
+        if slot not in st.env:
+            raise ExecutionError(f"{self.where}: node '{node.name}' reads a value that is not resident")
+        return st.env[(node.name, -1)]
+
+    def _emit(self, st: _Stage, node: torch.fx.Node, op_id: str, op_storages: tuple[int, ...]) -> None:
+        """One fx node of a compute: a getitem takes the kernel output already made; any other node runs."""
+        slots = self.layout.slots.get(node.name)
+        base = node.args[0] if node.target is operator.getitem else None
+        if isinstance(base, torch.fx.Node) and isinstance(base.meta.get("val"), (tuple, list)):
+            if not slots:  # an element that is not a tensor (an output the kernel was asked not to make)
+                st.scalars[node.name] = base.meta["val"][int(node.args[1])]
+                return
+            source = (base.name, int(node.args[1]))
+            if source not in st.env:  # an extra output whose kernel ran while it was held: run it again
+                self._emit(st, self.layout.nodes[base.name], op_id, op_storages)
+            self._hold(st, (node.name, -1), st.env[source])
+            return
+        args, kwargs = map_arg((node.args, node.kwargs), lambda a: self._value(st, a))
+        out = self.graph.call_function(node.target, args, kwargs)
+        out.meta = dict(node.meta)
+        if not slots:
+            st.scalars[node.name] = out
+            return
+        if slots[0][0] < 0:
+            self._hold(st, (node.name, -1), out)
+            return
+        for idx, sid in slots:
+            own = self.layout.producer.get(sid) == node.name
+            holder = st.layout.holder.get(sid)
+            if sid in self.layout.fixed or not own or sid in op_storages or (
+                    sid not in st.resident and holder not in st.computed):
+                self._hold(st, (node.name, idx), self._call(operator.getitem, out, idx))
+                if own and sid not in op_storages and sid not in self.layout.fixed:
+                    st.pending[sid] = op_id
+
+    # --- events -----------------------------------------------------------------------------------
+    def compute(self, st: _Stage, op_id: str) -> None:
+        op = st.layout.ops[op_id]
+        if op.boundary:
+            own = {n.name for o in st.layout.ops.values() if not o.boundary for n in o.nodes}
+            for sid in op.storages:  # viewed as every node of another stage on it (this stage reads some)
+                storage = self.channel[sid]
+                for slot in self.slots_on[sid]:
+                    if slot[0] not in own:
+                        self._hold(st, slot, self._call(view, storage, *slot_meta(self.layout.nodes[slot[0]], slot[1])))
+        for node in op.nodes:
+            self._emit(st, node, op_id, op.storages)
+        for sid in op.storages:
+            st.resident.add(sid)
+            st.pending.pop(sid, None)
+            if sid in st.layout.exported and sid not in self.channel:
+                stage = self.stages.index(st)
+                self.enter(stage, True)
+                self.channel[sid] = self._call(send, st.env[next(s for s in self.slots_on[sid] if s in st.env)])
+                self.enter(stage, op.boundary)
+        st.computed.add(op_id)
+
+    def _on(self, st: _Stage, sids: set[int]) -> list[Slot]:
+        return [s for s in st.env if self.layout.storage[s] in sids]
+
+    def free(self, st: _Stage, op_id: str) -> None:
+        op = st.layout.ops[op_id]
+        dropped = set(op.storages) | {s for s, owner in st.pending.items() if owner == op_id}
+        slots = self._on(st, dropped)
+        self._call(free, *dict.fromkeys(st.env.pop(s) for s in slots))
+        st.resident -= dropped
+        for sid in dropped:
+            st.pending.pop(sid, None)
+
+    def _save(self, st: _Stage, sid: int) -> None:
+        source = next((s for s in self._on(st, {sid}) if s[0] == self.layout.producer[sid]), None) \
+            or self._on(st, {sid})[0]
+        st.host[sid] = self._call(swap_out, st.env[source])
+
+    def swap_out(self, st: _Stage, op_id: str) -> None:
+        op = st.layout.ops[op_id]
+        for sid in op.storages:
+            self._save(st, sid)
+        st.carried[op_id] = [s for s, owner in st.pending.items() if owner == op_id]
+        for sid in st.carried[op_id]:
+            self._save(st, sid)
+
+    def _restore(self, st: _Stage, sid: int, nodes: set[str]) -> None:
+        storage = self._call(swap_in, st.host[sid], self.device)
+        for slot in self.slots_on[sid]:
+            if slot[0] in nodes or slot[0] == self.layout.producer[sid]:
+                dtype, offset, size, stride = slot_meta(self.layout.nodes[slot[0]], slot[1])
+                self._hold(st, slot, self._call(view, storage, dtype, offset, size, stride))
+
+    def swap_in(self, st: _Stage, op_id: str) -> None:
+        op = st.layout.ops[op_id]
+        names = {n.name for n in op.nodes}
+        for sid in op.storages:
+            self._restore(st, sid, names)
+            st.resident.add(sid)
+        for sid in st.carried.get(op_id, []):
+            if sid not in st.resident:
+                self._restore(st, sid, set())
+                st.pending[sid] = op_id
+
+    def finish(self) -> None:
+        """Keep what the plan keeps to the end, then return the loss and gradients."""
+        out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
+        owner = {n.name: st for st in self.stages for op in st.layout.ops.values() if not op.boundary for n in op.nodes}
+        outputs = [self._value(owner.get(a.name, self.stages[0]), a) for a in out_node.args[0]]
+        self._call(free, *dict.fromkeys(v for st in self.stages for v in st.env.values()))
+        if self.clocked:
+            self._call(tick, -1, False)
+        self.graph.output(tuple(outputs))
+
+
+_EVENTS = {"compute": _Compiler.compute, "free": _Compiler.free, "swap_out": _Compiler.swap_out,
+           "swap_in": _Compiler.swap_in}
+
+
+@dataclass
+class CompiledPlan:
+    """The compiled module and the events it runs, as (stage position, event position), in order."""
+
+    module: torch.fx.GraphModule
+    order: list[tuple[int, int]]
+
+    def __call__(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            return self.module(*flat)
+
+
+def compile_plan(gm: torch.fx.GraphModule, layout: GraphLayout, stages: list[StageLayout],
+                 events: list[list[tuple[str, str]]], *, device: torch.device, probe: bool = False,
+                 clocked: bool = False) -> CompiledPlan:
+    """Straight-line code for the plan's events on the traced step ``gm``; raises ExecutionError naming the
+    stage, event and node when an event reads a value the plan does not hold. ``probe``: calls that record
+    the live storages after each event (:func:`probe_run`); ``clocked``: a clock reading wherever the running
+    stage changes or a stage starts or ends communication (its events on received storages, and sending one),
+    for :class:`Clock`."""
+    c = _Compiler(gm, layout, stages, device, probe, clocked)
+    order = execution_order(stages, events)
+    for s, pos in order:
+        kind, oid = events[s][pos]
+        c.where = f"stage {stages[s].index} event {pos} {kind} '{oid}'"
+        c.enter(s, stages[s].ops[oid].boundary)
+        _EVENTS[kind](c, c.stages[s], oid)
+        if probe:
+            c._call(event_done, s, pos)
+    c.finish()
+    return CompiledPlan(torch.fx.GraphModule(gm, c.graph, class_name="CompiledPlan"), order)
+
+
+def clocked_run(plan: CompiledPlan, flat: list[torch.Tensor], device: torch.device) -> Clock:
+    """Run a clocked compiled plan; the clock holds each stage's own and communication seconds."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    with clocking(Clock(sync)) as clock:
+        plan(*flat)
+    return clock
+
+
+def probe_run(plan: CompiledPlan, layout: GraphLayout, stages: list[StageLayout],
+              flat: list[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], Probe]:
+    """Run a probed compiled plan; the probe holds live storage ids and device bytes after every event."""
+    fixed = [{layout.fixed[sid].untyped_storage().data_ptr(): layout.fixed[sid].untyped_storage().nbytes()
+              for sid in st.fixed} for st in stages]
+    with probing(Probe(fixed)) as probe:
+        out = plan(*flat)
+    return out, probe
