@@ -7,6 +7,8 @@ import logging
 import sys
 from collections.abc import Callable
 
+from trainplan.fuse.cli import add_parser as add_fuse_parser
+from trainplan.fuse.errors import FuseError
 from trainplan.io import ArtifactError
 from trainplan.schedule.problem import ProblemError
 
@@ -53,6 +55,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse.Namespace], int]]] = {
     "schedule": _add_schedule,
+    "fuse": add_fuse_parser,
 }
 
 
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return runners[args.command](args)
-    except (ArtifactError, ProblemError) as exc:
+    except (ArtifactError, ProblemError, FuseError) as exc:
         print(f"trainplan {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
