@@ -33,6 +33,8 @@ def _t(shape, dtype="float32"):
 @pytest.mark.parametrize("graph, table, message", [
     ({"nodes": [{"id": "a", "op": "x", "supported": True}, {"id": "b", "op": "x", "supported": True}],
       "edges": [["a", "b"], ["b", "a"]]}, None, "cycle through node '(a|b)'"),
+    ({"nodes": [{"id": k, "op": "x", "supported": True} for k in "abcd"],  # d lies after the cycle b -> c -> b
+      "edges": [["a", "b"], ["b", "c"], ["c", "b"], ["c", "d"]]}, None, "cycle through node '(b|c)'"),
     ({"nodes": [{"id": "a", "op": "x", "supported": True}], "edges": [["a", "zz"]]}, None, "node 'zz'.*dangling"),
     ({"nodes": [{"id": "a", "op": "x"}], "edges": []}, None, "node 'a' has no 'supported'"),
     ({"nodes": [{"id": "a", "op": "aten.mm.default"}], "edges": []},

@@ -63,19 +63,19 @@ def topological_order(names: Sequence[str], preds: Sequence[Sequence[int]], succ
                 ready.append(v)
     if len(order) < len(names):
         left = {i for i in range(len(names)) if indeg[i] > 0}
-        node = _node_on_cycle(left, succs)
+        node = _node_on_cycle(left, preds)
         raise FuseError(f"the graph has a cycle through node '{names[node]}'")
     return order
 
 
-def _node_on_cycle(left: set[int], succs: Sequence[Sequence[int]]) -> int:
-    """A node on a cycle among ``left`` (every node there has a predecessor there): walk back until a repeat."""
-    # every node in `left` lies on or after a cycle; following successors inside `left` must repeat
+def _node_on_cycle(left: set[int], preds: Sequence[Sequence[int]]) -> int:
+    """A node on a cycle among ``left``, the nodes Kahn's order never reached: each has a predecessor in
+    ``left``, so walking predecessors inside ``left`` must repeat a node, which lies on a cycle."""
     node = min(left)
     seen: set[int] = set()
     while node not in seen:
         seen.add(node)
-        node = next(v for v in succs[node] if v in left)
+        node = next(p for p in preds[node] if p in left)
     return node
 
 
