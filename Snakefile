@@ -19,6 +19,7 @@ include: "workflow/rules/validate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/align.smk"
 include: "workflow/rules/provenance.smk"
+include: "workflow/rules/fuse.smk"
 
 
 rule all:

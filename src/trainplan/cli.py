@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 
 from trainplan.align.units import AlignError
+from trainplan.fuse.cli import add_parser as add_fuse_parser
+from trainplan.fuse.errors import FuseError
 from trainplan.io import ArtifactError
 from trainplan.provenance.cli import add_parser as add_publish
 from trainplan.schedule.problem import ProblemError
@@ -59,6 +61,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse
     "schedule": _add_schedule,
     "align": lambda sub: __import__("trainplan.align.cli", fromlist=["add_parser"]).add_parser(sub),
     "publish": add_publish,
+    "fuse": add_fuse_parser,
 }
 
 
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return runners[args.command](args)
-    except (ArtifactError, ProblemError, AlignError) as exc:
+    except (ArtifactError, ProblemError, AlignError, FuseError) as exc:
         print(f"trainplan {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

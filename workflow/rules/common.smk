@@ -1,4 +1,5 @@
 import hashlib
+import os
 import importlib.util
 import os
 import sys
@@ -165,6 +166,40 @@ def align_policy(wildcards):
     if wildcards.model in config["study"].get("overflow", []):
         return f"results/overflow/{wildcards.model}/final_policy.yaml"
     return study_file(config["overflow"]["policy"])
+FUSE_TARGET = "|".join(sorted(config["fuse"]["targets"]))
+
+
+def fuse_target_spec(wildcards):
+    """The wildcard's fusion target; a relative table path not found here is taken from the repository."""
+    spec = dict(config["fuse"]["targets"][wildcards.target])
+    if "table" in spec and not os.path.isabs(spec["table"]) and not os.path.exists(spec["table"]):
+        spec["table"] = os.path.join(workflow.basedir, spec["table"])
+    return spec
+
+
+def fuse_table_files(wildcards):
+    """The YAML support table of the wildcard's fusion target (none for a builtin one)."""
+    spec = fuse_target_spec(wildcards)
+    return [spec["table"]] if "table" in spec else []
+
+
+def fuse_measure_files(wildcards):
+    """Per-group fused/unfused times of the wildcard's model and target, when that target is measured."""
+    if wildcards.target in config["fuse"]["measure"]["targets"]:
+        return ["results/fuse/{model}/{device}/{target}/measure.parquet".format(**wildcards)]
+    return []
+
+
+def fuse_targets():
+    """Fusion groups and figures of every planned model and target; measurements of the measured targets."""
+    unknown = sorted(set(config["fuse"]["measure"]["targets"]) - set(config["fuse"]["targets"]))
+    if unknown:
+        raise WorkflowError(f"config key 'fuse.measure.targets': '{unknown[0]}' is not one of fuse.targets")
+    return expand(
+        ["results/fuse/{model}/{device}/{target}/groups.json", "results/plots/{model}/{device}/fuse_{target}.png"],
+        model=MODELS, device=DEVICES, target=sorted(config["fuse"]["targets"]),
+    ) + expand("results/fuse/{model}/{device}/{target}/measure.json", model=MODELS, device=DEVICES,
+               target=config["fuse"]["measure"]["targets"])
 
 
 def all_targets():
@@ -191,7 +226,7 @@ def all_targets():
         device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],
-    ) + ["results/validate/summary.csv"] + (
+    ) + ["results/validate/summary.csv"] + fuse_targets() + (
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []

@@ -1,0 +1,221 @@
+"""Compile each group as one fused op with torch.compile (Inductor) and measure it against its unfused ops.
+
+Per group: the members become an fx submodule (``fuse_as_graphmodule``) fed the values they read in a
+real run of the step; unfused = the submodule run eagerly op by op, fused = ``torch.compile`` of it.
+Whole step: the traced step with every measured group replaced by its compiled submodule
+(``fuse_by_partitions``), against the unfused step and against ``torch.compile`` of the whole step.
+Compile time is the first call's time, reported apart from the medians.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
+
+from trainplan.fuse.errors import FuseError
+from trainplan.models import BuiltModel, on_device
+from trainplan.profile import timed_run
+from trainplan.timing import gc_paused
+from trainplan.trace import trace_training_step
+
+#: A kernel launch in the ``call`` function of Inductor's generated code: a generated C++/Triton kernel,
+#: an extern kernel (aten mm, convolution ...) or an op Inductor falls back to.
+_LAUNCH = re.compile(r"^\s+(?:\w+\s*=\s*)?(cpp_fused_\w+|triton_\w+|extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)"
+                     r"(?:\.run)?\(", re.M)
+
+
+def _median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs, GC paused."""
+    runs = []
+    for i in range(warmup + repeats):
+        with gc_paused():
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+        if i >= warmup:
+            runs.append(elapsed)
+    return statistics.median(runs)
+
+
+def _launches(code: Sequence[str]) -> int:
+    """Kernel launches in Inductor's generated module(s): calls inside ``def call``."""
+    total = 0
+    for src in code:
+        body = src.split("def call(", 1)[-1].split("\ndef ", 1)[0]
+        total += len(_LAUNCH.findall(body))
+    return total
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flat(v)]
+    return []
+
+
+def compare_outputs(got: Any, want: Any, rtol: float, atol: float) -> float:
+    """Largest absolute difference between matching tensors; FuseError if any is beyond rtol/atol."""
+    worst = 0.0
+    a, b = _flat(got), _flat(want)
+    if len(a) != len(b):
+        raise FuseError(f"fused step returned {len(a)} tensors, the unfused step {len(b)}")
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x.is_floating_point():
+            diff = float((x.double() - y.double()).abs().max()) if x.numel() else 0.0
+            worst = max(worst, diff)
+            if not torch.allclose(x, y, rtol=rtol, atol=atol):
+                raise FuseError(f"fused step output {k} differs from the unfused step by {diff:.3g} (rtol {rtol}, atol {atol})")
+        elif not torch.equal(x, y):
+            raise FuseError(f"fused step output {k} differs from the unfused step")
+    return worst
+
+
+def _compile(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[Callable[..., Any], float, int]:
+    """Inductor (``torch._inductor.compile``: torch.compile's backend, without Dynamo: the graph is already
+    aten ops) of ``gm``; seconds to compile and run once, and kernel launches in the generated code."""
+    from torch._inductor.utils import run_and_get_code
+
+    def build() -> Callable[..., Any]:
+        fn = torch._inductor.compile(gm, list(args))
+        fn(*args)
+        return fn
+
+    start = time.perf_counter()
+    compiled, code = run_and_get_code(build)
+    return compiled, time.perf_counter() - start, _launches(code)
+
+
+class _FusedArgs(torch.fx.Interpreter):
+    """Runs a graph once, recording the arguments every submodule call gets."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.args: dict[str, tuple[Any, ...]] = {}
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        self.args[str(target)] = args
+        return super().call_module(target, args, kwargs)
+
+
+class _Compiled(torch.nn.Module):
+    """A compiled callable in place of a fused submodule."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _fusible_members(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The group's nodes minus a leading ``getitem`` of an op outside: the selected tensor becomes the
+    fused op's input (a compiled graph takes tensors, not the tuple of a multi-output op)."""
+    inside = set(nodes)
+    return [n for n in nodes if not (n.target is operator.getitem and n.args[0] not in inside)]
+
+
+def select_groups(groups: pd.DataFrame, min_ops: int, max_groups: int) -> pd.DataFrame:
+    """Groups of at least ``min_ops`` ops with at least one kernel, largest measured time first, capped."""
+    keep = groups[(groups["n_ops"] >= min_ops) & (groups["kernels"] >= 1)]
+    return keep.sort_values(["time_s", "group"], ascending=[False, True]).head(max_groups)
+
+
+def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[str, Any], groups: pd.DataFrame, *,
+                   min_ops: int, max_groups: int, repeats: int, warmup: int, whole_step: bool,
+                   rtol: float, atol: float, log: Callable[[str], None] = lambda _m: None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Per-group fused vs unfused times and the whole-step comparison (see the module docstring)."""
+    traced, flat = trace_training_step(on_device(built, "cpu"))
+    gm = traced.gm
+    traced_names = [n.name for n in gm.graph.nodes if n.op == "call_function"]
+    if traced_names != list(op_names):
+        raise FuseError(f"model '{built.name}': the traced graph ({len(traced_names)} ops) differs from the exported "
+                        f"one ({len(op_names)} ops); re-run the export for this torch version")
+    inputs = [t.detach() for t in flat]
+    by_name = {n.name: n for n in gm.graph.nodes}
+    chosen = select_groups(groups, min_ops, max_groups)
+    members = {g["id"]: g["nodes"] for g in groups_doc["groups"]}
+    rows = []
+    with torch.no_grad():
+        _, env = timed_run(gm, inputs, lambda: None, keep_values=True)
+        for row in chosen.itertuples(index=False):
+            nodes = _fusible_members([by_name[name] for name in members[row.group]])
+            sub, sub_inputs, _ = fuse_as_graphmodule(gm, nodes, f"group_{row.group}")
+            args = [env[n] for n in sub_inputs]
+            unfused = _median_time(lambda: sub(*args), repeats, warmup)
+            compiled, compile_s, launches = _compile(sub, args)
+            fused = _median_time(lambda: compiled(*args), repeats, warmup)
+            compare_outputs(compiled(*args), sub(*args), rtol, atol)
+            rows.append({"group": row.group, "n_ops": row.n_ops, "phase": row.phase, "module": row.module,
+                         "profiled_s": row.time_s, "unfused_s": unfused, "fused_s": fused, "speedup": unfused / fused,
+                         "kernels_unfused": row.kernels, "kernels_fused": launches,
+                         "launches_saved": row.kernels - launches, "internal_bytes": row.internal_bytes,
+                         "compile_s": compile_s})
+            log(f"group {row.group} ({row.n_ops} ops): unfused {unfused * 1e3:.3f} ms, fused {fused * 1e3:.3f} ms, "
+                f"compile {compile_s:.1f} s")
+        del env
+        summary = _whole_step(gm, inputs, [[n.name for n in _fusible_members([by_name[m] for m in members[g]])]
+                                           for g in chosen["group"]], repeats, warmup, whole_step, rtol, atol, log)
+    table = pd.DataFrame(rows, columns=["group", "n_ops", "phase", "module", "profiled_s", "unfused_s", "fused_s",
+                                        "speedup", "kernels_unfused", "kernels_fused", "launches_saved",
+                                        "internal_bytes", "compile_s"])
+    summary.update({
+        "model": built.name, "groups_eligible": int(((groups["n_ops"] >= min_ops) & (groups["kernels"] >= 1)).sum()),
+        "groups_measured": len(rows), "cap": {"max_groups": max_groups, "min_ops": min_ops,
+                                             "order": "largest measured (profiled) time first"},
+        "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "launches_saved": int(table["launches_saved"].sum()) if len(table) else 0,
+        "internal_bytes": int(table["internal_bytes"].sum()) if len(table) else 0,
+        "group_compile_s": float(table["compile_s"].sum()) if len(table) else 0.0,
+    })
+    return table, summary
+
+
+def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: list[list[str]],
+                repeats: int, warmup: int, whole_step: bool,
+                rtol: float, atol: float, log: Callable[[str], None]) -> dict[str, Any]:
+    want = gm(*inputs)
+    out: dict[str, Any] = {"unfused_step_s": _median_time(lambda: gm(*inputs), repeats, warmup)}
+    copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    names = {n.name: n for n in copied.graph.nodes}
+    fused_gm = fuse_by_partitions(copied, [{names[m]: None for m in g} for g in chosen], prefix="fused_")
+    recorder = _FusedArgs(fused_gm)
+    recorder.run(*inputs)  # each fused op's real inputs
+    start = time.perf_counter()
+    for name, args in recorder.args.items():
+        setattr(fused_gm, name, _Compiled(torch._inductor.compile(getattr(fused_gm, name), list(args))))
+    del recorder
+    got = fused_gm(*inputs)
+    out["fused_step_compile_s"] = time.perf_counter() - start
+    out["fused_step_max_abs_diff"] = compare_outputs(got, want, rtol, atol)
+    out["fused_step_s"] = _median_time(lambda: fused_gm(*inputs), repeats, warmup)
+    out["fused_speedup"] = out["unfused_step_s"] / out["fused_step_s"]
+    log(f"step: unfused {out['unfused_step_s']:.4f} s, groups fused {out['fused_step_s']:.4f} s")
+    if whole_step:
+        start = time.perf_counter()
+        try:
+            whole = torch._inductor.compile(gm, inputs)
+            got = whole(*inputs)
+        except Exception as exc:  # a step torch.compile cannot compile is reported, not fatal
+            out["whole_compile_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log(f"torch.compile of the whole step failed: {out['whole_compile_error']}")
+            return out
+        out["whole_compile_s"] = time.perf_counter() - start
+        out["whole_max_abs_diff"] = compare_outputs(got, want, rtol, atol)
+        out["whole_step_s"] = _median_time(lambda: whole(*inputs), repeats, warmup)
+        out["whole_speedup"] = out["unfused_step_s"] / out["whole_step_s"]
+        out["kept_of_whole_gain"] = ((out["unfused_step_s"] - out["fused_step_s"])
+                                     / (out["unfused_step_s"] - out["whole_step_s"])
+                                     if out["whole_step_s"] < out["unfused_step_s"] else None)
+        log(f"step: torch.compile whole {out['whole_step_s']:.4f} s (compile {out['whole_compile_s']:.1f} s)")
+    return out

@@ -1,0 +1,42 @@
+"""The fusion figure: group sizes, coverage against the baselines, fused vs unfused time per group."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from trainplan.io import atomic_path  # noqa: E402
+
+
+def plot_fusion(groups: pd.DataFrame, compare: pd.DataFrame, measure: pd.DataFrame | None, title: str, path: str) -> None:
+    """Three panels (two without measurements): sizes of our groups, coverage per method, measured times."""
+    panels = 3 if measure is not None and len(measure) else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+    sizes = groups["n_ops"].value_counts().sort_index()
+    axes[0].bar(sizes.index.astype(str), sizes.to_numpy(), color="tab:blue")
+    axes[0].set(xlabel="ops per group", ylabel="groups", title="our groups (1 input op, 1 output op)")
+    axes[0].set_yscale("log")
+    x = range(len(compare))
+    axes[1].bar([i - 0.2 for i in x], compare["coverage_ops"], width=0.4, label="supported ops")
+    axes[1].bar([i + 0.2 for i in x], compare["coverage_time"], width=0.4, label="measured time")
+    axes[1].set_xticks(list(x), [m.split(" (")[0].replace("CapabilityBasedPartitioner", "Capability") for m in compare["method"]],
+                       rotation=15, fontsize=8)
+    axes[1].set(ylim=(0, 1.05), ylabel="share inside groups of >= 2 ops", title="coverage, same support mask")
+    axes[1].legend(fontsize=8)
+    if panels == 3:
+        m = measure.sort_values("unfused_s", ascending=False)
+        y = range(len(m))
+        axes[2].barh([i + 0.2 for i in y], m["unfused_s"] * 1e3, height=0.4, label="unfused (eager ops)")
+        axes[2].barh([i - 0.2 for i in y], m["fused_s"] * 1e3, height=0.4, label="fused (Inductor)")
+        axes[2].set_yticks(list(y), [f"g{g} ({n} ops)" for g, n in zip(m["group"], m["n_ops"])], fontsize=7)
+        axes[2].invert_yaxis()
+        axes[2].set(xlabel="median time (ms)", title="measured groups")
+        axes[2].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,93 @@
+"""Support tables on real exported graphs: Inductor's registry, the acclib rules, and the baselines."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainplan.export import graph_tables
+from trainplan.fuse import inductor_table, load_table, support_masks
+from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
+from trainplan.fuse.check import check_grouping
+from trainplan.fuse.exported import OUTPUT, graph_from_export
+from trainplan.fuse.graph import TensorInfo
+from trainplan.fuse.merge import contract_order
+from trainplan.fuse.stage import fuse_exported
+from trainplan.fuse.support import conv_groups
+from trainplan.fuse.synthetic import random_dag, random_mask
+from trainplan.models import build_model
+from trainplan.trace import trace_training_step
+
+ACCLIB = "config/targets/acclib.yaml"
+
+
+@pytest.fixture(scope="module")
+def cnn_tables():
+    built = build_model("small_cnn", {"source": "callable", "callable": "trainplan.zoo:small_cnn"}, seed=0)
+    traced, _ = trace_training_step(built)
+    return graph_tables(traced)
+
+
+@pytest.fixture(scope="module")
+def inductor():
+    return inductor_table()
+
+
+def test_inductor_table_comes_from_torchs_registry(inductor) -> None:
+    import torch._inductor.lowering as lowering
+
+    assert inductor.runs("aten.mm.default") and inductor.runs("aten.relu.default")
+    assert inductor.runs("aten.native_layer_norm.default")  # decomposed, not lowered
+    fallback = {str(op) for op in lowering.fallbacks}
+    assert "aten.convolution_backward.default" in fallback and not inductor.runs("aten.convolution_backward.default")
+    assert not inductor.runs("aten._scaled_dot_product_flash_attention_for_cpu.default")
+    assert inductor.source["supported"] == len(inductor.ops) - 1 > 500
+
+
+def test_acclib_rules_on_shapes() -> None:
+    table = load_table(ACCLIB)
+    f32 = "float32"
+    grouped = [TensorInfo((2, 32, 8, 8), f32), TensorInfo((32, 1, 3, 3), f32)]  # depthwise: 32 groups
+    plain = [TensorInfo((2, 32, 8, 8), f32), TensorInfo((64, 32, 3, 3), f32)]
+    assert conv_groups(grouped) == 32 and conv_groups(plain) == 1
+    assert "groups 32 != 1" in table.violation("aten.convolution.default", grouped, [])
+    assert table.violation("aten.convolution.default", plain, []) is None
+    assert "max_dim" in table.violation("aten.mm.default", [TensorInfo((8, 50257), f32)], [])
+    assert "int64" in table.violation("aten.add.Tensor", [TensorInfo((8,), "int64")], [])
+    assert not table.runs("aten.embedding.default") and not table.runs("aten.index.Tensor")
+
+
+@pytest.mark.parametrize("target", ["inductor", "acclib"])
+def test_groups_of_a_real_step_pass_the_independent_check(cnn_tables, inductor, target) -> None:
+    table = inductor if target == "inductor" else load_table(ACCLIB)
+    ops = cnn_tables.nodes[["name"]].assign(time_s=1e-3)
+    result = fuse_exported(cnn_tables.nodes, cnn_tables.tensors, ops, table, fx_max_nodes=10_000)
+    graph = result.graph
+    eligible = {graph.names[u] for u in range(graph.n) if result.fusion.eligible[u]}
+    edges = [(graph.names[u], graph.names[v]) for u, v in graph.edges()]
+    assert check_grouping(graph.names, edges, eligible, result.document["groups"]) == []
+    assert OUTPUT in result.document["host_nodes"]
+    compare = result.compare.set_index("method")
+    ours = compare.iloc[0]
+    # the baselines allow several input and output ops: they cover at least as much on the same mask
+    assert (compare["coverage_ops"] >= ours["coverage_ops"]).all() and len(compare) == 3
+    assert result.groups["n_ops"].sum() == len(eligible)
+    if target == "acclib":
+        assert any("int64" in why for why in result.document["rejected"].values())
+
+
+def test_baselines_are_cycle_free_and_cover_the_mask() -> None:
+    for seed in range(5):
+        g = random_dag(80, seed, window=6)
+        mask = random_mask(80, seed, 0.8)
+        for method in (ort_wave_groups, fx_capability_groups):
+            groups = method(g, mask)
+            contract_order(g, groups)
+            assert sorted(u for grp in groups for u in grp) == [u for u in range(80) if mask[u]]
+
+
+def test_getitem_follows_its_producer(cnn_tables) -> None:
+    graph = graph_from_export(cnn_tables.nodes, cnn_tables.tensors)
+    supported, _ = support_masks(graph, load_table(ACCLIB))
+    for u in range(graph.n):
+        if graph.ops[u] == "getitem":
+            assert supported[u] == supported[graph.preds[u][0]]
