@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("--budgets", nargs="+", type=float, default=[0.5])
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=None, help="default: config validate.repeats")
+    parser.add_argument("--attempts", type=int, default=None, help="default: config validate.attempts")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     cfg = yaml.safe_load(Path(args.config).read_text())
@@ -126,24 +127,31 @@ def main() -> None:
     settings = ValidateSettings(repeats=args.repeats or val.get("repeats", 3), warmup=val.get("warmup", 1),
                                 device=cfg["devices"][cfg["device"]]["type"],
                                 tolerances=Tolerances(**val.get("tolerances", {})),
-                                attempts=val.get("attempts", 3))
+                                attempts=args.attempts or val.get("attempts", 3))
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines: list[str] = []
     reasons: list[str] = []
-    for name in args.models:
+    for done, name in enumerate(args.models, start=1):
         spec = cfg["models"].get(name) or HELD_OUT[name]
         for report in validate_model(name, spec, args.budgets, args.k, cfg, settings):
             lines += rows(report)
             reasons += [f"- {name} b={report['budget_fraction']}: {r[:300]}"
                         for r in report["reasons"] + report.get("unreliable", [])]
             print("\n".join(rows(report)), flush=True)
+        write_table_md(args.out, started, settings, args.k, lines, reasons, args.models[done:])
+    print(f"written {args.out}")
+
+
+def write_table_md(out: Path, started: str, settings: ValidateSettings, k: int, lines: list[str],
+                   reasons: list[str], pending: list[str]) -> None:
+    """The bench's Markdown file, rewritten after every model (``pending``: models not run yet)."""
     cpus = os.cpu_count()
     text = "\n".join([
         "# Validation bench: compiled plans, raw measured step time vs predicted (written by bench/bench_validate.py)",
         "",
         f"Run {started} on {platform.machine()} with {cpus} CPUs, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {settings.repeats} timed runs after {settings.warmup} warm-up, "
-        f"at most {settings.attempts} timing attempts; k = {args.k}. Target: raw time error within "
+        f"at most {settings.attempts} timing attempts; k = {k}. Target: raw time error within "
         f"{TIME_TARGET:.0%} and measured peak at most the budget. `loadavg`: the 1-minute load average before "
         f"and after each validation; above {cpus} the machine was shared and every time here is **measured "
         "under load** (`load`: the compiled no-recompute run's time over its profiled time, timed beside the plan).",
@@ -151,14 +159,14 @@ def main() -> None:
         HEADER,
         *lines,
         "",
+        *([f"Not run yet when this file was written: {', '.join(pending)}.", ""] if pending else []),
         "Reasons and unreliable notes:",
         "",
         *(reasons or ["- none"]),
         "",
     ])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(f"written {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
 
 
 if __name__ == "__main__":
