@@ -69,24 +69,28 @@ def test_report_in_headless_chromium(report, tmp_path):
         figures = {str(p.relative_to(report)) for p in (report / "results" / "plots").rglob("*.png")}
         assert figures and figures <= set(results)
 
-        # the sidebar lists each category; each subcategory's table lists each of its results
+        # the sidebar lists each category; each subcategory's table lists each of its results (a category
+        # with a single subcategory opens its table at once)
         listed = 0
         for category, subcategories in categories.items():
             page.goto(home)
-            page.get_by_text(category, exact=True).click()
+            page.get_by_role("link", name=category, exact=True).click()
             for subcategory, files in subcategories.items():
-                page.get_by_text(subcategory, exact=True).click()
+                if len(subcategories) > 1:
+                    page.get_by_role("link", name=subcategory, exact=True).click()
                 rows = page.locator("table tbody tr")
                 rows.first.wait_for()
                 assert rows.count() == len(files), (category, subcategory)
                 listed += rows.count()
-                page.get_by_role("link", name=category, exact=True).click()  # back, by the breadcrumb
+                if len(subcategories) > 1:
+                    page.get_by_role("link", name=category, exact=True).click()  # back, by the breadcrumb
         assert listed == len(results)
 
         # a figure opens: the before/after memory figure of the first planned model
         page.goto(home)
-        page.get_by_text("Memory plan", exact=True).click()
-        page.get_by_text("tiny_gpt2", exact=True).click()
+        page.get_by_role("link", name="Memory plan", exact=True).click()
+        if len(categories["Memory plan"]) > 1:
+            page.get_by_role("link", name="tiny_gpt2", exact=True).click()
         page.locator('a[iconname="eye"]').first.click()
         figure = page.locator('img[src^="data:image/png"]')
         figure.wait_for()
