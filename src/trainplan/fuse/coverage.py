@@ -12,7 +12,8 @@ from trainplan.fuse.graph import OpGraph
 
 
 def coverage(groups: Sequence[Sequence[int]], eligible: Sequence[bool], time_s: np.ndarray) -> dict[str, Any]:
-    """Group counts and the share of eligible ops / of their measured time inside groups of >= 2 ops."""
+    """Group counts and the share of eligible ops / of their measured time inside groups of >= 2 ops
+    (time coverage NaN when the eligible ops have no positive measured time)."""
     multi = [g for g in groups if len(g) >= 2]
     inside = [u for g in multi for u in g]
     elig = np.flatnonzero(np.asarray(eligible, dtype=bool))
@@ -20,7 +21,8 @@ def coverage(groups: Sequence[Sequence[int]], eligible: Sequence[bool], time_s: 
     return {
         "groups": len(groups), "groups_ge2": len(multi), "largest": max((len(g) for g in groups), default=0),
         "ops_in_groups_ge2": len(inside), "coverage_ops": len(inside) / len(elig) if len(elig) else 0.0,
-        "coverage_time": float(time_s[inside].sum()) / total_time if total_time > 0 else 0.0,
+        # NaN without measured times (a graph with no profile)
+        "coverage_time": float(time_s[inside].sum()) / total_time if total_time > 0 else float("nan"),
     }
 
 
