@@ -1,0 +1,137 @@
+"""A finished tiny study: its provenance, `trainplan publish` rebuilding the report from the unpacked archive,
+and its artifacts damaged one by one, each named in the error of the rule (or reader) that reads it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from overflow_cases import op_nodes, traced_case
+
+from trainplan.cli import main as trainplan
+from trainplan.execute import PlanError, load_plan
+from trainplan.io import ArtifactError, read_json
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "tests" / "config" / "config.yaml"
+GPT = {"architecture": "GPT2LMHeadModel", "config": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 64},
+       "inputs": {"batch_size": 2, "seq_len": 16}}
+
+pytestmark = pytest.mark.workflow
+
+
+def snakemake(workdir: Path, *args: str, config: str = "config.yaml", snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
+           "--configfile", str(workdir / config), "--cores", "2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, check=False)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    """The tiny study with a two-root overflow loop on tiny_gpt2 (three passes), report built."""
+    traced, _ = traced_case("tiny_gpt2", GPT)
+    roots = [op_nodes(traced, "aten.addmm.default", "h.1.mlp.c_fc", "forward")[0],
+             op_nodes(traced, "aten.mm.default", "h.0.attn.c_attn", "backward")[0]]
+    workdir = tmp_path_factory.mktemp("study")
+    (workdir / "config").mkdir()
+    shutil.copy(REPO / "config" / "precision_policy.yaml", workdir / "config")
+    cfg = yaml.safe_load(TINY.read_text())
+    cfg["study"] = {"plan": ["tiny_gpt2", "small_cnn"], "overflow": ["tiny_gpt2"]}
+    cfg["overflow"] = {"repeats": 1, "warmup": 0, "inject": {"tiny_gpt2": [{"node": r, "scale": 2.0**40} for r in roots]}}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    out = snakemake(workdir)
+    assert out.returncode == 0, out.stderr[-4000:]
+    out = snakemake(workdir, "--report", "report.html")
+    assert out.returncode == 0, out.stderr[-4000:]
+    return workdir
+
+
+def report_files(html: Path) -> set[str]:
+    """Result files a Snakemake report lists."""
+    return set(re.findall(r"results/[\w./-]+?\.(?:png|csv|json)", html.read_text()))
+
+
+def test_provenance_records_code_software_machine_config(study):
+    prov = read_json(study / "results/provenance.json", schema="provenance")
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert prov["git"]["commit"] == head and isinstance(prov["git"]["dirty"], bool)
+    assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["python"] == sys.version.split()[0]
+    assert prov["machine"]["cpu_cores"] == os.cpu_count()
+    assert prov["config"]["study"]["plan"] == ["tiny_gpt2", "small_cnn"] and prov["seeds"]["seed"] == prov["config"]["seed"]
+    assert prov["config"]["profile"]["repeats"] == 2  # resolved: schema defaults and the study's values
+    files = sorted(p.relative_to(study).as_posix() for p in (study / "results").rglob("*")
+                   if p.is_file() and p.name != "provenance.json" and not p.name.startswith("."))
+    assert sorted(prov["results"]) == files
+    for name in files[:5]:
+        assert prov["results"][name] == hashlib.sha256((study / name).read_bytes()).hexdigest()
+
+
+def test_published_archive_rebuilds_the_report(study, tmp_path, capsys):
+    archive = tmp_path / "tiny-study.tar.gz"
+    assert trainplan(["publish", "-d", str(study), "--repo", str(REPO), "-o", str(archive)]) == 0
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="tar")
+    root = tmp_path / "unpacked" / "tiny-study"
+    assert (root / "Snakefile").is_file() and (root / "src/trainplan/provenance/archive.py").is_file()
+    args = ("--replace-workflow-config",)
+    dry = snakemake(root, "--dry-run", *args, config="config/published.yaml", snakefile=root / "Snakefile")
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:] + dry.stderr[-3000:]
+    out = snakemake(root, "--report", "report.html", *args, config="config/published.yaml", snakefile=root / "Snakefile")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rebuilt, original = report_files(root / "report.html"), report_files(study / "report.html")
+    assert rebuilt == original and "results/provenance.json" in rebuilt and len(rebuilt) > 10
+    # A result changed after the provenance was written: publishing refuses, naming it (exit 2, no archive).
+    damaged = tmp_path / "damaged"
+    shutil.copytree(study, damaged)
+    (damaged / "results/validate/summary.csv").write_text("model\n")
+    capsys.readouterr()
+    assert trainplan(["publish", "-d", str(damaged), "--repo", str(REPO), "-o", str(tmp_path / "x.tar.gz")]) == 2
+    assert "results/validate/summary.csv: changed since" in capsys.readouterr().err
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+def damage(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def test_damaged_artifacts_are_named(study, tmp_path):
+    work = tmp_path / "study"
+    shutil.copytree(study, work)
+    base = work / "results"
+    cases = {
+        "partition/tiny_gpt2/cpu/k1/partition.json": ("partition", lambda d: d["stages"][0]["nodes"].pop(), "n_nodes"),
+        "schedule/small_cnn/cpu/k1/b0.6/problems/stage0.json": ("problem", lambda d: d["ops"][0].pop("time"), "'time' is a required"),
+        "overflow/tiny_gpt2/iter1/findings.json": ("findings", lambda d: d["findings"].pop(), "'n_recorded' says"),
+        "balance/tiny_gpt2/cpu/k1/b0.6/iterations.json": ("iterations", lambda d: d.update(chosen_iteration=7), "chosen_iteration"),
+    }
+    for rel, (schema, edit, message) in cases.items():
+        damage(base / rel, edit)
+        with pytest.raises(ArtifactError, match=rf"{re.escape(str(base / rel))}: .*{message}"):
+            read_json(base / rel, schema=schema)
+    plan = base / "balance/small_cnn/cpu/k1/b0.6/plan.json"
+    damage(plan, lambda d: d.update(k=3))
+    with pytest.raises(PlanError, match=rf"{re.escape(str(plan))}: inconsistent plan artifact .*'k' is 3"):
+        load_plan(plan)
+    # The issue's case through the workflow: iter0's policy cut mid-list (still valid YAML); the rerun of
+    # the pass that reads it stops, naming the file, instead of running with the deny list gone.
+    policy = base / "overflow/tiny_gpt2/iter0/policy_next.yaml"
+    lines = policy.read_text().splitlines(keepends=True)
+    cut = next(i for i, line in enumerate(lines) if line.startswith("deny:")) + 3
+    policy.write_text("".join(lines[:cut]))
+    assert yaml.safe_load(policy.read_text())["deny"]
+    out = snakemake(work, "results/overflow/study.csv")
+    log = (work / "logs/overflow/tiny_gpt2/iter1.log").read_text()
+    assert out.returncode != 0 and "policy_next.yaml" in out.stderr
+    assert f"{policy.relative_to(work)}: inconsistent policy artifact" in log and "'counts.deny' says" in log
