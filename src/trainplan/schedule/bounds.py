@@ -13,6 +13,7 @@ from trainplan.schedule.mip import _ticks, configure, time_unit, used_seconds
 from trainplan.schedule.problem import Problem
 
 
+RELAX_SECONDS_PER_TERM = 10e-6  # building and loading the model: 7-16 us per memory-row term here (250-2000 ops)
 RELAX_DET_PER_SECOND = 0.2  # this small model advances CP-SAT's deterministic clock ~0.35-0.4 per wall s here
 
 
@@ -48,6 +49,17 @@ RELAXATION_PROOF = ("relaxation: the live-interval relaxation (bounds.relaxation
                     "maps onto, has no solution within the budget (CP-SAT proof)")
 
 
+def relaxation_terms(problem: Problem) -> int:
+    """Memory-row terms of the relaxation: the first computes strictly inside each tensor's gaps."""
+    p, terms = problem, 0
+    for u in range(p.n):
+        start = u
+        for end in [*p.users[u], *([p.n] if u in p.keep_idx else [])]:
+            terms += max(0, end - start - 1)
+            start = end
+    return terms
+
+
 def trivial_bound(problem: Problem, status: str) -> Bound:
     """The sum of op times (every op computed once): the bound when no relaxation was solved."""
     tu = time_unit(problem)
@@ -67,6 +79,8 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     model build stops there too (status ``NOT_BUILT``, the trivial bound).
     """
     stop = dl.current().earlier(None if wall_cap_s is None else time.perf_counter() + wall_cap_s)
+    if relaxation_terms(problem) * RELAX_SECONDS_PER_TERM > stop.left():
+        return trivial_bound(problem, "NOT_BUILT")
     try:
         return _relaxation_bound(problem, budget_bytes, time_limit_s, workers, seed, deterministic, stop)
     except dl.OutOfTime:

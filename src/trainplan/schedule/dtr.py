@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 
 from trainplan.schedule import deadline as dl
 from trainplan.schedule.heuristic import INF, Events
 from trainplan.schedule.problem import Problem
+from trainplan.schedule.replay import ScheduleError, replay
 
 
 MAX_CHAIN = 30  # at most this many ops recomputed to restore one gap (the tensor and missing ancestors)
+RESTART_NOISE = 0.5  # a restart multiplies each score by a uniform factor in [1, 1 + this]
 
 
 class _Counter:
@@ -75,13 +78,14 @@ class _Gaps:
         return lo
 
 
-def plain_memory(p: Problem) -> tuple[list[int], list[list[int]]]:
+def plain_memory(p: Problem, stop: dl.Deadline = dl.NEVER) -> tuple[list[int], list[list[int]]]:
     """Bytes on the device at each first compute of the plain order (fixed + live + output + workspace)
     and the tensors live (resident, not being computed) there."""
     delta = [0] * (p.n + 2)
     live_at: list[list[int]] = [[] for _ in range(p.n)]
     gaps = _Gaps(p)
     for u in range(p.n):
+        stop.check()
         end = min(gaps.last[u], p.n - 1)
         for s in range(u + 1, end + 1):
             live_at[s].append(u)
@@ -94,26 +98,43 @@ def plain_memory(p: Problem) -> tuple[list[int], list[list[int]]]:
     return mem, live_at
 
 
-def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True,
+def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, restarts: int = 0, seed: int = 0,
              stop: dl.Deadline | None = None) -> Events | None:
-    """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if no cascade-free
-    plan is found (or the deadline passed)."""
+    """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
+    the deadline passed). ``restarts``: that many more plans with the scores perturbed by up to
+    RESTART_NOISE (seeded: the same plans on any machine, unless the deadline cuts them short); the
+    cheapest replay-valid plan is returned."""
     stop = dl.current() if stop is None else stop
-    try:
-        return _plan(problem, budget_bytes, allow_swap, stop)
-    except dl.OutOfTime:
-        return None
+    rng = random.Random(seed)
+    best: tuple[float, Events] | None = None
+    for attempt in range(1 + restarts):
+        try:
+            events = _plan(problem, budget_bytes, allow_swap, stop, rng if attempt else None)
+        except dl.OutOfTime:
+            break
+        if events is None:
+            continue
+        try:
+            t = replay(problem, events, budget_bytes).time
+        except ScheduleError:  # the plan's memory model is conservative: not expected, but checked
+            continue
+        if best is None or t < best[0]:
+            best = (t, events)
+    return None if best is None else best[1]
 
 
-def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline) -> Events | None:
+def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
+          rng: random.Random | None) -> Events | None:
     gaps = _Gaps(p)
-    mem, live_at = plain_memory(p)
+    mem, live_at = plain_memory(p, stop)
     excess = [m - budget for m in mem]
     evicted: list[set[int]] = [set() for _ in range(p.n)]  # gap indices evicted, per tensor
     swapped = [False] * p.n  # tensor swapped out once (later swap-ins cost one transfer)
     by_swap: dict[tuple[int, int], bool] = {}
     needs_at: list[list[int]] = [[] for _ in range(p.n)]  # steps where u must be resident to recompute a reader
     chains: dict[tuple[int, int], list[int]] = {}  # ops recomputed (in order) to restore a gap
+    paid: dict[tuple[int, int], float] = {}  # each evicted gap's restore cost
+    extra: dict[tuple[int, int], int] = {}  # bytes of a restore's missing ancestors, held at its step
 
     def resident_at(w: int, step: int) -> bool:
         """w is on the device at ``step`` under the plan (before any restore there)."""
@@ -175,17 +196,22 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline) -> Event
             k = gaps.covering(u, s)
             if k is None or k in evicted[u]:
                 continue
+            stop.check()
             c, sw = cost(u, k)
             if c == INF:
                 continue
             a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
             span = counter.prefix(min(b, p.n)) - counter.prefix(a + 1)
-            key = (c / (max(1, p.ops[u].bytes) * span), -p.ops[u].bytes, u, k, sw)
+            score = c / (max(1, p.ops[u].bytes) * span)
+            if rng is not None:
+                score *= 1 + RESTART_NOISE * rng.random()
+            key = (score, -p.ops[u].bytes, u, k, sw)
             if best is None or key < best:
                 best = key
         if best is None:
             return None  # nothing evictable relieves this step without a cascade
         _, _, u, k, sw = best
+        paid[(u, k)] = cost(u, k)[0]
         evicted[u].add(k)
         by_swap[(u, k)] = sw
         swapped[u] = swapped[u] or sw
@@ -197,13 +223,24 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline) -> Event
             chains[(u, k)] = members
             for w in reads:
                 needs_at[w].append(b)
-            excess[b] += sum(p.ops[w].bytes for w in members) - p.ops[u].bytes  # held while restoring
+            extra[(u, k)] = sum(p.ops[w].bytes for w in members) - p.ops[u].bytes
+            excess[b] += extra[(u, k)]  # held while restoring
         for t in range(a + 1, min(b, p.n)):
             if excess[t] > 0 >= excess[t] - p.ops[u].bytes:
                 counter.add(t, -1)
             excess[t] -= p.ops[u].bytes
         if excess[s] > 0:
             heapq.heappush(heap, (-excess[s], s))
+    # keep again the gaps later evictions made unnecessary (every step they span has room), costliest first
+    for (u, k), _ in sorted(paid.items(), key=lambda item: -item[1]):
+        stop.check()
+        a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
+        size = p.ops[u].bytes
+        if all(excess[t] + size <= 0 for t in range(a + 1, min(b, p.n))):
+            evicted[u].discard(k)
+            for t in range(a + 1, min(b, p.n)):
+                excess[t] += size
+            excess[b] -= extra.get((u, k), 0)
     return _events(p, gaps, evicted, by_swap, chains)
 
 

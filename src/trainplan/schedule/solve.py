@@ -37,12 +37,15 @@ STAGED_SHARE = 0.3  # the staged bound (small problems), with one worker: at mos
 # with 2+ workers it runs beside CP-SAT, and both get all that is left)
 STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at most this many variables per
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
+DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
+DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
+GUIDED_SHARE = 0.2  # the relaxation-guided greedy run is abandoned after this share of the limit
 MIN_STEP_S = 0.05  # a step (relaxation, CP-SAT run) starts only with at least this much wall time left
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
 MAX_MIP_PROBES = 4  # at most this many bisection probes fall back to CP-SAT (a fixed count: deterministic)
-DEADLINE_SHARE = 0.95  # every step of a call stops by this share of its time limit; the rest covers the final
+DEADLINE_SHARE = 0.9  # every step of a call stops by this share of its time limit; the rest covers the final
 # replay, writing the schedule and CP-SAT's stop latency (see docs/schedule.md, "Time limit")
-COMPARE_BASELINE_SHARE = 0.4  # compare(): the baselines share this part of the limit, ours gets the rest
+COMPARE_BASELINE_SHARE = 0.5  # compare(): the baselines share this part of the limit, ours gets the rest
 GREEDY_VARIANTS = {"swap+recompute": (True, True), "recompute": (False, True), "swap": (True, False)}
 
 
@@ -77,7 +80,9 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
         if first_only:
             return best[1], best[2], first
     for allow_swap in (True, False):  # the DTR-style plan: fast, and good on wide graphs
-        events = dtr_plan(problem, budget, allow_swap=allow_swap, stop=first_stop if best is None else call)
+        restarts = 0 if deadline_s is None else min(DTR_MAX_RESTARTS, int(deadline_s * DTR_OPS_PER_SECOND / problem.n))
+        events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts,
+                          stop=first_stop if best is None else call)
         t = _valid(problem, events, budget)
         if t is not None and (best is None or t < best[0]):
             best = (t, events, "dtr-plan" if allow_swap else "dtr-plan-recompute")
@@ -173,7 +178,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         relax = trivial_bound(problem, "NOT_RUN")
     clock.charge(relax.work_s)
     # abandoned at the time limit: on long recompute chains one greedy run can take longer than the limit
-    guided_events = guided(problem, budget, relax.evict, stop_at=t0 + time_limit_s) if relax.evict else None
+    guided_stop = min(t0 + time_limit_s, time.perf_counter() + GUIDED_SHARE * time_limit_s)
+    guided_events = guided(problem, budget, relax.evict, stop_at=guided_stop) if relax.evict else None
     inc.offer(guided_events, _valid(problem, guided_events, budget), "relaxation-guided", t0)
     extra: dict[str, Any] = {"relaxation": {"bound": relax.seconds, "status": relax.status},
                              "time_no_recompute": problem.compute_time}
