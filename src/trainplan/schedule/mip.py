@@ -399,6 +399,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     :func:`configure`; the model build counts against it).
     """
     t0 = time.perf_counter()
+    ambient = dl.current().left()  # the call's deadline (inf in a worker thread, which passes wall_cap_s)
+    wall_cap_s = ambient if wall_cap_s is None else min(wall_cap_s, ambient)
     p, n = problem, problem.n
     cap = budget_bytes - p.fixed_bytes
     if cap < 0:
