@@ -64,7 +64,8 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
                    first_deadline_s: float | None = None,
                    chain_dp: bool = True) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, the DTR-style
-    plan with and without swaps, greedy policies x swap/recompute options, sqrt(n) checkpointing), its name, and the seconds until the first
+    plan with and without swaps, greedy policies x swap/recompute options, sqrt(n) checkpointing), its
+    name, and the seconds until the first
     valid one (``first_only``: stop there; once one is valid, the greedy runs stop at ``deadline_s``: a
     running variant is abandoned, none starts; before, at ``first_deadline_s``; always at the call's deadline)."""
     t0 = time.perf_counter()
@@ -189,7 +190,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         return set_budget_status(no_schedule(budget, "ours", time.perf_counter() - t0, f"proven infeasible ({proof})",
                                              extra), "proven_infeasible", proof)
     share = min(RESTRICTED_SHARE * time_limit_s, clock.left())
-    if relax.evict and min(share, clock.wall_left()) > MIN_STEP_S and (inc.events is None or objective_ticks(problem, inc.events) > relax.ticks):
+    if relax.evict and min(share, clock.wall_left()) > MIN_STEP_S and (
+            inc.events is None or objective_ticks(problem, inc.events) > relax.ticks):
         r_events, extra["restricted_mip"], work = _restricted_mip(problem, budget, relax, share, workers, seed,
                                                                   deterministic, clock.wall_left())
         clock.charge(work)

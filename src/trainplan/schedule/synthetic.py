@@ -1,4 +1,4 @@
-"""Seeded synthetic problems: small random DAGs (tests) and layered training-step graphs (bench)."""
+"""Seeded synthetic problems: small random DAGs (tests), layered training-step graphs and random layered DAGs (bench)."""
 
 from __future__ import annotations
 
@@ -62,17 +62,17 @@ def layered_graph(n: int, seed: int, *, swap: bool = False, bandwidth: float = 7
     """A random layered DAG of ``n`` ops after Appendix A of Gagrani et al., "Neural Topological Ordering
     for Computation Graphs" (NeurIPS 2022), the generator Moccasin's evaluation (Bartan et al. 2023) uses.
 
-    Followed from the papers' text (their generator code was not found in the searchable public
-    corpus): the ops are cut into layers of random width (mean ~sqrt(n), so the graph is wide);
-    every op of layer l > 0 reads at least one op of layer l - 1, and 1 + Exp(LAYERED_MEAN_EXTRA_INPUTS)
-    inputs in all (at most LAYERED_MAX_DEGREE), most from the few layers before it and a LAYERED_SKIP share from any earlier layer (long skip
-    edges); an op no later op reads is given a reader in a later layer (fan-out capped likewise), so the
-    single op of the last layer is the only sink, and it is kept. Output sizes are uniform in
-    LAYERED_BYTES, times uniform in LAYERED_TIME with a LAYERED_ZERO_TIME share of zero-time ops, as in
-    Moccasin's random-layered instances. Program order is layer by layer (a plain topological order).
-    ``swap=False`` marks every op ``swap: false`` (recompute only); ``bandwidth`` (bytes per time unit)
-    makes a transfer of a mean-sized output cost about a mean op time. Budget: the no-recompute peak
-    is left to the caller (``budget_bytes`` is a placeholder)."""
+    Followed from the papers' text as summarised in issue #24 (their generator code was not found in the
+    searchable public corpus, so the distributions below are this module's reading, not a copy): the ops
+    are cut into layers of random width (mean ~sqrt(n), so the graph is wide); every op of layer l > 0
+    reads at least one op of layer l - 1 and has 1 + Exp(LAYERED_MEAN_EXTRA_INPUTS) inputs in all (at most
+    LAYERED_MAX_DEGREE), most from the three layers before it and a LAYERED_SKIP share from any earlier
+    layer (long skip edges); an op no later op reads is given a reader in a later layer (fan-out capped
+    likewise), so the single op of the last layer is the only sink, and it is kept. Output sizes are
+    uniform in LAYERED_BYTES, times uniform in LAYERED_TIME with a LAYERED_ZERO_TIME share of zero-time
+    ops. Program order is layer by layer (a plain topological order). ``swap=False`` marks every op
+    ``swap: false`` (recompute only); ``bandwidth`` (bytes per time unit) makes a transfer of a mean-sized
+    output cost about a mean op time. ``budget_bytes`` is a placeholder: set it from the plain peak."""
     rng = random.Random(seed)
     mean_width = max(2, round(n ** 0.5))
     widths: list[int] = []
