@@ -205,7 +205,9 @@ def byte_unit(cap: int) -> int:
 
 
 MAX_MODEL_VARIABLES = 250_000  # 3-6 s of model building on this host (12-22 us per variable)
-BUILD_SECONDS_PER_VARIABLE = 25e-6  # a model is built only if this x its size fits in the wall time left
+BUILD_SECONDS_PER_VARIABLE = 25e-6  # a model is built only if this x its size fits in the wall time left,
+LOAD_SECONDS_PER_VARIABLE = 20e-6  # plus this x its size: CP-SAT's load and presolve start, which its time limit
+# does not interrupt (0.76 s for a 47k-variable model on this host under load)
 
 
 def model_variables(problem: Problem, ncop: list[int]) -> int:
@@ -418,7 +420,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
                          {"copies": g.copies, "slots": max(g.slots), "note": note})
     build_end = dl.current().earlier(t0 + wall_cap(time_limit_s, deterministic, wall_cap_s))
-    if size_estimate * BUILD_SECONDS_PER_VARIABLE > build_end.left():
+    if size_estimate * (BUILD_SECONDS_PER_VARIABLE + LOAD_SECONDS_PER_VARIABLE) > build_end.left():
         note = f"model not built: about {size_estimate} variables do not fit in {max(0.0, build_end.left()):.2f} s"
         return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
                          {"copies": g.copies, "slots": max(g.slots), "note": note})
@@ -432,6 +434,11 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     m = model.m
 
     build_s = time.perf_counter() - t0  # the model build counts against the wall-clock limit
+    variables = len(m.Proto().variables)
+    if variables * LOAD_SECONDS_PER_VARIABLE > build_end.left():  # the build took longer than estimated
+        return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
+                         {"copies": g.copies, "slots": max(g.slots), "variables": variables,
+                          "note": f"built in {build_s:.2f} s; no time left to load it"})
     solver = configure(time_limit_s, workers, seed, deterministic, verbose,
                        wall_cap_s=wall_cap(time_limit_s, deterministic, wall_cap_s) - build_s,
                        det_per_second=det_per_second(len(m.Proto().variables)))

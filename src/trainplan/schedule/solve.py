@@ -17,7 +17,8 @@ from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.checkmate import model_size as checkmate_size
 from trainplan.schedule.dtr import dtr_plan
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
-from trainplan.schedule.mip import BUILD_SECONDS_PER_VARIABLE, MipResult, SearchStop, objective_ticks, solve_mip
+from trainplan.schedule.mip import (BUILD_SECONDS_PER_VARIABLE, LOAD_SECONDS_PER_VARIABLE, MipResult, SearchStop,
+                                    objective_ticks, solve_mip)
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
@@ -445,7 +446,7 @@ def _baseline(problem: Problem, method: str, time_limit_s: float, workers: int, 
         return baselines.swap_only(problem)
     if method == "checkmate":
         left = min(time_limit_s, dl.current().left())
-        if checkmate_size(problem) * BUILD_SECONDS_PER_VARIABLE > left:
+        if checkmate_size(problem) * (BUILD_SECONDS_PER_VARIABLE + LOAD_SECONDS_PER_VARIABLE) > left:
             return no_schedule(problem.budget_bytes, "checkmate", 0.0,
                                f"MILP not built: {checkmate_size(problem)} variables do not fit in {left:.1f} s")
         return checkmate(problem, time_limit_s=left, workers=workers, seed=seed)
