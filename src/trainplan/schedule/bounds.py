@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from trainplan.schedule import deadline as dl
 from trainplan.schedule.mip import _ticks, configure, time_unit, used_seconds
 from trainplan.schedule.problem import Problem
 
 
+RELAX_SECONDS_PER_TERM = 10e-6  # building and loading the model: 7-16 us per memory-row term here (250-2000 ops)
 RELAX_DET_PER_SECOND = 0.2  # this small model advances CP-SAT's deterministic clock ~0.35-0.4 per wall s here
 
 
@@ -26,6 +29,43 @@ class Bound:
     work_s: float = 0.0  # seconds of its time limit the solve used (mip.used_seconds)
 
 
+def floor_proof(problem: Problem, budget_bytes: int) -> str | None:
+    """Why no schedule fits ``budget_bytes`` by the single-op working-set floor (``Problem.floor_bytes``):
+    the fixed bytes, the keep set or one op's inputs + output + workspace alone exceed it; else None."""
+    p = problem
+    if p.fixed_bytes > budget_bytes:
+        return f"single-op floor: fixed_bytes {p.fixed_bytes} B > budget {budget_bytes} B"
+    keep = sum(p.ops[u].bytes for u in p.keep_idx)
+    if p.fixed_bytes + keep > budget_bytes:
+        return f"single-op floor: fixed {p.fixed_bytes} B + keep set {keep} B > budget {budget_bytes} B"
+    u = max(range(p.n), key=p.working_sets.__getitem__)
+    if p.fixed_bytes + p.working_sets[u] > budget_bytes:
+        return (f"single-op floor: op '{p.ops[u].id}' needs {p.working_sets[u]} B (inputs, output, workspace) "
+                f"+ fixed {p.fixed_bytes} B > budget {budget_bytes} B")
+    return None
+
+
+RELAXATION_PROOF = ("relaxation: the live-interval relaxation (bounds.relaxation_bound), which every schedule "
+                    "maps onto, has no solution within the budget (CP-SAT proof)")
+
+
+def relaxation_terms(problem: Problem) -> int:
+    """Memory-row terms of the relaxation: the first computes strictly inside each tensor's gaps."""
+    p, terms = problem, 0
+    for u in range(p.n):
+        start = u
+        for end in [*p.users[u], *([p.n] if u in p.keep_idx else [])]:
+            terms += max(0, end - start - 1)
+            start = end
+    return terms
+
+
+def trivial_bound(problem: Problem, status: str) -> Bound:
+    """The sum of op times (every op computed once): the bound when no relaxation was solved."""
+    tu = time_unit(problem)
+    return Bound(problem.compute_time, sum(_ticks(op.time, tu) for op in problem.ops), status)
+
+
 def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, workers: int = 2,
                      seed: int = 0, deterministic: bool = False, wall_cap_s: float | None = None) -> Bound:
     """Relaxation: each tensor's life is cut into gaps between consecutive first-compute readers
@@ -35,8 +75,20 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     Memory rows count kept gaps plus each op's inputs, output and workspace at its first compute.
     Every schedule maps onto a feasible point of equal or larger cost, so the optimum (and the
     solver's proven bound) of this integer program bounds the true optimum from below.
-    ``wall_cap_s``: the wall time left to the whole call, if it caps the solve (see mip.configure).
+    ``wall_cap_s``: the wall time left to the whole call, if it caps the solve (see mip.configure); the
+    model build stops there too (status ``NOT_BUILT``, the trivial bound).
     """
+    stop = dl.current().earlier(None if wall_cap_s is None else time.perf_counter() + wall_cap_s)
+    if relaxation_terms(problem) * RELAX_SECONDS_PER_TERM > stop.left():
+        return trivial_bound(problem, "NOT_BUILT")
+    try:
+        return _relaxation_bound(problem, budget_bytes, time_limit_s, workers, seed, deterministic, stop)
+    except dl.OutOfTime:
+        return trivial_bound(problem, "NOT_BUILT")
+
+
+def _relaxation_bound(problem: Problem, budget_bytes: int, time_limit_s: float, workers: int, seed: int,
+                      deterministic: bool, stop: dl.Deadline) -> Bound:
     p, n = problem, problem.n
     cap = budget_bytes - p.fixed_bytes
     base = sum(p.ops[u].bytes for u in p.keep_idx)
@@ -49,6 +101,7 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     gaps: dict[tuple[int, int], cp_model.IntVar] = {}
     cost = []
     for u, op in enumerate(p.ops):
+        stop.check()
         ends = list(p.users[u]) + ([n] if u in p.keep_idx else [])
         rc_t, sw_t = _ticks(op.time, tu), _ticks(p.transfer_time(u), tu)
         out = m.NewBoolVar(f"o{u}") if op.swap else None  # at least one swap-out per swapped tensor
@@ -72,6 +125,7 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
                     rows[i].append((op.bytes, x))
             start = end
     for i, own in enumerate(p.working_sets):
+        stop.check()
         if own > cap:
             return Bound(math.inf, 0, "INFEASIBLE", True)
         if own + sum(b for b, _ in rows[i]) > cap:
@@ -79,8 +133,10 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     if not cost:
         return Bound(p.compute_time, const, "OPTIMAL")
     m.Minimize(sum(cost))
+    if stop.left() <= 0:
+        raise dl.OutOfTime
     solver = configure(time_limit_s, workers, seed, deterministic, det_per_second=RELAX_DET_PER_SECOND,
-                       wall_cap_s=wall_cap_s)
+                       wall_cap_s=stop.left())
     code = solver.Solve(m)
     status = solver.StatusName(code)
     work = used_seconds(solver, time_limit_s, deterministic)

@@ -6,10 +6,9 @@ The same engine, with other knobs, gives the no-recompute, swap-only and sqrt(n)
 from __future__ import annotations
 
 import math
-import sys
-import time
 from collections.abc import Callable
 
+from trainplan.schedule import deadline as dl
 from trainplan.schedule.problem import Problem
 
 Events = list[tuple[str, str]]
@@ -23,7 +22,10 @@ class Simulator:
     ``budget_bytes=None`` never evicts. ``policy`` picks the eviction victim: "belady" = furthest
     next use (then largest), "cost" = cheapest restore cost per byte and step held. The eviction
     action (swap out vs drop) and the restore action (swap in vs recompute) are chosen by cost.
-    ``stop_at`` (a ``time.perf_counter()`` instant) abandons the run when it is passed.
+    ``stop_at`` (a ``time.perf_counter()`` instant) abandons the run when it is passed, as does the
+    current deadline (``deadline.current()``) for a run under a cap or with an ``after_step`` hook (a plain
+    uncapped run is linear and always completes); the loops check it at every eviction candidate and
+    rematerialisation, so a run ends within milliseconds of it.
     """
 
     def __init__(self, problem: Problem, budget_bytes: int | None, *, allow_swap: bool = True,
@@ -33,7 +35,7 @@ class Simulator:
         self.p = problem
         self.cap = None if budget_bytes is None else budget_bytes - problem.fixed_bytes
         self.allow_swap, self.allow_recompute, self.policy = allow_swap, allow_recompute, policy
-        self.stop_at = stop_at
+        self.deadline = dl.current().earlier(stop_at)
         self.resident: set[int] = set()
         self.host: set[int] = set()
         self.used = 0
@@ -53,6 +55,13 @@ class Simulator:
 
     def _compute(self, u: int) -> None:
         self._emit("compute", u)
+        self.resident.add(u)
+        self._restore.clear()
+        self.used += self.p.ops[u].bytes
+        self.touched.append(u)
+
+    def _swap_in(self, u: int) -> None:
+        self._emit("swap_in", u)
         self.resident.add(u)
         self._restore.clear()
         self.used += self.p.ops[u].bytes
@@ -120,6 +129,7 @@ class Simulator:
             for u in self.resident:
                 if u in protected:
                     continue
+                self.deadline.check()
                 cost, _ = self.evict_cost(u, t)
                 if cost == INF:
                     continue
@@ -147,32 +157,38 @@ class Simulator:
         self.free(u)
 
     def ensure(self, u: int, protected: set[int], t: int) -> bool:
-        """Make u resident before step t (swap in or recompute, recursively); False if impossible."""
-        if u in self.resident:
-            return True
-        swap = self.p.transfer_time(u) if (u in self.host and self.can_swap(u)) else INF
-        rc = INF
-        if self.can_recompute(u):
-            rc = self.p.ops[u].time + sum(self.restore_cost(w) for w in self.p.inputs[u])
-        if swap == INF and rc == INF:
-            return False
-        if swap <= rc:
-            if not self.make_room(self.p.ops[u].bytes, protected, t):
+        """Make u resident before step t (swap in, or recompute after ensuring its inputs, depth first with
+        an explicit stack: no recursion limit); False if impossible."""
+        stack: list[tuple[int, set[int], set[int] | None]] = [(u, protected, None)]
+        while stack:
+            self.deadline.check()
+            v, prot, inner = stack[-1]
+            if inner is not None:  # every input of v is resident (and protected): compute v
+                stack.pop()
+                op = self.p.ops[v]
+                if not self.make_room(op.bytes + op.workspace, inner, t):
+                    return False
+                self._compute(v)
+                continue
+            if v in self.resident:
+                stack.pop()
+                continue
+            swap = self.p.transfer_time(v) if (v in self.host and self.can_swap(v)) else INF
+            rc = INF
+            if self.can_recompute(v):  # its exact cost matters only beside a swap-in (else: an input that
+                # cannot be restored fails below, as it would here)
+                rc = self.p.ops[v].time + (sum(self.restore_cost(w) for w in self.p.inputs[v]) if swap < INF else 0.0)
+            if swap == INF and rc == INF:
                 return False
-            self._emit("swap_in", u)
-            self.resident.add(u)
-            self._restore.clear()
-            self.used += self.p.ops[u].bytes
-            self.touched.append(u)
-            return True
-        inner = protected | {u, *self.p.inputs[u]}
-        for w in self.p.inputs[u]:
-            if not self.ensure(w, inner, t):
-                return False
-        op = self.p.ops[u]
-        if not self.make_room(op.bytes + op.workspace, inner, t):
-            return False
-        self._compute(u)
+            if swap <= rc:
+                stack.pop()
+                if not self.make_room(self.p.ops[v].bytes, prot, t):
+                    return False
+                self._swap_in(v)
+                continue
+            inner = prot | {v, *self.p.inputs[v]}
+            stack[-1] = (v, prot, inner)
+            stack.extend((w, inner, None) for w in reversed(self.p.inputs[v]))
         return True
 
     def step(self, i: int) -> bool:
@@ -197,20 +213,19 @@ class Simulator:
         return all(self.ensure(k, keep, self.p.n) for k in sorted(keep))
 
     def run(self, after_step: Callable[[Simulator, int], None] | None = None) -> Events | None:
-        """Simulate the whole program; the events, or None if the cap cannot be met (or ``stop_at`` passed)."""
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(limit, 4 * self.p.n + 200))
+        """Simulate the whole program; the events, or None if the cap cannot be met (or the deadline passed)."""
+        if self.cap is None and after_step is None:
+            self.deadline = dl.NEVER
         try:
             for i in range(self.p.n):
-                if self.stop_at is not None and time.perf_counter() > self.stop_at:
-                    return None
+                self.deadline.check()
                 if not self.step(i):
                     return None
                 if after_step is not None:
                     after_step(self, i)
             return self.events if self.finish() else None
-        finally:
-            sys.setrecursionlimit(limit)
+        except dl.OutOfTime:
+            return None
 
 
 def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]], *,

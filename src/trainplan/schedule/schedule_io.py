@@ -11,6 +11,7 @@ from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import replay
 
 
+BUDGET_STATUSES = ("met", "proven_infeasible", "not_found")  # what is known about the requested budget
 HEAD_KEYS = ("status", "time", "peak_bytes", "budget_bytes", "bound", "gap", "solve_seconds", "method", "events")
 
 
@@ -62,6 +63,16 @@ def from_events(problem: Problem, events: list[tuple[str, str]], *, budget_bytes
 #: statuses of a schedule without events: proven infeasible (the note says by what), none found within
 #: the limit (unknown), or the method's model was not built (too big for the limit)
 NO_SCHEDULE_STATUSES = ("infeasible", "unknown", "not_built")
+
+
+def set_budget_status(schedule: Schedule, status: str, proof: str | None = None) -> Schedule:
+    """Record what is known about the requested budget: ``met`` (this schedule meets it),
+    ``proven_infeasible`` (no schedule can; ``proof`` names the argument) or ``not_found`` (none was found
+    within the time limit, and none is proven impossible)."""
+    if status not in BUDGET_STATUSES or (proof is not None) != (status == "proven_infeasible"):
+        raise ValueError(f"budget status {status!r} with proof {proof!r}")
+    schedule.extra.update(budget_status=status, infeasibility_proof=proof)
+    return schedule
 
 
 def no_schedule(budget_bytes: int, method: str, solve_seconds: float, note: str,

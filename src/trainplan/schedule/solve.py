@@ -10,14 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainplan.schedule import baselines
-from trainplan.schedule.bounds import Bound, relaxation_bound
+from trainplan.schedule import deadline as dl
+from trainplan.schedule.bounds import RELAXATION_PROOF, Bound, floor_proof, relaxation_bound, trivial_bound
 from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.checkmate import checkmate
+from trainplan.schedule.checkmate import model_size as checkmate_size
+from trainplan.schedule.dtr import dtr_plan
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
-from trainplan.schedule.mip import MipResult, SearchStop, objective_ticks, solve_mip
+from trainplan.schedule.mip import (BUILD_SECONDS_PER_VARIABLE, LOAD_SECONDS_PER_VARIABLE, MipResult, SearchStop,
+                                    objective_ticks, solve_mip)
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
-from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
+from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
 from trainplan.schedule.staged_bound import solve_staged, staged_variables
 from trainplan.schedule.staged_schedule import staged_events
 
@@ -34,8 +38,15 @@ STAGED_SHARE = 0.3  # the staged bound (small problems), with one worker: at mos
 # with 2+ workers it runs beside CP-SAT, and both get all that is left)
 STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at most this many variables per
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
+DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
+DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
+GUIDED_SHARE = 0.2  # the relaxation-guided greedy run is abandoned after this share of the limit
+MIN_STEP_S = 0.05  # a step (relaxation, CP-SAT run) starts only with at least this much wall time left
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
 MAX_MIP_PROBES = 4  # at most this many bisection probes fall back to CP-SAT (a fixed count: deterministic)
+DEADLINE_SHARE = 0.9  # every step of a call stops by this share of its time limit; the rest covers the final
+# replay, writing the schedule and CP-SAT's stop latency (see docs/schedule.md, "Time limit")
+COMPARE_BASELINE_SHARE = 0.5  # compare(): the baselines share this part of the limit, ours gets the rest
 GREEDY_VARIANTS = {"swap+recompute": (True, True), "recompute": (False, True), "swap": (True, False)}
 
 
@@ -50,14 +61,18 @@ def _valid(problem: Problem, events: Events | None, budget: int) -> float | None
         return None
 
 
-def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False,
-                   deadline_s: float | None = None, chain_dp: bool = True) -> tuple[Events | None, str, float | None]:
-    """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, greedy
-    policies x swap/recompute options, sqrt(n) checkpointing), its name, and the seconds until the first
+def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, deadline_s: float | None = None,
+                   first_deadline_s: float | None = None,
+                   chain_dp: bool = True) -> tuple[Events | None, str, float | None]:
+    """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, the DTR-style
+    plan with and without swaps, greedy policies x swap/recompute options, sqrt(n) checkpointing), its
+    name, and the seconds until the first
     valid one (``first_only``: stop there; once one is valid, the greedy runs stop at ``deadline_s``: a
-    running variant is abandoned, none starts)."""
+    running variant is abandoned, none starts; before, at ``first_deadline_s``; always at the call's deadline)."""
     t0 = time.perf_counter()
     stop_at = None if deadline_s is None else t0 + deadline_s
+    call = dl.current()  # the call's deadline ends every run, even before a first valid schedule
+    first_stop = call.earlier(None if first_deadline_s is None else t0 + first_deadline_s)
     best: tuple[float, Events, str] | None = None
     first = None
     chain_events = chain_dp_events(problem, budget) if chain_dp else None
@@ -66,19 +81,32 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False,
         best, first = (chain_time, chain_events, "chain-dp"), time.perf_counter() - t0
         if first_only:
             return best[1], best[2], first
+    for allow_swap in (True, False):  # the DTR-style plan: fast, and good on wide graphs
+        restarts = 0 if deadline_s is None else min(DTR_MAX_RESTARTS, int(deadline_s * DTR_OPS_PER_SECOND / problem.n))
+        events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts,
+                          stop=first_stop if best is None else call)
+        t = _valid(problem, events, budget)
+        if t is not None and (best is None or t < best[0]):
+            best = (t, events, "dtr-plan" if allow_swap else "dtr-plan-recompute")
+            first = time.perf_counter() - t0 if first is None else first
+            if first_only:
+                return best[1], best[2], first
+        if not any(op.swap for op in problem.ops):
+            break  # both runs would be the same
     for label, (allow_swap, allow_rc) in GREEDY_VARIANTS.items():
         for policy in POLICIES:
             events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
-                            stop_at=None if best is None else stop_at)
+                            stop_at=first_stop.end if best is None else min(call.end, stop_at or call.end))
             t = _valid(problem, events, budget)
             if t is not None and (best is None or t < best[0]):
                 best = (t, events, f"greedy-{policy}-{label}")
                 first = time.perf_counter() - t0 if first is None else first
                 if first_only:
                     return best[1], best[2], first
-            if best is not None and deadline_s is not None and time.perf_counter() - t0 > deadline_s:
-                return best[1], best[2], first
-    sqrt_events = baselines.sqrt_checkpoint_events(problem)
+            if (best is not None and deadline_s is not None and time.perf_counter() - t0 > deadline_s) \
+                    or (first_stop if best is None else call).passed():
+                return (None, "", None) if best is None else (best[1], best[2], first)
+    sqrt_events = None if call.passed() else baselines.sqrt_checkpoint_events(problem)
     if sqrt_events is not None:
         rep = replay(problem, sqrt_events)  # budget-agnostic: often over the cap, quietly skipped
         if rep.peak_bytes <= budget and (best is None or rep.time < best[0]):
@@ -104,7 +132,8 @@ class _Clock:
         self.used_s += seconds
 
     def wall_left(self) -> float:
-        return self.wall_limit_s - (time.perf_counter() - self.t0)
+        """Wall time left to this step: its own wall limit, or the call's deadline if that comes first."""
+        return min(self.wall_limit_s - (time.perf_counter() - self.t0), dl.current().left())
 
     def left(self) -> float:
         return self.limit_s - self.used_s if self.deterministic else self.wall_left()
@@ -137,25 +166,33 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     below ``time_limit_s`` (see ``_Clock``)."""
     clock = _Clock(time_limit_s, deterministic, time_limit_s if wall_limit_s is None else wall_limit_s)
     t0 = clock.t0
-    events, name, first = best_heuristic(problem, budget, deadline_s=HEURISTIC_SHARE * time_limit_s)
+    events, name, first = best_heuristic(problem, budget, deadline_s=HEURISTIC_SHARE * time_limit_s,
+                                         first_deadline_s=limit_if_no_heuristic_s)
     if events is None and limit_if_no_heuristic_s is not None:
         time_limit_s = clock.limit_s = min(time_limit_s, limit_if_no_heuristic_s)
         clock.wall_limit_s = min(clock.wall_limit_s, limit_if_no_heuristic_s)
     inc = _Incumbent(events, name, _valid(problem, events, budget), first)
     relax_s = max(0.1, min(time_limit_s / 2, clock.left()))
-    relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
-                             deterministic=deterministic, wall_cap_s=clock.wall_left())
+    if clock.wall_left() > MIN_STEP_S:
+        relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
+                                 deterministic=deterministic, wall_cap_s=clock.wall_left())
+    else:
+        relax = trivial_bound(problem, "NOT_RUN")
     clock.charge(relax.work_s)
     # abandoned at the time limit: on long recompute chains one greedy run can take longer than the limit
-    guided_events = guided(problem, budget, relax.evict, stop_at=t0 + time_limit_s) if relax.evict else None
+    guided_stop = min(t0 + time_limit_s, time.perf_counter() + GUIDED_SHARE * time_limit_s)
+    guided_events = guided(problem, budget, relax.evict, stop_at=guided_stop) if relax.evict else None
     inc.offer(guided_events, _valid(problem, guided_events, budget), "relaxation-guided", t0)
     extra: dict[str, Any] = {"relaxation": {"bound": relax.seconds, "status": relax.status},
                              "time_no_recompute": problem.compute_time}
     if relax.infeasible:
         extra.update(heuristic=inc.name or None, heuristic_time=inc.time, first_feasible_seconds=None)
-        return no_schedule(budget, "ours", time.perf_counter() - t0, "proven infeasible (relaxation)", extra)
+        proof = floor_proof(problem, budget) or RELAXATION_PROOF
+        return set_budget_status(no_schedule(budget, "ours", time.perf_counter() - t0, f"proven infeasible ({proof})",
+                                             extra), "proven_infeasible", proof)
     share = min(RESTRICTED_SHARE * time_limit_s, clock.left())
-    if relax.evict and share > 0.05 and (inc.events is None or objective_ticks(problem, inc.events) > relax.ticks):
+    if relax.evict and min(share, clock.wall_left()) > MIN_STEP_S and (
+            inc.events is None or objective_ticks(problem, inc.events) > relax.ticks):
         r_events, extra["restricted_mip"], work = _restricted_mip(problem, budget, relax, share, workers, seed,
                                                                   deterministic, clock.wall_left())
         clock.charge(work)
@@ -169,14 +206,17 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     proven = inc.events is not None and objective_ticks(problem, inc.events) <= best.ticks
     if res is None and proven:  # CP-SAT cannot improve it
         res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": "schedule meets the lower bound"})
-    elif res is None and inc.events is not None and remaining < MIP_MIN_SHARE * time_limit_s:
+    elif res is None and ((inc.events is not None and remaining < MIP_MIN_SHARE * time_limit_s)
+                          or clock.wall_left() <= MIN_STEP_S):
         # heuristics and relaxation used the time; building a big model would overrun the limit
-        res = MipResult(None, "SKIPPED", None, None, 0.0, None, {"note": f"{remaining:.1f} s left"})
+        res = MipResult(None, "SKIPPED", None, None, 0.0, None,
+                        {"note": f"{min(remaining, clock.wall_left()):.1f} s left"})
     elif res is None:  # after the staged model (or instead of it), from the best schedule and bound
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
                         hint=inc.events, copies=copies, lower_bound_ticks=best.ticks,
                         deterministic=deterministic, verbose=verbose, wall_cap_s=clock.wall_left())
-    return _answer(problem, budget, inc, best, proven, res, t0, extra)
+    sched = _answer(problem, budget, inc, best, proven, res, t0, extra)
+    return set_budget_status(sched, "met" if sched.ok else "not_found")
 
 
 def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, clock: _Clock, workers: int,
@@ -323,19 +363,29 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: 
     For "ours", an infeasible budget triggers a bisection from the memory floor to the no-recompute
     peak (probes: greedy, then a short CP-SAT run); the schedule then records ``budget_bytes`` (the
     smallest feasible budget found), ``requested_budget_bytes`` and a note. The whole call, bisection
-    included, shares ``time_limit_s`` (see docs/schedule.md, "Time limit").
+    included, shares ``time_limit_s``: every step stops by DEADLINE_SHARE of it (see docs/schedule.md,
+    "Time limit").
     """
+    with dl.scope(dl.Deadline.after(DEADLINE_SHARE * time_limit_s)):
+        return _solve(problem, time_limit_s, workers, seed, method, budget_bytes, bisect, deterministic, copies,
+                      verbose)
+
+
+def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, method: str, budget_bytes: int | None,
+           bisect: bool, deterministic: bool, copies: int | None, verbose: bool) -> Schedule:
     t_start = time.perf_counter()
     budget = problem.budget_bytes if budget_bytes is None else budget_bytes
     prob = problem.with_budget(budget)
     if method != "ours":
         return _baseline(prob, method, time_limit_s, workers, seed)
     below_floor = budget < prob.floor_bytes  # no schedule can exist: skip straight to the bisection
+    proof = floor_proof(prob, budget)
     if not (bisect and below_floor):
         sched = _ours_at(prob, budget, time_limit_s, workers, seed, deterministic, copies, verbose,
                          limit_if_no_heuristic_s=NO_HEURISTIC_SHARE * time_limit_s if bisect else None)
         if sched.ok or not bisect:
             return sched
+        proof = sched.extra.get("infeasibility_proof")
     t0 = time.perf_counter()
     left = time_limit_s - (t0 - t_start)
     nr_events = baselines.no_recompute_events(prob)
@@ -364,8 +414,9 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: 
         found_events[peak] = events
         return peak
 
-    deadline = t0 + max(0.0, BISECT_SHARE * left)
-    found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak, deadline=deadline)
+    deadline = min(t0 + max(0.0, BISECT_SHARE * left), dl.current().end)
+    with dl.scope(dl.Deadline(deadline)):  # a probe's greedy runs stop there too
+        found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak, deadline=deadline)
     bisect_s = time.perf_counter() - t0
     wall_s = max(0.1, time_limit_s - (time.perf_counter() - t_start))
     final_s = max(0.1, time_limit_s - charged - mip_probes * probe_s) if deterministic else wall_s
@@ -375,13 +426,15 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: 
         new = from_events(prob, found_events[found], budget_bytes=found, method="ours",
                           solve_seconds=new.solve_seconds, extra={**new.extra, "heuristic": "bisection-probe"})
     new.solve_seconds = time.perf_counter() - t_start
+    known = f"proven infeasible ({proof})" if proof else "not met by any schedule found within the time limit"
     new.extra.update({"requested_budget_bytes": budget, "bisection_seconds": round(bisect_s, 3),
                       "bisection_mip_probes": mip_probes,
-                      "note": f"requested budget {budget} B is infeasible; smallest feasible budget found "
+                      "note": f"requested budget {budget} B is {known}; smallest feasible budget found "
                               f"by bisection (tolerance {BISECT_TOLERANCE:.1%}): {found} B"})
     if not new.ok:
-        new.extra["note"] = f"requested budget {budget} B is infeasible and so is the bisection result {found} B"
-    return new
+        new.extra["note"] = f"requested budget {budget} B is {known}, and no schedule was found at {found} B either"
+    # what is known about the requested budget (not the raised one the schedule meets)
+    return set_budget_status(new, "proven_infeasible" if proof else "not_found", proof)
 
 
 def _baseline(problem: Problem, method: str, time_limit_s: float, workers: int, seed: int) -> Schedule:
@@ -392,12 +445,26 @@ def _baseline(problem: Problem, method: str, time_limit_s: float, workers: int, 
     if method == "swap_only":
         return baselines.swap_only(problem, time_limit_s)
     if method == "checkmate":
-        return checkmate(problem, time_limit_s=time_limit_s, workers=workers, seed=seed)
+        left = min(time_limit_s, dl.current().left())
+        if checkmate_size(problem) * (BUILD_SECONDS_PER_VARIABLE + LOAD_SECONDS_PER_VARIABLE) > left:
+            return no_schedule(problem.budget_bytes, "checkmate", 0.0,
+                               f"MILP not built: {checkmate_size(problem)} variables do not fit in {left:.1f} s")
+        return checkmate(problem, time_limit_s=left, workers=workers, seed=seed)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
 def compare(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0,
             **kwargs: Any) -> dict[str, Schedule]:
-    """Every method on the same problem and budget (no bisection), keyed by method name."""
-    return {m: solve(problem, time_limit_s, workers, seed, method=m, bisect=False, **kwargs)
-            if m == "ours" else _baseline(problem, m, time_limit_s, workers, seed) for m in METHODS}
+    """Every method on the same problem and budget (no bisection), keyed by method name, within
+    ``time_limit_s`` in all: the baselines share COMPARE_BASELINE_SHARE of it, ours gets the rest (in a
+    deterministic run, exactly the rest of the limit, so its answer does not depend on the baselines' speed)."""
+    with dl.scope(dl.Deadline.after(DEADLINE_SHARE * time_limit_s)):
+        t0 = time.perf_counter()
+        base_s = COMPARE_BASELINE_SHARE * time_limit_s
+        with dl.scope(dl.Deadline.after(base_s)):
+            # the greedy baselines first (each stops at the scope's end): Checkmate's MILP gets what they leave
+            order = sorted((m for m in METHODS if m != "ours"), key=lambda m: m == "checkmate")
+            out = {m: _baseline(problem, m, base_s, workers, seed) for m in order}
+        ours_s = time_limit_s - (base_s if kwargs.get("deterministic", True) else time.perf_counter() - t0)
+        ours = solve(problem, max(0.1, ours_s), workers, seed, method="ours", bisect=False, **kwargs)
+    return {"ours": ours, **{m: out[m] for m in METHODS if m != "ours"}}

@@ -1,0 +1,67 @@
+"""One wall-clock deadline per solve call, seen by every step (heuristics, model building, CP-SAT, baselines).
+
+``solve``/``compare`` open a :func:`scope`; code below asks :func:`current` (or is handed the
+:class:`Deadline`) and stops when it has passed. Loops call :meth:`Deadline.check`, which raises
+:class:`OutOfTime`; the step that owns the loop catches it and keeps what it had. A deterministic run's
+answer changes only where this safety net fires (see solve._Clock and mip.wall_cap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+class OutOfTime(Exception):
+    """The deadline passed inside a loop; the caller abandons the step."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A ``time.perf_counter()`` instant; ``end = inf`` never passes."""
+
+    end: float = math.inf
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.perf_counter() + seconds)
+
+    def left(self) -> float:
+        """Seconds until the deadline (negative once passed)."""
+        return self.end - time.perf_counter()
+
+    def passed(self) -> bool:
+        return time.perf_counter() > self.end
+
+    def check(self) -> None:
+        """Raise OutOfTime once the deadline has passed."""
+        if time.perf_counter() > self.end:
+            raise OutOfTime
+
+    def earlier(self, end: float | None) -> Deadline:
+        """This deadline or ``end`` (a perf_counter instant), whichever comes first."""
+        return self if end is None or end >= self.end else Deadline(end)
+
+
+NEVER = Deadline()
+_current: contextvars.ContextVar[Deadline] = contextvars.ContextVar("schedule_deadline", default=NEVER)
+
+
+def current() -> Deadline:
+    """The innermost open scope's deadline (NEVER outside any scope)."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def scope(deadline: Deadline) -> Iterator[Deadline]:
+    """Make ``deadline`` (or an earlier enclosing one) the current deadline inside the block."""
+    effective = current().earlier(deadline.end)
+    token = _current.set(effective)
+    try:
+        yield effective
+    finally:
+        _current.reset(token)

@@ -1,0 +1,110 @@
+"""The time limit is a limit: the CLI returns within it (+5%) on a wide 2000-op DAG, whatever it finds."""
+
+import math
+import time
+
+import pytest
+
+from trainplan import cli
+from trainplan.io import read_json
+from trainplan.schedule import deadline as dl
+from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.heuristic import greedy
+from trainplan.schedule.problem import load_problem, save_problem
+from trainplan.schedule.replay import replay
+from trainplan.schedule.solve import solve
+from trainplan.schedule.synthetic import layered_graph
+
+
+def independent_replay(problem, events):
+    """Validity, time and peak of ``events``, written apart from trainplan.schedule.replay."""
+    ops = {op.id: op for op in problem.ops}
+    resident, host, computed = set(), set(), set()
+    used = peak = problem.fixed_bytes
+    total = []
+    for kind, oid in events:
+        op = ops[oid]
+        if kind == "compute":
+            assert oid not in resident and all(x in resident for x in op.inputs), (kind, oid)
+            assert op.recompute or oid not in computed, oid
+            peak = max(peak, used + op.bytes + op.workspace)
+            used += op.bytes
+            resident.add(oid)
+            computed.add(oid)
+            total.append(op.time)
+        elif kind == "free":
+            assert oid in resident, oid
+            resident.remove(oid)
+            used -= op.bytes
+        elif kind == "swap_out":
+            assert op.swap and oid in resident, oid
+            host.add(oid)
+            total.append(op.bytes / problem.bandwidth)
+        else:
+            assert kind == "swap_in" and op.swap and oid in host and oid not in resident, (kind, oid)
+            resident.add(oid)
+            used += op.bytes
+            peak = max(peak, used)
+            total.append(op.bytes / problem.bandwidth)
+    assert computed == set(ops) and set(problem.keep) <= resident
+    return math.fsum(total), peak
+
+
+@pytest.mark.parametrize("method", ["ours", "all"])
+def test_cli_returns_within_the_time_limit_on_a_wide_dag(tmp_path, method):
+    p = layered_graph(2000, 11)
+    peak = replay(p, no_recompute_events(p)).peak_bytes
+    src, out = tmp_path / "p.json", tmp_path / "s.json"
+    save_problem(src, p.with_budget(int(0.8 * peak)))
+    t0 = time.perf_counter()
+    load_problem(src)  # the start-up cost inside the call: reading the problem (writing costs less)
+    io_s = time.perf_counter() - t0
+    limit = 2.0
+    t0 = time.perf_counter()
+    assert cli.main(["schedule", str(src), "-o", str(out), "--time-limit", str(limit), "--method", method]) == 0
+    wall = time.perf_counter() - t0
+    assert wall / limit <= 1.05 + 2 * io_s / limit, (wall, io_s)
+    data = read_json(out)
+    for sched in [data, *data.get("baselines", {}).values()]:
+        if sched["events"]:
+            t, pk = independent_replay(p, sched["events"])
+            assert pk == sched["peak_bytes"] and abs(t - sched["time"]) <= 1e-9 * t
+            if sched["status"] in ("optimal", "feasible"):
+                assert pk <= sched["budget_bytes"]
+
+
+def test_greedy_stops_at_the_scoped_deadline():
+    p = layered_graph(1000, 3)
+    b = int(0.7 * replay(p, no_recompute_events(p)).peak_bytes)
+    t0 = time.perf_counter()
+    with dl.scope(dl.Deadline.after(0.3)):
+        greedy(p, b, allow_swap=False, policy="cost")
+    assert time.perf_counter() - t0 < 0.3 + 0.1
+
+
+def test_budget_below_the_floor_is_proven_infeasible():
+    """Below the single-op floor the schedule says so and names the op; the bisection's result says the same."""
+    p = layered_graph(100, 2)
+    budget = p.floor_bytes - 1
+    ws = max(p.working_sets)
+    op = p.ops[p.working_sets.index(ws)].id
+    alone = solve(p.with_budget(budget), time_limit_s=2.0, bisect=False)
+    assert not alone.ok and alone.extra["budget_status"] == "proven_infeasible"
+    assert f"'{op}'" in alone.extra["infeasibility_proof"] and str(ws) in alone.extra["infeasibility_proof"]
+    raised = solve(p.with_budget(budget), time_limit_s=2.0)
+    assert raised.ok and raised.budget_bytes >= p.floor_bytes > budget == raised.extra["requested_budget_bytes"]
+    assert raised.extra["budget_status"] == "proven_infeasible"
+    assert raised.extra["infeasibility_proof"] == alone.extra["infeasibility_proof"]
+    assert independent_replay(p, raised.events)[1] <= raised.budget_bytes
+
+
+def test_budget_not_met_in_time_is_not_found():
+    """A tight budget on a wide 2000-op graph with 0.3 s: nothing found, nothing proven."""
+    p = layered_graph(2000, 5)
+    budget = int(0.6 * replay(p, no_recompute_events(p)).peak_bytes)
+    assert budget >= p.floor_bytes
+    s = solve(p.with_budget(budget), time_limit_s=0.3, bisect=False)
+    assert not s.ok and s.extra["budget_status"] == "not_found" and s.extra["infeasibility_proof"] is None
+    raised = solve(p.with_budget(budget), time_limit_s=0.3)
+    assert raised.extra["budget_status"] == "not_found" and raised.extra["requested_budget_bytes"] == budget
+    assert raised.budget_bytes > budget
