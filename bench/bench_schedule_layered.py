@@ -83,7 +83,7 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace) -> str:
         lines.append(
             f"| {r['n']} | {r['seed']} | {'on' if r['swap'] else 'off'} | {r['fraction']:.0%} | {r['status']} | "
             f"{r['budget_status']} | {raised} | {fmt(r['overhead_pct'])}% | {r['heuristic']} | "
-            f"{r['wall_s']:.2f} | {r['wall_over_limit']:.3f} | {r['best_baseline'] or '-'} | "
+            f"{r['wall_s']:.2f} | {r['wall_over_limit']:.3f} | {fmt(r['best_baseline'], 's')} | "
             f"{fmt(r['best_baseline_overhead_pct'])}% | {fmt(max(walls) if walls else None, '.3f')} |")
     return "\n".join(lines) + "\n"
 

@@ -17,8 +17,7 @@ from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.checkmate import model_size as checkmate_size
 from trainplan.schedule.dtr import dtr_plan
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
-from trainplan.schedule.mip import (BUILD_SECONDS_PER_VARIABLE, LOAD_SECONDS_PER_VARIABLE, MipResult, SearchStop,
-                                    objective_ticks, solve_mip)
+from trainplan.schedule.mip import MipResult, SearchStop, objective_ticks, solve_mip
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
@@ -40,6 +39,8 @@ STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at 
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
 DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
+CHECKMATE_SECONDS_PER_VARIABLE = 200e-6  # building and loading Checkmate's MILP: 130-180 us per variable here
+# (under load, n = 100-250): it is built only if that fits, and solved for the rest of the limit
 GUIDED_SHARE = 0.2  # the relaxation-guided greedy run is abandoned after this share of the limit
 MIN_STEP_S = 0.05  # a step (relaxation, CP-SAT run) starts only with at least this much wall time left
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
@@ -446,10 +447,11 @@ def _baseline(problem: Problem, method: str, time_limit_s: float, workers: int, 
         return baselines.swap_only(problem, time_limit_s)
     if method == "checkmate":
         left = min(time_limit_s, dl.current().left())
-        if checkmate_size(problem) * (BUILD_SECONDS_PER_VARIABLE + LOAD_SECONDS_PER_VARIABLE) > left:
-            return no_schedule(problem.budget_bytes, "checkmate", 0.0,
-                               f"MILP not built: {checkmate_size(problem)} variables do not fit in {left:.1f} s")
-        return checkmate(problem, time_limit_s=left, workers=workers, seed=seed)
+        build_s = checkmate_size(problem) * CHECKMATE_SECONDS_PER_VARIABLE
+        if build_s + MIN_STEP_S > left:
+            return no_schedule(problem.budget_bytes, "checkmate", 0.0, f"MILP not built: {checkmate_size(problem)} "
+                               f"variables (about {build_s:.1f} s to build) do not fit in {left:.1f} s")
+        return checkmate(problem, time_limit_s=left - build_s, workers=workers, seed=seed)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
