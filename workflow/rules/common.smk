@@ -137,6 +137,7 @@ def all_targets():
     ) + expand("results/plots/{model}/{backend}/memory.png", model=MODELS, backend=backend_of(DEVICE)) + expand(
         [
             "results/partition/{model}/{device}/k{k}/partition.json",
+            "results/schedule/{model}/{device}/k{k}/b{budget}/schedules.json",
             "results/plots/{model}/{device}/k{k}/schedule_overhead.png",
             "results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
             "results/plots/{model}/{device}/k{k}/b{budget}/balance.png",

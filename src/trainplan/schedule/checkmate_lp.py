@@ -4,8 +4,7 @@ not built.
 The LP is the recompute-only MILP of ``checkmate.py`` with every variable in [0, 1] and Checkmate's
 "hazard" form of FREE (two rows per FREE instead of one per literal): R[t,i] (op i computed in stage t),
 S[t,i] (i kept on device from stage t-1 into t), FREE[t,i,k] and the memory M[t,k] after computing k in
-stage t and its frees. It is built as a sparse matrix and solved by OR-Tools' linear solver (GLOP, or PDLP
-for big models) under the time limit. Its S is rounded (deterministic thresholds, then randomized
+stage t and its frees. It is built as a sparse matrix and solved by OR-Tools' PDLP under the time limit. Its S is rounded (deterministic thresholds, then randomized
 rounding with a fixed seed) and, for each rounded S, the cheapest R that makes the schedule valid is
 found (Checkmate's two-phase rounding, ``solve_r_opt``). Rounded schedules do not always fit the budget;
 the cheapest that fits is the answer, else the one of least peak (reported over budget).
@@ -335,9 +334,11 @@ def round_lp(problem: Problem, s_frac: np.ndarray, budget_bytes: int, deadline: 
         s = s.astype(np.int8)
         s[n] = keep
         stages = solve_r(p, s, deadline)
-        if stages is None:
+        if stages is None or time.perf_counter() > deadline:
             break
         events = rs_events(p, s, stages)
+        if time.perf_counter() > deadline:
+            break
         rep = replay(p, events)
         best.rounds += 1
         fits = rep.peak_bytes <= budget_bytes
