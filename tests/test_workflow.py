@@ -122,8 +122,9 @@ def test_dry_run_names_each_stages_models_and_the_tiny_study_stays_tiny(tmp_path
 
 
 def test_a_deleted_or_damaged_schedules_file_is_noticed(study):
-    """Every stage's schedules live in one declared file: deleting it reruns the schedule rule, and a damaged
-    one stops the balance rule with an error naming the file and the stage. (Runs last: it alters the study.)"""
+    """Every stage's schedules live in one declared file, a target of the study: deleting it reruns the
+    schedule rule, and a damaged one stops the balance rule with an error naming the file and the stage.
+    (Runs last: it alters the study.)"""
     path = study / "results/schedule/small_cnn/cpu/k1/b0.6/schedules.json"
     original = path.read_text()
     path.unlink()

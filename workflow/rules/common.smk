@@ -216,6 +216,7 @@ def all_targets():
     ) + expand(
         [
             "results/partition/{model}/{device}/k{k}/partition.json",
+            "results/schedule/{model}/{device}/k{k}/b{budget}/schedules.json",
             "results/plots/{model}/{device}/k{k}/schedule_overhead.png",
             "results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
             "results/plots/{model}/{device}/k{k}/b{budget}/balance.png",

@@ -4,8 +4,7 @@ not built.
 The LP is the recompute-only MILP of ``checkmate.py`` with every variable in [0, 1] and Checkmate's
 "hazard" form of FREE (two rows per FREE instead of one per literal): R[t,i] (op i computed in stage t),
 S[t,i] (i kept on device from stage t-1 into t), FREE[t,i,k] and the memory M[t,k] after computing k in
-stage t and its frees. It is built as a sparse matrix and solved by OR-Tools' linear solver (GLOP, or PDLP
-for big models) under the time limit. Its S is rounded (deterministic thresholds, then randomized
+stage t and its frees. It is built as a sparse matrix and solved by OR-Tools' PDLP under the time limit. Its S is rounded (deterministic thresholds, then randomized
 rounding with a fixed seed) and, for each rounded S, the cheapest R that makes the schedule valid is
 found (Checkmate's two-phase rounding, ``solve_r_opt``). Rounded schedules do not always fit the budget;
 the cheapest that fits is the answer, else the one of least peak (reported over budget).
@@ -31,6 +30,8 @@ Events = list[tuple[str, str]]
 THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Checkmate's deterministic sweep
 RANDOM_ROUNDS = 50  # randomized roundings after the sweep, while time is left
 LP_SHARE = 0.7  # of the time limit: building and solving the LP; the rest (at least) rounds
+STAGE_OVERHEAD = 50  # a stage's fixed cost in the build loop, in units of one op of its triangle (measured ~35)
+CONVERT_SHARE = 0.7  # building the sparse matrix after the stage loop, as a share of the loop (measured 0.7)
 BUILD_SHARE = 0.5  # of the LP's share: the stage loop of the build; the sparse matrix and PDLP get the rest
 PDLP_SETUP_S_PER_NONZERO = 4e-7  # PDLP's setup outside its own time limit (copy, presolve, scaling): measured
 # 0.6 s at 1.9M nonzeros and 2.5 s at 7.5M on this 2-core host under load; PDLP is not started without it
@@ -94,7 +95,8 @@ class _Lp:
 
 def build_lp(problem: Problem, budget_bytes: int, deadline: float) -> _Lp | None:
     """The LP relaxation of Checkmate's MILP at ``budget_bytes`` (memory in units of the cap, time in units
-    of the compute time), built a stage at a time with numpy; None if ``deadline`` passes first."""
+    of the compute time), built a stage at a time with numpy; None if the build is projected to pass
+    ``deadline`` (checked at every stage from the first tenth on) or does."""
     p, n = problem, problem.n
     cap = max(budget_bytes - p.fixed_bytes, 1)
     b = np.array([op.bytes for op in p.ops], dtype=float) / cap
@@ -137,8 +139,13 @@ def build_lp(problem: Problem, budget_bytes: int, deadline: float) -> _Lp | None
         nrow += count
         return first
 
+    start = time.perf_counter()
     for t in range(n):
-        if time.perf_counter() > deadline:
+        # stage t costs ~STAGE_OVERHEAD + t; the sparse matrix after the loop ~CONVERT_SHARE of the loop: give
+        # up as soon as the projected build passes the deadline
+        spent = time.perf_counter() - start
+        done, total = (STAGE_OVERHEAD * x + x * x / 2 for x in (t, n))
+        if t >= n // 10 and start + spent * total / max(done, 1.0) * (1 + CONVERT_SHARE) > deadline:
             return None
         ks = np.arange(t + 1)
         R = t * (t + 1) // 2 + ks  # R(t, k), k = 0..t
@@ -335,9 +342,11 @@ def round_lp(problem: Problem, s_frac: np.ndarray, budget_bytes: int, deadline: 
         s = s.astype(np.int8)
         s[n] = keep
         stages = solve_r(p, s, deadline)
-        if stages is None:
+        if stages is None or time.perf_counter() > deadline:
             break
         events = rs_events(p, s, stages)
+        if time.perf_counter() > deadline:
+            break
         rep = replay(p, events)
         best.rounds += 1
         fits = rep.peak_bytes <= budget_bytes
@@ -369,6 +378,9 @@ def checkmate_lp(problem: Problem, *, time_limit_s: float, seed: int = 0,
                                "to start PDLP"}.get(lp.status, f"LP without a solution to round ({lp.status})")
         status = "unknown" if lp.status != "NOT_BUILT" else "not_built"
         return no_schedule(budget, "checkmate", time.perf_counter() - t0, note, info, status=status)
+    if lp.status != "OPTIMAL":
+        info["note"] = (f"the LP was not solved ({lp.status}): PDLP's iterate at the limit is rounded, a weak "
+                        "schedule; a longer time limit gives Checkmate's real rounding")
     best = round_lp(p, lp.s, budget, t0 + time_limit_s, seed)
     info["rounding"] = {"best": best.how, "rounds": best.rounds, "within_budget": best.within_budget,
                         "seconds": round(time.perf_counter() - t0 - lp.wall_s, 3)}
