@@ -91,3 +91,18 @@ def test_getitem_follows_its_producer(cnn_tables) -> None:
     for u in range(graph.n):
         if graph.ops[u] == "getitem":
             assert supported[u] == supported[graph.preds[u][0]]
+
+
+def test_output_check_reports_and_enforces_the_tolerance() -> None:
+    import torch
+
+    from trainplan.fuse import FuseError
+    from trainplan.fuse.measure import compare_outputs
+
+    near = compare_outputs((torch.tensor([1.0, 2.0]), torch.zeros(3)), (torch.tensor([1.0, 2.00001]), torch.zeros(3)),
+                           1e-4, 1e-5)
+    assert near["within_tolerance"] and near["max_tolerance_ratio"] < 1
+    far = compare_outputs((torch.ones(2),), (torch.zeros(2),), 1e-4, 1e-5, strict=False)
+    assert not far["within_tolerance"] and far["max_abs_diff"] == 1.0
+    with pytest.raises(FuseError, match="output 0 differs"):
+        compare_outputs((torch.ones(2),), (torch.zeros(2),), 1e-4, 1e-5)

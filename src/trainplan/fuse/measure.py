@@ -67,21 +67,29 @@ def _copies(args: Sequence[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
-def compare_outputs(got: Any, want: Any, rtol: float, atol: float) -> float:
-    """Largest absolute difference between matching tensors; FuseError if any is beyond rtol/atol."""
-    worst = 0.0
+def compare_outputs(got: Any, want: Any, rtol: float, atol: float, *, strict: bool = True) -> dict[str, Any]:
+    """Largest absolute difference between matching tensors, largest ``|x - y| / (atol + rtol |y|)`` (at most 1
+    where ``allclose`` holds), and whether all are within rtol/atol; with ``strict`` a mismatch raises
+    FuseError naming the output."""
+    worst_abs = worst_ratio = 0.0
     a, b = _flat(got), _flat(want)
     if len(a) != len(b):
         raise FuseError(f"fused step returned {len(a)} tensors, the unfused step {len(b)}")
+    matches = True
     for k, (x, y) in enumerate(zip(a, b)):
         if x.is_floating_point():
-            diff = float((x.double() - y.double()).abs().max()) if x.numel() else 0.0
-            worst = max(worst, diff)
-            if not torch.allclose(x, y, rtol=rtol, atol=atol):
-                raise FuseError(f"fused step output {k} differs from the unfused step by {diff:.3g} (rtol {rtol}, atol {atol})")
-        elif not torch.equal(x, y):
-            raise FuseError(f"fused step output {k} differs from the unfused step")
-    return worst
+            gap = (x.double() - y.double()).abs()
+            diff = float(gap.max()) if x.numel() else 0.0
+            ratio = float((gap / (atol + rtol * y.double().abs())).max()) if x.numel() else 0.0
+            worst_abs, worst_ratio = max(worst_abs, diff), max(worst_ratio, ratio)
+            ok = torch.allclose(x, y, rtol=rtol, atol=atol)
+        else:
+            ok = torch.equal(x, y)
+        if not ok and strict:
+            raise FuseError(f"fused step output {k} differs from the unfused step (max abs diff {worst_abs:.3g}; "
+                            f"rtol {rtol}, atol {atol})")
+        matches &= ok
+    return {"max_abs_diff": worst_abs, "max_tolerance_ratio": worst_ratio, "within_tolerance": matches}
 
 
 def _compile(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[Callable[..., Any], float, int]:
@@ -202,7 +210,7 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
     del recorder
     got = fused_gm(*inputs)
     out["fused_step_compile_s"] = time.perf_counter() - start
-    out["fused_step_max_abs_diff"] = compare_outputs(got, want, rtol, atol)
+    out["fused_step_check"] = compare_outputs(got, want, rtol, atol)
     out["fused_step_s"] = _median_time(lambda: fused_gm(*inputs), repeats, warmup)
     out["fused_speedup"] = out["unfused_step_s"] / out["fused_step_s"]
     log(f"step: unfused {out['unfused_step_s']:.4f} s, groups fused {out['fused_step_s']:.4f} s")
@@ -216,7 +224,8 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
             log(f"torch.compile of the whole step failed: {out['whole_compile_error']}")
             return out
         out["whole_compile_s"] = time.perf_counter() - start
-        out["whole_max_abs_diff"] = compare_outputs(got, want, rtol, atol)
+        # the reference compiler's own numerics: reported, not enforced (Inductor reorders reductions)
+        out["whole_check"] = compare_outputs(got, want, rtol, atol, strict=False)
         out["whole_step_s"] = _median_time(lambda: whole(*inputs), repeats, warmup)
         out["whole_speedup"] = out["unfused_step_s"] / out["whole_step_s"]
         out["kept_of_whole_gain"] = ((out["unfused_step_s"] - out["fused_step_s"])
