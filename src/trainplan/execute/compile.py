@@ -324,8 +324,8 @@ class _Compiler:
         for sid in op.storages:
             self._restore(st, sid, names)
             st.resident.add(sid)
-        for sid in st.carried.get(op_id, []):
-            if sid not in st.resident:
+        for sid in st.carried.get(op_id, []):  # not one whose op was computed since: it is never read again
+            if sid not in st.resident and st.layout.holder.get(sid) not in st.computed:
                 self._restore(st, sid, set())
                 st.pending[sid] = op_id
 

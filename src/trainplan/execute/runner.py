@@ -151,8 +151,8 @@ class StageRunner:
     def _swap_in(self, op: OpSpec) -> None:
         for sid in op.storages:
             self.pool.put(sid, self.host.load(sid))
-        for sid in self.carried.get(op.id, []):
-            if sid not in self.pool.resident:
+        for sid in self.carried.get(op.id, []):  # not one whose op was computed since: it is never read again
+            if sid not in self.pool.resident and self.stage.holder.get(sid) not in self.computed:
                 self.pool.pending[sid] = (self.host.load(sid), op.id)
 
     # --- values -------------------------------------------------------------------------------
