@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from trainplan.io import ArtifactError
+from trainplan.layout.cli import add_parser as add_layout_parser
 from trainplan.schedule.problem import ProblemError
 
 
@@ -53,6 +54,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse.Namespace], int]]] = {
     "schedule": _add_schedule,
+    "layout": add_layout_parser,
 }
 
 
