@@ -2,8 +2,8 @@
 
 One forward pass runs under a ``TorchDispatchMode`` that follows every 4-D activation from the conv (or the
 input) that produced it through the ops after it. Each non-conv op joins the group of the conv that produced
-its first activation input (batch norm, activation, pooling after a conv; a residual add or concat joins the
-group of its first operand, and its other operands are edges into that group). Ops whose output is not 4-D
+its activation input (batch norm, activation, pooling after a conv); a residual add or concat joins the group of
+its latest operand (in call order), and its other operands are edges into that group, so edges run forward. Ops whose output is not 4-D
 (flatten, a linear head) stay in their group and end the tracking. The ops are kept with placeholders for the
 tracked activations so that ``measure`` can replay each group from its conv's output in every layout.
 """
@@ -123,8 +123,9 @@ class _Recorder(TorchDispatchMode):
             return out
         if not acts:
             return out
-        group = self.src[id(acts[0])]
-        for a in acts[1:]:
+        order = {g: i for i, g in enumerate([INPUT, *self.convs])}
+        group = max((self.src[id(a)] for a in acts), key=order.__getitem__)
+        for a in acts:
             self._edge(self.src[id(a)], group, tuple(a.shape))
         tracked = {id(a) for a in acts}
         rec_args, rec_kwargs = tree_map(
