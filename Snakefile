@@ -16,6 +16,7 @@ include: "workflow/rules/partition.smk"
 include: "workflow/rules/schedule.smk"
 include: "workflow/rules/overflow.smk"
 include: "workflow/rules/validate.smk"
+include: "workflow/rules/layout.smk"
 
 
 rule all:

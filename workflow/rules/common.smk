@@ -125,6 +125,33 @@ def validation_files():
     )
 
 
+LAYOUT_MODELS = config["study"].get("layout", [])
+
+
+def layout_measurements(wildcards):
+    """Measured conv, group and edge tables of the wildcard's model at the layout stage."""
+    return {
+        name: f"results/layout/{wildcards.model}/{wildcards.device}/{name}.parquet"
+        for name in ("convs", "groups", "edges")
+    }
+
+
+def layout_files(name):
+    """Input function: the layout-stage file ``name`` of every model in `study.layout`."""
+    return lambda wildcards: expand(
+        "results/layout/{model}/{device}/{name}", model=LAYOUT_MODELS, device=wildcards.device, name=name
+    )
+
+
+def layout_targets():
+    """Final artifacts of the layout stage (none when `study.layout` is empty)."""
+    if not LAYOUT_MODELS:
+        return []
+    return expand(
+        "results/plots/layout/{model}/{device}/layout.png", model=LAYOUT_MODELS, device=DEVICE
+    ) + expand(["results/layout/{device}/summary.csv", "results/plots/layout/{device}/summary.png"], device=DEVICE)
+
+
 def all_targets():
     """Every final artifact of the study."""
     return expand(
@@ -150,4 +177,4 @@ def all_targets():
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")
         else []
-    )
+    ) + layout_targets()

@@ -219,3 +219,45 @@ def simulate_dataflow(c: ConvShape, s: int, tile: tuple[int, int, int] | None = 
                         mem.evict(acc_addr, write=True)
     return {"reads": mem.reads, "writes": mem.writes, "io": mem.reads + mem.writes, "tile": (x, y, z),
             "peak": mem.peak, "output": out}
+
+
+def conv_shape(row: object) -> ConvShape:
+    """The ConvShape of a row of a conv table (``in_shape``, ``weight_shape``, ``stride``, ``padding``, ``groups``)."""
+    n, cin, h, w = (int(v) for v in row.in_shape)
+    cout, _, kh, kw = (int(v) for v in row.weight_shape)
+    return ConvShape(n, cin, h, w, cout, kh, kw, (int(row.stride[0]), int(row.stride[1])),
+                     (int(row.padding[0]), int(row.padding[1])), int(row.groups))
+
+
+def io_table(convs: "pd.DataFrame", sizes: list[int], cores: int, simulate_steps: int) -> "pd.DataFrame":
+    """Per conv and fast-memory size S: the bound, the paper's tile and I/O and its ratio to the bound, and, where
+    the dataflow takes at most ``simulate_steps`` channel steps, the simulated I/O with a fast memory of S."""
+    import pandas as pd
+
+    rows = []
+    for r in convs.itertuples(index=False):
+        c = conv_shape(r)
+        for s in sizes:
+            lb = lower_bound(c, s)
+            row = {"conv": r.conv, "S": s, "Np": cores, "R": c.reuse, **lb}
+            try:
+                x, y, z = paper_tile(c, s, cores)
+            except ValueError:
+                rows.append(row)
+                continue
+            q = paper_io(c, x, y, z)
+            row.update({"x": x, "y": y, "z": z, "xy_over_Rz": x * y / (c.reuse * z), "xyz_over_S_Np": x * y * z * cores / s,
+                        "paper_io": q, "paper_ratio": q / lb["bound"]})
+            try:
+                bx, by, bz = buffered_tile(c, s)
+            except ValueError:
+                rows.append(row)
+                continue
+            steps = c.n * c.groups * c.cin_g * math.ceil(c.wout / bx) * math.ceil(c.hout / by) * math.ceil(c.cout_g / bz)
+            exact = exact_dataflow_io(c, bx, by, bz)["io"]
+            row.update({"sim_tile": f"{bx}x{by}x{bz}", "exact_io": exact, "exact_ratio": exact / lb["bound"]})
+            if steps <= simulate_steps:
+                sim = simulate_dataflow(c, s, (bx, by, bz))
+                row.update({"simulated_io": sim["io"], "simulated_ratio": sim["io"] / lb["bound"], "sim_peak": sim["peak"]})
+            rows.append(row)
+    return pd.DataFrame(rows)
