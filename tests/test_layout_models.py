@@ -80,3 +80,22 @@ def test_predictor_trains_on_a_sweep_and_scores_held_out_convs():
     assert scores["rows"] == 20 and math.isfinite(scores["r2"]) and scores["median_rel_error"] >= 0
     again = fit(table.iloc[:30], ["nchw", "nhwc"], seed=0)
     assert (predict(again, table.iloc[30:], ["nchw", "nhwc"]) == pred).all().all()  # deterministic for a seed
+
+
+@pytest.mark.parametrize("arch, cfg", [
+    ("ResNetForImageClassification", {"depths": [1, 1], "hidden_sizes": [32, 64], "embedding_size": 16}),
+    ("ConvNextForImageClassification", {"depths": [1, 1, 1, 1], "hidden_sizes": [8, 16, 32, 64]}),
+])
+def test_every_group_of_transformers_cnns_replays_in_both_layouts(arch, cfg):
+    from trainplan.layout.measure import group_forward
+
+    built = build_model("m", {"source": "transformers", "architecture": arch, "config": cfg,
+                              "inputs": {"batch_size": 2, "image_size": 32}})
+    graph = trace_conv_graph("m", built.module, built.batch)
+    # transformers' ResNet adds the shortcut in place (hidden += residual): the in-place op re-makes its input
+    assert any(op.name == "aten.add_.Tensor" for op in graph.ops) == arch.startswith("ResNet")
+    for group in graph.groups:
+        if any(op.group == group for op in graph.ops):
+            for layout in ("nchw", "nhwc"):
+                outs = group_forward(graph, group, layout)()
+                assert outs and all(torch.isfinite(o).all() for o in outs)

@@ -120,13 +120,14 @@ def group_forward(graph: ConvGraph, group: str, layout: str) -> Callable[[], lis
     from another group); it returns the group's outputs that no later op of the group consumes."""
     fmt = memory_format(layout)
     ops = [op for op in graph.ops if op.group == group]
-    produced = {k for op in ops for k in op.outputs}
+    produced: set[int] = set()  # keys made by the group's ops so far (an in-place op re-makes its input's key)
     leaves: dict[int, torch.Tensor] = {}
     for op in ops:
         for key, value in op.inputs.items():
-            if key not in leaves and (key not in produced or key == graph.conv_outputs.get(group)):
+            if key not in leaves and key not in produced:
                 leaf = value.contiguous(memory_format=fmt) if value.dim() == 4 else value
                 leaves[key] = leaf.requires_grad_(leaf.is_floating_point())
+        produced.update(op.outputs)
     funcs = [_replayable(op.func) for op in ops]
 
     def forward() -> list[torch.Tensor]:
