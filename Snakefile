@@ -20,6 +20,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/align.smk"
 include: "workflow/rules/provenance.smk"
 include: "workflow/rules/fuse.smk"
+include: "workflow/rules/layout.smk"
 
 
 rule all:

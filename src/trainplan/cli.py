@@ -12,6 +12,7 @@ from trainplan.fuse.cli import add_parser as add_fuse_parser
 from trainplan.fuse.errors import FuseError
 from trainplan.io import ArtifactError
 from trainplan.provenance.cli import add_parser as add_publish
+from trainplan.layout.cli import add_parser as add_layout_parser
 from trainplan.schedule.problem import ProblemError
 
 
@@ -62,6 +63,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse
     "align": lambda sub: __import__("trainplan.align.cli", fromlist=["add_parser"]).add_parser(sub),
     "publish": add_publish,
     "fuse": add_fuse_parser,
+    "layout": add_layout_parser,
 }
 
 

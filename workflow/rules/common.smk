@@ -166,6 +166,8 @@ def align_policy(wildcards):
     if wildcards.model in config["study"].get("overflow", []):
         return f"results/overflow/{wildcards.model}/final_policy.yaml"
     return study_file(config["overflow"]["policy"])
+
+
 FUSE_TARGET = "|".join(sorted(config["fuse"]["targets"]))
 
 
@@ -202,6 +204,33 @@ def fuse_targets():
                target=config["fuse"]["measure"]["targets"])
 
 
+LAYOUT_MODELS = config["study"].get("layout", [])
+
+
+def layout_measurements(wildcards):
+    """Measured conv, group and edge tables of the wildcard's model at the layout stage."""
+    return {
+        name: f"results/layout/{wildcards.model}/{wildcards.device}/{name}.parquet"
+        for name in ("convs", "groups", "edges")
+    }
+
+
+def layout_files(name):
+    """Input function: the layout-stage file ``name`` of every model in `study.layout`."""
+    return lambda wildcards: expand(
+        "results/layout/{model}/{device}/{name}", model=LAYOUT_MODELS, device=wildcards.device, name=name
+    )
+
+
+def layout_targets():
+    """Final artifacts of the layout stage (none when `study.layout` is empty)."""
+    if not LAYOUT_MODELS:
+        return []
+    return expand(
+        "results/plots/layout/{model}/{device}/layout.png", model=LAYOUT_MODELS, device=DEVICES
+    ) + expand(["results/layout/{device}/summary.csv", "results/plots/layout/{device}/summary.png"], device=DEVICES)
+
+
 def all_targets():
     """Every final artifact of the study."""
     return expand(
@@ -235,4 +264,4 @@ def all_targets():
         "results/align/study.csv",
         "results/plots/align/align.png",
         "results/provenance.json",
-    ]
+    ] + layout_targets()

@@ -1,0 +1,182 @@
+"""Measured costs of a conv graph in every layout: each conv's forward and backward, the ops of its group
+replayed from its output, and the layout transforms on the tensors of every edge (forward conversion plus the
+conversion of its gradient). Median of ``repeats`` after ``warmup``; the machine load is recorded with them.
+
+``clock: process`` (the default) times with the process's CPU time (``time.process_time``): on a shared,
+oversubscribed host it leaves out the time the process waits for a core, which wall time cannot; with one torch
+thread it equals the single-thread run time. ``clock: wall`` uses ``time.perf_counter``."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten, tree_map
+
+from trainplan.layout.graph import INPUT, ConvGraph, ConvInfo, Ref
+from trainplan.timing import gc_paused
+
+FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How to time: median of ``repeats`` runs after ``warmup`` runs, on ``threads`` torch threads, by ``clock``
+    (process: CPU time of the process; wall)."""
+
+    repeats: int = 5
+    warmup: int = 1
+    threads: int = 1
+    clock: str = "process"
+
+    @property
+    def now(self) -> Callable[[], float]:
+        """The clock function."""
+        return time.process_time if self.clock == "process" else time.perf_counter
+
+
+def memory_format(layout: str) -> torch.memory_format:
+    """The torch memory format of a layout name (nchw or nhwc)."""
+    if layout not in FORMATS:
+        raise ValueError(f"layout '{layout}' cannot be executed by PyTorch (known: {sorted(FORMATS)})")
+    return FORMATS[layout]
+
+
+def load_average() -> float:
+    """1-minute load average of the host (0 where unknown), stored beside timings taken under load."""
+    try:
+        return float(os.getloadavg()[0])
+    except OSError:
+        return 0.0
+
+
+def median_time(fn: Callable[[], Any], timing: Timing) -> float:
+    """Median wall time of ``fn`` over ``timing.repeats`` runs after ``timing.warmup`` runs (GC paused)."""
+    with gc_paused():
+        for _ in range(timing.warmup):
+            fn()
+        times = []
+        now = timing.now
+        for _ in range(timing.repeats):
+            t0 = now()
+            fn()
+            times.append(now() - t0)
+    times.sort()
+    mid = len(times) // 2
+    return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+
+
+def _fwd_bwd(forward: Callable[[], list[torch.Tensor]], timing: Timing) -> tuple[float, float]:
+    """Median forward time, and median backward time of the outputs (graph kept, fixed ones as gradients)."""
+    fwd = median_time(forward, timing)
+    outs = [o for o in forward() if o.requires_grad]
+    if not outs:
+        return fwd, 0.0
+    grads = [torch.ones_like(o) for o in outs]
+    bwd = median_time(lambda: torch.autograd.backward(outs, grads, retain_graph=True), timing)
+    return fwd, bwd
+
+
+def conv_time(conv: ConvInfo, layout: str, timing: Timing, input_grad: bool = True, seed: int = 0) -> tuple[float, float]:
+    """Forward and backward time of one conv's shapes with input, weight (and output) in ``layout``."""
+    fmt = memory_format(layout)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, conv.dtype)
+    x = torch.randn(conv.in_shape, generator=gen, dtype=dtype).contiguous(memory_format=fmt).requires_grad_(input_grad)
+    w = torch.randn(conv.weight_shape, generator=gen, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
+    b = torch.zeros(conv.weight_shape[0], dtype=dtype, requires_grad=True) if conv.bias else None
+    return _fwd_bwd(lambda: [F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups)], timing)
+
+
+def transform_time(shape: tuple[int, ...], src: str, dst: str, timing: Timing, dtype: torch.dtype = torch.float32) -> float:
+    """Time to convert an activation of ``shape`` from ``src`` to ``dst`` layout plus its gradient back."""
+    a, b = memory_format(src), memory_format(dst)
+    x = torch.randn(shape, dtype=dtype).contiguous(memory_format=a)
+    g = torch.randn(shape, dtype=dtype).contiguous(memory_format=b)
+    return median_time(lambda: x.contiguous(memory_format=b), timing) + median_time(
+        lambda: g.contiguous(memory_format=a), timing)
+
+
+def _replayable(func: Any) -> Any:
+    """Out-of-place, layout-agnostic version of a recorded op: views become reshapes, in-place ops copies."""
+    name = func._schema.name.split("::")[-1]
+    if name in ("view", "_unsafe_view"):
+        return torch.ops.aten.reshape.default
+    if name.endswith("_") and not name.startswith("_"):
+        packet = getattr(torch.ops.aten, name[:-1], None)
+        if packet is not None and func._overloadname in packet.overloads():
+            return getattr(packet, func._overloadname)
+    return func
+
+
+def group_forward(graph: ConvGraph, group: str, layout: str) -> Callable[[], list[torch.Tensor]]:
+    """A function running ``group``'s recorded ops from leaves in ``layout`` (the conv output and any operand
+    from another group); it returns the group's outputs that no later op of the group consumes."""
+    fmt = memory_format(layout)
+    ops = [op for op in graph.ops if op.group == group]
+    produced: set[int] = set()  # keys made by the group's ops so far (an in-place op re-makes its input's key)
+    leaves: dict[int, torch.Tensor] = {}
+    for op in ops:
+        for key, value in op.inputs.items():
+            if key not in leaves and key not in produced:
+                leaf = value.contiguous(memory_format=fmt) if value.dim() == 4 else value
+                leaves[key] = leaf.requires_grad_(leaf.is_floating_point())
+        produced.update(op.outputs)
+    funcs = [_replayable(op.func) for op in ops]
+
+    def forward() -> list[torch.Tensor]:
+        env = dict(leaves)
+        results: dict[int, torch.Tensor] = {}
+        used: set[int] = set()
+        for op, func in zip(ops, funcs):
+            args, kwargs = tree_map(lambda a: env[a.key] if isinstance(a, Ref) else a, (op.args, op.kwargs))
+            used.update(id(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
+            out = func(*args, **kwargs)
+            outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+            results.update((id(o), o) for o in outs if o.requires_grad)
+            for key, o in zip(op.outputs, [o for o in outs if o.dim() == 4]):
+                env[key] = o
+        return [o for k, o in results.items() if k not in used]
+
+    return forward
+
+
+def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing) -> dict[str, pd.DataFrame]:
+    """Every conv, group and edge of ``graph`` timed in every layout; three tables (convs, groups, edges)."""
+    torch.set_num_threads(timing.threads)
+    conv_rows, group_rows, edge_rows = [], [], []
+    first = {dst for (src, dst) in graph.edges if src == INPUT}
+    for cid, conv in graph.convs.items():
+        row: dict[str, Any] = {"conv": cid, "in_shape": list(conv.in_shape), "weight_shape": list(conv.weight_shape),
+                               "out_shape": list(conv.out_shape), "stride": list(conv.stride),
+                               "padding": list(conv.padding), "dilation": list(conv.dilation),
+                               "groups": conv.groups, "bias": conv.bias, "dtype": conv.dtype}
+        for lay in layouts:
+            row[f"fwd_{lay}"], row[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad=cid not in first)
+        row["load"] = load_average()
+        conv_rows.append(row)
+    for group in graph.groups:
+        names = [op.name for op in graph.ops if op.group == group]
+        row = {"group": group, "n_ops": len(names), "ops": ";".join(sorted(set(names))), "error": ""}
+        for lay in layouts:
+            try:
+                fwd, bwd = _fwd_bwd(group_forward(graph, group, lay), timing) if names else (0.0, 0.0)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                fwd = bwd = float("nan")
+                row["error"] = f"{lay}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            row[f"fwd_{lay}"], row[f"bwd_{lay}"] = fwd, bwd
+        group_rows.append(row)
+    for (src, dst), shapes in graph.edges.items():
+        row = {"src": src, "dst": dst, "shapes": [list(s) for s in shapes]}
+        for a in layouts:
+            for b in layouts:
+                if a != b:
+                    row[f"{a}->{b}"] = sum(transform_time(s, a, b, timing) for s in shapes)
+        edge_rows.append(row)
+    return {"convs": pd.DataFrame(conv_rows), "groups": pd.DataFrame(group_rows), "edges": pd.DataFrame(edge_rows)}

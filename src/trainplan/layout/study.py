@@ -1,0 +1,95 @@
+"""The layout stage on one model: plan on measured and on predicted costs, execute every plan and baseline on
+the real training step, check gradients, and put predicted and measured step times side by side."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pandas as pd
+
+from trainplan.layout.build import build_problem
+from trainplan.layout.execute import Runnable, apply_layouts, check_gradients, time_steps
+from trainplan.layout.measure import Timing
+from trainplan.layout.predict import fit, predict, score
+from trainplan.layout.solve import plan_time, solve_all
+from trainplan.models import BuiltModel
+
+
+def layout_spec(spec: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The model's config entry at the layout stage's batch and image size (kept small on a CPU)."""
+    spec = dict(spec)
+    size = {"batch_size": settings["batch_size"], "image_size": settings["image_size"]}
+    if spec.get("source", "transformers") == "callable":
+        spec["kwargs"] = {**spec.get("kwargs", {}), **size}
+    else:
+        spec["inputs"] = {**spec.get("inputs", {}), **size}
+    return spec
+
+
+def timing_of(settings: dict[str, Any], repeats_key: str = "repeats") -> Timing:
+    """The Timing a settings block asks for (``repeats_key``: repeats or step_repeats)."""
+    return Timing(int(settings[repeats_key]), int(settings["warmup"]), int(settings["threads"]), settings["clock"])
+
+
+def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.DataFrame,
+               settings: dict[str, Any], solver: dict[str, Any], seed: int) -> tuple[dict[str, Any], dict[str, Any], pd.DataFrame]:
+    """Plans (exact on measured costs with every baseline, exact on predicted conv costs), their execution and
+    the predictor's scores on this model's convs. Returns (plan document, execution document, predictions)."""
+    layouts = list(settings["layouts"])
+    convs, groups, edges = tables["convs"], tables["groups"], tables["edges"]
+    limit, workers = float(solver["time_limit_s"]), int(solver["workers"])
+    measured = build_problem(built.name, convs, groups, edges, layouts)
+    plan = solve_all(measured, limit, workers, int(solver["seed"]))
+    model = fit(sweep, layouts, seed)
+    pred_conv = predict(model, convs, layouts)
+    predicted = build_problem(built.name, convs, groups, edges, layouts, conv_time=pred_conv)
+    pred_plan = solve_all(predicted, limit, workers, int(solver["seed"]))
+    candidates = {"planned": plan.layouts, "predicted_plan": pred_plan.layouts,
+                  **{name: base["layouts"] for name, base in plan.extra["baselines"].items()}}
+    distinct: dict[tuple[tuple[str, str], ...], str] = {}
+    runs = []
+    for name, lay in candidates.items():
+        key = tuple(sorted(lay.items()))
+        if key not in distinct:
+            distinct[key] = name
+            runs.append(apply_layouts(built.module, lay, name))
+    reference = Runnable("unmodified", copy.deepcopy(built.module), [])
+    tol = settings["tolerances"]
+    checks = {r.name: check_gradients(reference.module, r.module, built.batch, built.loss_fn,
+                                      float(tol["grad_rtol"]), float(tol["grad_atol"])) for r in runs}
+    steps = time_steps([reference, *runs], built.batch, built.loss_fn, timing_of(settings, "step_repeats"))
+    anchor_name = distinct[tuple(sorted(candidates["all_nchw"].items()))]
+    anchor_t = plan_time(measured, candidates["all_nchw"])
+    rows = {}
+    for name, lay in candidates.items():
+        ran = distinct[tuple(sorted(lay.items()))]
+        t_problem = plan_time(measured, lay)
+        rows[name] = {"ran_as": ran, "problem_time_s": t_problem,
+                      "predicted_step_s": steps[anchor_name]["median_s"] + t_problem - anchor_t,
+                      "measured_step_s": steps[ran]["median_s"], "min_step_s": steps[ran]["min_s"],
+                      "max_step_s": steps[ran]["max_s"], "n_nhwc": sum(v == "nhwc" for v in lay.values()),
+                      "gradients": checks[ran]}
+    rows["unmodified"] = {"ran_as": "unmodified", "measured_step_s": steps["unmodified"]["median_s"],
+                          "min_step_s": steps["unmodified"]["min_s"], "max_step_s": steps["unmodified"]["max_s"]}
+    best_single = rows["best_single"]["measured_step_s"]
+    held_out = score(model, convs, layouts)
+    execution = {
+        "model": built.name, "clock": settings["clock"], "threads": settings["threads"],
+        "load_average": steps["_load"], "under_load": steps["_load"]["max"] > 1.0,
+        "configs": rows,
+        "speedup_vs_all_nchw": rows["all_nchw"]["measured_step_s"] / rows["planned"]["measured_step_s"],
+        "speedup_vs_best_single": best_single / rows["planned"]["measured_step_s"],
+        "noise": float(tol["noise"]),
+        "planned_within_noise_of_best_single": rows["planned"]["measured_step_s"] <= best_single * (1 + float(tol["noise"])),
+        "predictor": held_out,
+        "regret": {"problem_time_s": plan_time(measured, pred_plan.layouts) - plan.time,
+                   "measured_step_s": rows["predicted_plan"]["measured_step_s"] - rows["planned"]["measured_step_s"]},
+        "gradients_ok": all(c["ok"] for c in checks.values()),
+    }
+    plan_doc = {**plan.to_dict(), "problem": measured.to_dict(), "predicted_plan": pred_plan.to_dict()}
+    pred = pred_conv.rename(columns=lambda c: f"pred_{c}").reset_index(names="conv")
+    for lay in layouts:
+        pred[f"meas_{lay}"] = (convs[f"fwd_{lay}"] + convs[f"bwd_{lay}"]).to_numpy()
+        pred[f"chosen_{lay}"] = [plan.layouts[c] == lay for c in pred.conv]
+    return plan_doc, execution, pred

@@ -1,0 +1,28 @@
+"""One summary row per model of the layout study."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def summary_row(plan: dict[str, Any], execution: dict[str, Any]) -> dict[str, Any]:
+    """Plan status and solve times, measured step per plan, speedups, predictor scores, regret, checks."""
+    cfg = execution["configs"]
+    base = plan["baselines"]
+    return {
+        "model": execution["model"], "convs": len(plan["layouts"]) - 1, "status": plan["status"],
+        "method": plan["method"], "solve_time_s": plan["solve_time_s"],
+        "backtrack_status": base["backtrack"]["status"], "backtrack_time_s": base["backtrack"]["solve_time_s"],
+        "backtrack_nodes": base["backtrack"]["nodes_explored"], "n_nhwc": cfg["planned"]["n_nhwc"],
+        "best_single": base["best_single"]["chosen"],
+        **{f"step_{name}_s": cfg[name]["measured_step_s"] for name in
+           ("unmodified", "all_nchw", "all_nhwc", "best_single", "planned", "predicted_plan")},
+        "predicted_planned_step_s": cfg["planned"]["predicted_step_s"],
+        "speedup_vs_all_nchw": execution["speedup_vs_all_nchw"],
+        "speedup_vs_best_single": execution["speedup_vs_best_single"],
+        "within_noise_of_best_single": execution["planned_within_noise_of_best_single"],
+        "predictor_r2": execution["predictor"]["r2"], "predictor_median_rel_error": execution["predictor"]["median_rel_error"],
+        "regret_problem_s": execution["regret"]["problem_time_s"], "regret_step_s": execution["regret"]["measured_step_s"],
+        "gradients_ok": execution["gradients_ok"], "clock": execution["clock"],
+        "load_max": execution["load_average"]["max"],
+    }

@@ -1,0 +1,101 @@
+"""Layout stage on real models: reference CNNs, the traced conv graph, measured problems, executed plans."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainplan.layout.build import build_problem
+from trainplan.layout.execute import apply_layouts, check_gradients
+from trainplan.layout.graph import INPUT, trace_conv_graph
+from trainplan.layout.measure import Timing, measure_graph
+from trainplan.layout.predict import fit, measure_sweep, predict, score, sweep_shapes
+from trainplan.layout.solve import plan_time, solve
+from trainplan.models import build_model
+from trainplan.zoo import alexnet, resnet18, vgg11
+
+FAST = Timing(repeats=1, warmup=0, threads=1)
+
+
+@pytest.mark.parametrize("factory, params, convs", [(resnet18, 11_689_512, 20), (alexnet, 61_100_840, 5),
+                                                     (vgg11, 132_863_336, 8)])
+def test_reference_cnns_have_torchvision_sizes(factory, params, convs):
+    module, batch = factory(image_size=64, batch_size=1)
+    assert sum(p.numel() for p in module.parameters()) == params
+    assert sum(isinstance(m, torch.nn.Conv2d) for m in module.modules()) == convs
+    assert module(**batch).dim() == 0
+
+
+def test_resnet18_graph_has_residual_edges_and_is_a_dag():
+    module, batch = resnet18(image_size=32, batch_size=2)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    graph = trace_conv_graph("resnet18", module, batch)
+    assert list(graph.convs)[:2] == ["features.0", "features.4.conv1"]
+    assert (INPUT, "features.0") in graph.edges
+    # identity shortcut of the first block: the stem's group feeds the add in conv2's group
+    assert ("features.0", "features.4.conv2") in graph.edges
+    # downsample block: its 1x1 conv and conv1 both read the previous block's output
+    assert ("features.5.conv2", "features.6.downsample.0") in graph.edges
+    assert ("features.5.conv2", "features.6.conv1") in graph.edges
+    names = {op.name for op in graph.ops}
+    assert {"aten.add.Tensor", "aten.relu_.default", "aten.max_pool2d_with_indices.default"} <= names
+    assert all(torch.equal(v, before[k]) for k, v in module.state_dict().items())  # BN statistics restored
+
+
+def test_measured_problem_plans_and_executes_with_matching_gradients():
+    built = build_model("resnet18", {"source": "callable", "callable": "trainplan.zoo:resnet18",
+                                     "kwargs": {"image_size": 32, "batch_size": 2}})
+    graph = trace_conv_graph(built.name, built.module, built.batch)
+    tables = measure_graph(graph, ["nchw", "nhwc"], FAST)
+    for name, table in tables.items():
+        values = table.filter(regex="^(fwd|bwd)_|->").to_numpy().ravel()
+        assert len(values) and all(math.isfinite(v) and v >= 0 for v in values), name
+    assert (tables["groups"].error == "").all()
+    problem = build_problem(built.name, tables["convs"], tables["groups"], tables["edges"], ["nchw", "nhwc"])
+    plan = solve(problem, "exact")
+    assert plan.status == "optimal" and plan.time == pytest.approx(plan_time(problem, plan.layouts))
+    # a deliberately mixed plan: every other conv in NHWC
+    mixed = {c: ("nhwc" if i % 2 else "nchw") for i, c in enumerate(graph.convs)}
+    run = apply_layouts(built.module, mixed, "mixed")
+    seen = {}
+    for name, conv in run.module.named_modules():
+        if isinstance(conv, torch.nn.Conv2d):
+            conv.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(
+                name, a[0].is_contiguous(memory_format=torch.channels_last) and a[0].shape[1] > 1))
+            assert conv.weight.is_contiguous(memory_format=torch.channels_last) == (mixed[name] == "nhwc")
+    check = check_gradients(built.module, run.module, built.batch, built.loss_fn, rtol=1e-4, atol=1e-5)
+    assert check["ok"], check
+    assert {n for n, cl in seen.items() if cl} == {n for n, lay in mixed.items() if lay == "nhwc"}
+
+
+def test_predictor_trains_on_a_sweep_and_scores_held_out_convs():
+    shapes = sweep_shapes(40, seed=3, batch_size=1, max_macs=2e6)
+    table = measure_sweep(shapes, ["nchw", "nhwc"], FAST)
+    model = fit(table.iloc[:30], ["nchw", "nhwc"], seed=0)
+    pred = predict(model, table.iloc[30:], ["nchw", "nhwc"])
+    assert (pred.to_numpy() > 0).all() and list(pred.index) == list(table.conv[30:])
+    scores = score(model, table.iloc[30:], ["nchw", "nhwc"])
+    assert scores["rows"] == 20 and math.isfinite(scores["r2"]) and scores["median_rel_error"] >= 0
+    again = fit(table.iloc[:30], ["nchw", "nhwc"], seed=0)
+    assert (predict(again, table.iloc[30:], ["nchw", "nhwc"]) == pred).all().all()  # deterministic for a seed
+
+
+@pytest.mark.parametrize("arch, cfg", [
+    ("ResNetForImageClassification", {"depths": [1, 1], "hidden_sizes": [32, 64], "embedding_size": 16}),
+    ("ConvNextForImageClassification", {"depths": [1, 1, 1, 1], "hidden_sizes": [8, 16, 32, 64]}),
+])
+def test_every_group_of_transformers_cnns_replays_in_both_layouts(arch, cfg):
+    from trainplan.layout.measure import group_forward
+
+    built = build_model("m", {"source": "transformers", "architecture": arch, "config": cfg,
+                              "inputs": {"batch_size": 2, "image_size": 32}})
+    graph = trace_conv_graph("m", built.module, built.batch)
+    # transformers' ResNet adds the shortcut in place (hidden += residual): the in-place op re-makes its input
+    assert any(op.name == "aten.add_.Tensor" for op in graph.ops) == arch.startswith("ResNet")
+    for group in graph.groups:
+        if any(op.group == group for op in graph.ops):
+            for layout in ("nchw", "nhwc"):
+                outs = group_forward(graph, group, layout)()
+                assert outs and all(torch.isfinite(o).all() for o in outs)

@@ -1,0 +1,26 @@
+"""Snakemake adapter: trace one CNN's conv graph and time its convs, the ops between them and the layout
+transforms on every edge, in every layout; write the tables and the measured layout problem."""
+
+from trainplan.io import write_json, write_table
+from trainplan.layout.build import build_problem
+from trainplan.layout.graph import trace_conv_graph
+from trainplan.layout.measure import load_average, measure_graph
+from trainplan.layout.study import layout_spec, timing_of
+from trainplan.logs import log_to
+from trainplan.models import build_model
+
+with log_to(snakemake.log[0]) as log:
+    settings = snakemake.params.settings
+    built = build_model(snakemake.wildcards.model, layout_spec(snakemake.params.spec, settings), seed=snakemake.params.seed)
+    graph = trace_conv_graph(built.name, built.module, built.batch)
+    log.info("%s: %d convs, %d ops between them, %d edges (load average %.1f)", built.name, len(graph.convs),
+             len(graph.ops), len(graph.edges), load_average())
+    tables = measure_graph(graph, settings["layouts"], timing_of(settings))
+    failed = tables["groups"].loc[tables["groups"].error != ""]
+    for row in failed.itertuples():
+        log.warning("group %s not replayed (%s): costed as measured-equal", row.group, row.error)
+    problem = build_problem(built.name, tables["convs"], tables["groups"], tables["edges"], settings["layouts"],
+                            meta={"clock": settings["clock"], "threads": settings["threads"], "load_average": load_average()})
+    for name in ("convs", "groups", "edges"):
+        write_table(snakemake.output[name], tables[name])
+    write_json(snakemake.output.problem, problem.to_dict())

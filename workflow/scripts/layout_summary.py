@@ -1,0 +1,19 @@
+"""Snakemake adapter: one row per CNN of the layout study, and the study figure."""
+
+import pandas as pd
+
+from trainplan.io import read_json, read_table, write_table
+from trainplan.layout.plot import plot_summary
+from trainplan.layout.summary import summary_row
+from trainplan.logs import log_to
+
+with log_to(snakemake.log[0]) as log:
+    plans = [read_json(p) for p in snakemake.input.plans]
+    executions = [read_json(p) for p in snakemake.input.executions]
+    summary = pd.DataFrame([summary_row(p, e) for p, e in zip(plans, executions)])
+    preds = pd.concat([read_table(p) for p in snakemake.input.predictions], ignore_index=True)
+    io = pd.concat([read_table(p) for p in snakemake.input.io], ignore_index=True)
+    log.info("%d model(s); planned never slower than best single beyond noise: %s", len(summary),
+             bool(summary.within_noise_of_best_single.all()))
+    write_table(snakemake.output.table, summary)
+    plot_summary(summary, preds, io, snakemake.output.figure)

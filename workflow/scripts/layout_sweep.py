@@ -1,0 +1,17 @@
+"""Snakemake adapter: time a sweep of random conv shapes in every layout (the predictor's training data)."""
+
+import torch
+
+from trainplan.io import write_table
+from trainplan.layout.predict import measure_sweep, sweep_shapes
+from trainplan.layout.study import timing_of
+from trainplan.logs import log_to
+
+with log_to(snakemake.log[0]) as log:
+    settings = snakemake.params.settings
+    sweep = settings["sweep"]
+    torch.manual_seed(snakemake.params.seed)
+    shapes = sweep_shapes(sweep["shapes"], sweep["seed"], settings["batch_size"], sweep["max_macs"])
+    log.info("timing %d conv shapes in %s (%s clock, %d thread(s))", len(shapes), settings["layouts"],
+             settings["clock"], settings["threads"])
+    write_table(snakemake.output.table, measure_sweep(shapes, settings["layouts"], timing_of(settings)))
