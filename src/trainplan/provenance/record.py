@@ -16,7 +16,7 @@ PACKAGES = ("trainplan", "torch", "ortools", "snakemake", "transformers", "numpy
 
 
 def git_state(repo: str | Path) -> dict[str, Any]:
-    """Commit, branch-independent dirty flag and changed paths of the git work tree at ``repo``; ``commit``
+    """Commit, dirty flag (tracked files changed) and changed paths of the git work tree at ``repo``; ``commit``
     is None outside a git tree (e.g. an unpacked archive, whose own provenance.json names its origin)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
