@@ -310,7 +310,7 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
         if variables <= LB_TREE_ONLY_ABOVE else ((True, time_limit_s),)
     for lb_tree, left in phases:
         det_rate = min(0.12 if lb_tree else 0.4, max(0.05, DET_BUDGET / variables))
-        while left > MIN_SOLVE_S:
+        while left > MIN_SOLVE_S and time.perf_counter() < wall_end:  # row generation stops at the wall cap too
             solver = configure(left, 1, seed, deterministic, det_per_second=det_rate,  # 1 worker: 2 proved far less
                                wall_cap_s=wall_end - time.perf_counter())
             solver.parameters.linearization_level = STAGED_LINEARIZATION
