@@ -48,7 +48,7 @@ rule balance:
             "partition.graph", "partition.tables", "partition.memory_limit", "partition.split",
             "partition.refine", "partition.stages", "partition.partition", "partition.pipeline",
             "partition.stage_schedule", "partition.balance", "stage_problem", "stage_schedule",
-            "schedule.schedule_io", "schedule.solve", "schedule.mip", "schedule.heuristic", "schedule.baselines",
+            "schedule.schedule_io", "schedule.solve", "schedule.mip", "schedule.heuristic", "schedule.dtr", "schedule.deadline", "schedule.baselines",
             "schedule.bounds",
         ),
     threads: config["solver"]["workers"]

@@ -17,7 +17,7 @@ rule schedule:
         seed=config["solver"]["seed"],
         code=code_version(
             "stage_problem", "stage_schedule", "schedule.schedule_io", "schedule.solve", "schedule.mip",
-            "schedule.heuristic", "schedule.baselines", "schedule.checkmate", "schedule.checkmate_lp", "schedule.bounds",
+            "schedule.heuristic", "schedule.dtr", "schedule.deadline", "schedule.baselines", "schedule.checkmate", "schedule.checkmate_lp", "schedule.bounds",
         ),
     threads: config["solver"]["workers"]
     conda:
