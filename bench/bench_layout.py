@@ -9,7 +9,7 @@
 
     python bench/bench_layout.py --results results --device cpu --time-limit 10
 
-Parts 2 and 3 read what ``snakemake results/layout/cpu/summary.csv`` produced (they are skipped without it).
+Parts 2 and 3 read the workflow's `results/layout/*/<device>/` artifacts (skipped without them).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from trainplan.layout.iobound import ConvShape, lower_bound, paper_io, paper_til
 from trainplan.layout.measure import load_average
 from trainplan.layout.predict import fit, score
 from trainplan.layout.solve import backtrack, cpsat, frontier_dp, frontier_width
+from trainplan.layout.summary import summary_row
 
 OUT = Path(__file__).resolve().parent / "results" / "layout.md"
 
@@ -60,8 +61,8 @@ def planner(sizes: list[int], seeds: int, limit: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def predictor(results: str, device: str) -> tuple[dict, pd.DataFrame] | None:
-    sweep_path = f"{results}/layout/sweep/{device}/sweep.parquet"
+def predictor(results: str, device: str, sweep_path: str | None) -> tuple[dict, pd.DataFrame] | None:
+    sweep_path = sweep_path or f"{results}/layout/sweep/{device}/sweep.parquet"
     conv_paths = sorted(glob.glob(f"{results}/layout/*/{device}/convs.parquet"))
     if not os.path.exists(sweep_path) or not conv_paths:
         return None
@@ -75,14 +76,14 @@ def predictor(results: str, device: str) -> tuple[dict, pd.DataFrame] | None:
         per_model.append({"model": name, **score(model, c, ["nchw", "nhwc"])})
         convs.append(c)
     pooled = score(model, pd.concat(convs, ignore_index=True), ["nchw", "nhwc"])
-    return {"sweep_shapes": len(sweep), **pooled}, pd.DataFrame(per_model)
+    return {"sweep_shapes": len(sweep), "sweep": sweep_path, **pooled}, pd.DataFrame(per_model)
 
 
 def execution(results: str, device: str) -> pd.DataFrame | None:
-    path = f"{results}/layout/{device}/summary.csv"
-    if not os.path.exists(path):
+    paths = sorted(glob.glob(f"{results}/layout/*/{device}/execution.json"))
+    if not paths:
         return None
-    s = read_table(path)
+    s = pd.DataFrame([summary_row(read_json(p.replace("execution.json", "plan.json")), read_json(p)) for p in paths])
     cols = ["model", "convs", "status", "method", "solve_time_s", "backtrack_status", "backtrack_time_s", "n_nhwc",
             "best_single", "step_all_nchw_s", "step_all_nhwc_s", "step_planned_s", "predicted_planned_step_s",
             "step_predicted_plan_s", "speedup_vs_all_nchw", "speedup_vs_best_single", "within_noise_of_best_single",
@@ -119,6 +120,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--fast-memory", type=int, nargs="+", default=[1024, 8192])
+    ap.add_argument("--sweep", default=None, help="sweep table to train the predictor on (default: the workflow's)")
     args = ap.parse_args()
     load0 = load_average()
     parts = [f"# Layout stage benchmark (seed 004)\n\nWritten by `python bench/bench_layout.py` at "
@@ -130,13 +132,13 @@ def main() -> None:
                  f"Target: proven optimal on random DAGs up to 500 nodes within {args.time_limit:g} s: "
                  f"**{'met' if ok else 'NOT met'}** (largest exact solve {plan.exact_s.max():.3f} s). "
                  f"`excess`: plan time over the optimum.\n\n" + table(plan))
-    pred = predictor(args.results, args.device)
+    pred = predictor(args.results, args.device, args.sweep)
     if pred is None:
         parts.append("## 2. Predictor\n\nSkipped: no workflow results (run the layout targets first).")
     else:
         pooled, per_model = pred
         parts.append(f"## 2. Conv-time predictor on held-out model convs\n\nGradient-boosted trees (scikit-learn) on "
-                     f"{pooled['sweep_shapes']} random sweep shapes x 2 layouts; scored on every model's own convs "
+                     f"{pooled['sweep_shapes']} random sweep shapes x 2 layouts (`{pooled['sweep']}`); scored on every model's own convs "
                      f"(never in training). Pooled: R^2 = {pooled['r2']:.3f} (on log time {pooled['r2_log']:.3f}), "
                      f"median relative error {pooled['median_rel_error']:.3f}, faster layout picked right "
                      f"{pooled['layout_choice_agreement']:.0%} of convs. Target R^2 >= 0.9: "

@@ -4,7 +4,8 @@ conversion of its gradient). Median of ``repeats`` after ``warmup``; the machine
 
 ``clock: process`` (the default) times with the process's CPU time (``time.process_time``): on a shared,
 oversubscribed host it leaves out the time the process waits for a core, which wall time cannot; with one torch
-thread it equals the single-thread run time. ``clock: wall`` uses ``time.perf_counter``."""
+thread it equals the single-thread run time (with more threads it also counts the OpenMP workers' spin-waiting,
+so use ``threads: 1`` with it). ``clock: wall`` uses ``time.perf_counter``."""
 
 from __future__ import annotations
 

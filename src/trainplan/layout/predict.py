@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from trainplan.layout.graph import ConvInfo
 from trainplan.layout.measure import Timing, conv_time
@@ -47,6 +48,7 @@ def sweep_shapes(count: int, seed: int, batch_size: int = 2, max_macs: float = 1
 
 def measure_sweep(shapes: list[ConvInfo], layouts: list[str], timing: Timing) -> pd.DataFrame:
     """Forward and backward time of every sweep shape in every layout (one row per shape)."""
+    torch.set_num_threads(timing.threads)
     rows = []
     for conv in shapes:
         row = conv_row(conv)
