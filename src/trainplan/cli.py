@@ -7,12 +7,13 @@ import logging
 import sys
 from collections.abc import Callable
 
+from trainplan.align.cli import add_parser as add_align_parser
 from trainplan.align.units import AlignError
 from trainplan.fuse.cli import add_parser as add_fuse_parser
 from trainplan.fuse.errors import FuseError
 from trainplan.io import ArtifactError
-from trainplan.provenance.cli import add_parser as add_publish
 from trainplan.layout.cli import add_parser as add_layout_parser
+from trainplan.provenance.cli import add_parser as add_publish
 from trainplan.schedule.problem import ProblemError
 
 
@@ -60,10 +61,10 @@ def _run_schedule(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse.Namespace], int]]] = {
     "schedule": _add_schedule,
-    "align": lambda sub: __import__("trainplan.align.cli", fromlist=["add_parser"]).add_parser(sub),
-    "publish": add_publish,
     "fuse": add_fuse_parser,
+    "align": add_align_parser,
     "layout": add_layout_parser,
+    "publish": add_publish,
 }
 
 
