@@ -1,5 +1,4 @@
 import hashlib
-import os
 import importlib.util
 import os
 import sys
