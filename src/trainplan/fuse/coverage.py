@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trainplan.export import is_inplace
 from trainplan.fuse.graph import OpGraph
 
 
@@ -50,9 +51,11 @@ def internal_bytes(graph: OpGraph, members: set[int], alloc_bytes: np.ndarray, i
 
 def group_table(graph: OpGraph, groups: Sequence[Sequence[int]], ends: Sequence[tuple[int, int]],
                 nodes: pd.DataFrame, time_s: np.ndarray) -> pd.DataFrame:
-    """One row per group: ops, ends, phase, measured time, kernels (non-view ops) and internal bytes."""
+    """One row per group: ops, ends, phase, measured time, kernels (non-view and in-place ops), internal bytes."""
     alloc = nodes["alloc_bytes"].to_numpy()
     view = nodes["is_view"].to_numpy(dtype=bool)
+    # an in-place op allocates nothing and aliases its input (is_view in the export) but is a kernel
+    kernel = ~view | nodes["op"].fillna("").map(is_inplace).to_numpy(dtype=bool)
     phase = nodes["phase"].to_numpy()
     module = nodes["module"].to_numpy()
     rows = []
@@ -61,7 +64,7 @@ def group_table(graph: OpGraph, groups: Sequence[Sequence[int]], ends: Sequence[
         rows.append({
             "group": k, "n_ops": len(g), "input": graph.names[i], "output": graph.names[o],
             "phase": phases[0] if len(phases) == 1 else "mixed", "module": module[i],
-            "time_s": float(time_s[list(g)].sum()), "kernels": int((~view[list(g)]).sum()),
+            "time_s": float(time_s[list(g)].sum()), "kernels": int(kernel[list(g)].sum()),
             "alloc_bytes": int(alloc[list(g)].sum()), "internal_bytes": internal_bytes(graph, set(g), alloc, view),
             "ops": " ".join(graph.ops[u] for u in g),
         })
