@@ -64,6 +64,6 @@ def test_cached_and_granularity_reruns_plan(run, tmp_path):
     cfg["align"]["granularity_bytes"] = 16
     changed = tmp_path / "g16.yaml"
     changed.write_text(yaml.safe_dump(cfg))
-    out = snakemake(workdir, changed, "--dry-run", "--quiet", "rules", *TARGETS)
+    out = snakemake(workdir, changed, "--dry-run", *TARGETS, "--quiet", "rules")
     jobs = {m.group(1) for m in re.finditer(r"^(\w+)\s+\d+$", out.stdout + out.stderr, re.M)}
     assert {"align", "align_prove", "align_report"} <= jobs and "export" not in jobs
