@@ -123,7 +123,8 @@ def plan_for(tables, stages: list[list[str]], events_of) -> dict[str, Any]:
         rep = replay(problem, events)
         out.append({"index": i, "nodes": names, "problem": raw,
                     "schedule": {"status": "feasible", "events": [list(e) for e in events], "time": rep.time,
-                                 "peak_bytes": rep.peak_bytes, "budget_bytes": rep.peak_bytes}})
+                                 "peak_bytes": rep.peak_bytes, "budget_bytes": rep.peak_bytes, "bound": None,
+                                 "gap": None, "solve_seconds": 0.0, "method": "test"}})
     return {"model": "m", "device": "cpu", "k": len(stages), "budget_fraction": 1.0, "stages": out}
 
 
