@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.plots import _save
+from trainplan.plots import save_figure
 
 
 def plot_model(pred: pd.DataFrame, execution: dict[str, Any], path: str) -> None:
@@ -38,7 +38,7 @@ def plot_model(pred: pd.DataFrame, execution: dict[str, Any], path: str) -> None
     load = execution["load_average"]
     ax2.set_title(f"load avg {load['min']:.1f}-{load['max']:.1f}", fontsize=9)
     ax2.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_summary(summary: pd.DataFrame, preds: pd.DataFrame, io: pd.DataFrame, path: str) -> None:
@@ -71,4 +71,4 @@ def plot_summary(summary: pd.DataFrame, preds: pd.DataFrame, io: pd.DataFrame, p
     ax.set_xlabel("conv")
     ax.set_ylabel("dataflow I/O / lower bound")
     ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
