@@ -46,7 +46,7 @@ def test_resnet18_graph_has_residual_edges_and_is_a_dag():
 
 def test_measured_problem_plans_and_executes_with_matching_gradients():
     built = build_model("resnet18", {"source": "callable", "callable": "trainplan.zoo:resnet18",
-                                     "kwargs": {"image_size": 32, "batch_size": 2}})
+                                     "kwargs": {"image_size": 64, "batch_size": 4}})
     graph = trace_conv_graph(built.name, built.module, built.batch)
     tables = measure_graph(graph, ["nchw", "nhwc"], FAST)
     for name, table in tables.items():
