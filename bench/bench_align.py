@@ -104,7 +104,7 @@ def _from_summary(path: Path) -> dict[str, object]:
     s = json.loads(path.read_text())
     return {"model": s["model"], "policy": s["policy"], "granularity_bytes": s["granularity_bytes"], "ops": s["ops"],
             "tensors": s["tensors"], "tensor_bytes": s["tensor_bytes"], "pad_bytes": s["pad_bytes"],
-            "naive_pad_bytes": s["naive_pad_bytes"], "last_dim_pad_bytes": s["last_dim_pad_bytes"],
+            "naive_pad_bytes": s["naive_pad_bytes"], "last_dim_pad_bytes": s.get("last_dim_pad_bytes"),
             "aligned_before": s["tensors_aligned_before"], "aligned_after": s["tensors_aligned_after"],
             "ops_above_naive": 0 if s["never_more_than_naive_per_op"] else None, "naive_fallbacks": s["naive_fallbacks"]}
 
@@ -138,7 +138,7 @@ def model_table(models: list[str], config: str, retrace: bool) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     frame["pad_share"] = frame.pad_bytes / frame.tensor_bytes
     frame["naive_pad_share"] = frame.naive_pad_bytes / frame.tensor_bytes
-    frame["last_dim_pad_share"] = frame.last_dim_pad_bytes / frame.tensor_bytes
+    frame["last_dim_pad_share"] = frame.last_dim_pad_bytes.astype(float) / frame.tensor_bytes
     return frame
 
 
