@@ -170,18 +170,10 @@ def align_policy(wildcards):
 FUSE_TARGET = "|".join(sorted(config["fuse"]["targets"]))
 
 
-def fuse_target_spec(wildcards):
-    """The wildcard's fusion target; a relative table path not found here is taken from the repository."""
-    spec = dict(config["fuse"]["targets"][wildcards.target])
-    if "table" in spec and not os.path.isabs(spec["table"]) and not os.path.exists(spec["table"]):
-        spec["table"] = os.path.join(workflow.basedir, spec["table"])
-    return spec
-
-
 def fuse_table_files(wildcards):
-    """The YAML support table of the wildcard's fusion target (none for a builtin one)."""
-    spec = fuse_target_spec(wildcards)
-    return [spec["table"]] if "table" in spec else []
+    """The YAML support table of the wildcard's fusion target (none for a builtin one), found as study_file does."""
+    spec = config["fuse"]["targets"][wildcards.target]
+    return [study_file(spec["table"])] if "table" in spec else []
 
 
 def fuse_measure_files(wildcards):

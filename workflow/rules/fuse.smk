@@ -12,7 +12,7 @@ rule fuse:
     benchmark:
         "benchmarks/fuse/{model}/{device}/{target}.tsv"
     params:
-        target=fuse_target_spec,
+        target=lambda wildcards: config["fuse"]["targets"][wildcards.target],  # the table file is an input
         fx_max_nodes=config["fuse"]["fx_max_nodes"],
         code=code_version(
             "fuse.graph", "fuse.support", "fuse.prune", "fuse.merge", "fuse.partitioner", "fuse.baselines",

@@ -10,7 +10,7 @@ with log_to(snakemake.log[0]) as log:
     inp, par = snakemake.input, snakemake.params
     graph = read_graph(inp.nodes, inp.tensors, inp.summary)
     ops = read_table(inp.profile, ["name", "time_s"])
-    table = resolve_table(dict(par.target))
+    table = resolve_table({"table": inp.table[0]} if inp.table else dict(par.target))
     result = fuse_exported(graph.nodes, graph.tensors, ops, table, par.fx_max_nodes)
     stats = result.fusion.stats
     log.info("%s/%s: %d groups (%d of >= 2 ops), %d host nodes, %d rejected by the library, %.3f s",
