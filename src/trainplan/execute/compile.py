@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 from torch.fx.node import map_arg
@@ -144,23 +144,23 @@ def tick(stage: int, communication: bool) -> None:
 
 
 @contextmanager
-def clocking(clock: Clock) -> Iterator[Clock]:
+def _routed(stack: list, hook: Any) -> Iterator[Any]:
+    """Route the hooks of compiled modules run inside to ``hook`` (the innermost one wins)."""
+    stack.append(hook)
+    try:
+        yield hook
+    finally:
+        stack.pop()
+
+
+def clocking(clock: Clock) -> ContextManager[Clock]:
     """Route the clock hooks of compiled modules run inside to ``clock``."""
-    _CLOCKS.append(clock)
-    try:
-        yield clock
-    finally:
-        _CLOCKS.pop()
+    return _routed(_CLOCKS, clock)
 
 
-@contextmanager
-def probing(probe: Probe) -> Iterator[Probe]:
+def probing(probe: Probe) -> ContextManager[Probe]:
     """Route the probe hooks of compiled modules run inside to ``probe``."""
-    _PROBES.append(probe)
-    try:
-        yield probe
-    finally:
-        _PROBES.pop()
+    return _routed(_PROBES, probe)
 
 
 def slot_meta(node: torch.fx.Node, idx: int) -> SlotMeta:

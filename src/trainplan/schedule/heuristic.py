@@ -53,15 +53,9 @@ class Simulator:
     def _emit(self, kind: str, u: int) -> None:
         self.events.append((kind, self.p.ops[u].id))
 
-    def _compute(self, u: int) -> None:
-        self._emit("compute", u)
-        self.resident.add(u)
-        self._restore.clear()
-        self.used += self.p.ops[u].bytes
-        self.touched.append(u)
-
-    def _swap_in(self, u: int) -> None:
-        self._emit("swap_in", u)
+    def _bring(self, kind: str, u: int) -> None:
+        """Make ``u`` resident by ``kind`` (``compute`` or ``swap_in``)."""
+        self._emit(kind, u)
         self.resident.add(u)
         self._restore.clear()
         self.used += self.p.ops[u].bytes
@@ -168,7 +162,7 @@ class Simulator:
                 op = self.p.ops[v]
                 if not self.make_room(op.bytes + op.workspace, inner, t):
                     return False
-                self._compute(v)
+                self._bring("compute", v)
                 continue
             if v in self.resident:
                 stack.pop()
@@ -184,7 +178,7 @@ class Simulator:
                 stack.pop()
                 if not self.make_room(self.p.ops[v].bytes, prot, t):
                     return False
-                self._swap_in(v)
+                self._bring("swap_in", v)
                 continue
             inner = prot | {v, *self.p.inputs[v]}
             stack[-1] = (v, prot, inner)
@@ -200,7 +194,7 @@ class Simulator:
         op = self.p.ops[i]
         if not self.make_room(op.bytes + op.workspace, protected, i):
             return False
-        self._compute(i)
+        self._bring("compute", i)
         for u in {*self.p.inputs[i], *self.touched}:
             if u in self.resident and self.p.next_use(u, i + 1) is None:
                 self.free(u)
