@@ -21,6 +21,7 @@ from overflow_cases import op_nodes, traced_case
 from trainplan.cli import main as trainplan
 from trainplan.execute import PlanError, load_plan
 from trainplan.io import ArtifactError, read_json
+from trainplan.stage_schedule import read_stage_schedules
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "config" / "config.yaml"
@@ -110,16 +111,21 @@ def test_damaged_artifacts_are_named(study, tmp_path):
     work = tmp_path / "study"
     shutil.copytree(study, work)
     base = work / "results"
+    def reader(schema):
+        return lambda path: read_json(path, schema=schema)
+
     cases = {
-        "partition/tiny_gpt2/cpu/k1/partition.json": ("partition", lambda d: d["stages"][0]["nodes"].pop(), "n_nodes"),
-        "schedule/small_cnn/cpu/k1/b0.6/problems/stage0.json": ("problem", lambda d: d["ops"][0].pop("time"), "'time' is a required"),
-        "overflow/tiny_gpt2/iter1/findings.json": ("findings", lambda d: d["findings"].pop(), "'n_recorded' says"),
-        "balance/tiny_gpt2/cpu/k1/b0.6/iterations.json": ("iterations", lambda d: d.update(chosen_iteration=7), "chosen_iteration"),
+        "partition/tiny_gpt2/cpu/k1/partition.json": (reader("partition"), lambda d: d["stages"][0]["nodes"].pop(), "n_nodes"),
+        "schedule/small_cnn/cpu/k1/b0.6/schedules.json": (
+            read_stage_schedules, lambda d: d["stages"][0]["problem"]["ops"][0].pop("time"), "stage 0: .*'time'"),
+        "overflow/tiny_gpt2/iter1/findings.json": (reader("findings"), lambda d: d["findings"].pop(), "'n_recorded' says"),
+        "balance/tiny_gpt2/cpu/k1/b0.6/iterations.json": (
+            reader("iterations"), lambda d: d.update(chosen_iteration=7), "chosen_iteration"),
     }
-    for rel, (schema, edit, message) in cases.items():
+    for rel, (read, edit, message) in cases.items():
         damage(base / rel, edit)
         with pytest.raises(ArtifactError, match=rf"{re.escape(str(base / rel))}: .*{message}"):
-            read_json(base / rel, schema=schema)
+            read(base / rel)
     plan = base / "balance/small_cnn/cpu/k1/b0.6/plan.json"
     damage(plan, lambda d: d.update(k=3))
     with pytest.raises(PlanError, match=rf"{re.escape(str(plan))}: inconsistent plan artifact .*'k' is 3"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import tarfile
 from pathlib import Path
@@ -49,6 +50,24 @@ def study_files(study: Path) -> list[str]:
                   for p in (study / d).rglob("*") if p.is_file() and not p.name.startswith(".nfs"))
 
 
+def relocated_metadata(text: str, repo: Path) -> str:
+    """A Snakemake metadata record with the inputs found in the repository (config-named files of a study
+    run with ``--directory`` elsewhere: common.smk's ``study_file``) renamed to their path in the archive,
+    where the repository is the working directory; otherwise the unpacked study sees a changed set of
+    input files and reruns."""
+    record = json.loads(text)
+    prefix = str(repo.resolve()) + "/"
+
+    def local(name: str) -> str:
+        return name.removeprefix(prefix) if isinstance(name, str) else name
+
+    if isinstance(record.get("input"), list):
+        record["input"] = [local(name) for name in record["input"]]
+    if isinstance(record.get("input_checksums"), dict):
+        record["input_checksums"] = {local(name): digest for name, digest in record["input_checksums"].items()}
+    return json.dumps(record)
+
+
 def publish(study: str | Path, repo: str | Path, output: str | Path) -> list[str]:
     """Write ``output`` (.tar.gz, one top folder named after it); returns the archived paths.
 
@@ -73,10 +92,19 @@ def publish(study: str | Path, repo: str | Path, output: str | Path) -> list[str
         for name in code:
             tar.add(repo / name, arcname=f"{top}/{name}", recursive=False)
         for name in study_files(study):
-            tar.add(study / name, arcname=f"{top}/{name}", recursive=False)
+            if name.startswith(".snakemake/metadata/"):
+                add_text(tar, f"{top}/{name}", relocated_metadata((study / name).read_text(), repo),
+                         int((study / name).stat().st_mtime))
+            else:
+                tar.add(study / name, arcname=f"{top}/{name}", recursive=False)
         for name, text in extra.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"{top}/{name}")
-            info.size, info.mode, info.mtime = len(data), 0o644, int(Path(study / PROVENANCE).stat().st_mtime)
-            tar.addfile(info, io.BytesIO(data))
+            add_text(tar, f"{top}/{name}", text, int(Path(study / PROVENANCE).stat().st_mtime))
     return members
+
+
+def add_text(tar: tarfile.TarFile, arcname: str, text: str, mtime: int) -> None:
+    """Add ``text`` to ``tar`` as a regular file (mode 644) named ``arcname``."""
+    data = text.encode()
+    info = tarfile.TarInfo(arcname)
+    info.size, info.mode, info.mtime = len(data), 0o644, mtime
+    tar.addfile(info, io.BytesIO(data))
