@@ -112,6 +112,6 @@ def test_deterministic_shares_do_not_depend_on_wall_time(monkeypatch, workers):
         monkeypatch.setattr(solve_module, "guided", guided)
         limits.clear()
         s = solve(p, time_limit_s=6, workers=workers, seed=0, bisect=False, deterministic=True)
-        runs.append((list(limits), s.bound, s.events))
+        runs.append((sorted(limits), s.bound, s.events))  # with 2 workers two runs start at once, in either order
     assert len(runs[0][0]) >= 4
     assert runs[0] == runs[1]
