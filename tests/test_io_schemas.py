@@ -16,7 +16,7 @@ from trainplan.schemas import SchemaError, check, names
 
 
 def test_every_schema_is_valid_and_documented():
-    assert {"policy", "partition", "problem", "schedule", "plan", "findings", "iterations", "provenance"} <= set(names())
+    assert {"policy", "partition", "problem", "schedule", "plan", "findings", "iterations", "provenance", "validation"} <= set(names())
     for name in names():
         with pytest.raises(SchemaError, match=f"nowhere.json: not a valid {name} artifact"):
             check([], name, "nowhere.json")

@@ -121,6 +121,8 @@ def test_damaged_artifacts_are_named(study, tmp_path):
         "overflow/tiny_gpt2/iter1/findings.json": (reader("findings"), lambda d: d["findings"].pop(), "'n_recorded' says"),
         "balance/tiny_gpt2/cpu/k1/b0.6/iterations.json": (
             reader("iterations"), lambda d: d.update(chosen_iteration=7), "chosen_iteration"),
+        "validate/small_cnn/cpu/k1/b0.6/validation.json": (
+            reader("validation"), lambda d: d["stages"][0].update(index=3), r"stages\[0\]\.index is 3"),
     }
     for rel, (read, edit, message) in cases.items():
         damage(base / rel, edit)

@@ -7,5 +7,5 @@ from trainplan.logs import log_to
 
 with log_to(snakemake.log[0]):
     _, stages = load_plan(snakemake.input.plan)
-    plot_plan_memory(read_json(snakemake.input.validation), read_table(snakemake.input.timeline), stages,
+    plot_plan_memory(read_json(snakemake.input.validation, schema="validation"), read_table(snakemake.input.timeline), stages,
                      snakemake.output[0])

@@ -7,7 +7,7 @@ from trainplan.io import read_json, write_table
 from trainplan.logs import log_to
 
 with log_to(snakemake.log[0]) as log:
-    rows = [row for path in snakemake.input for row in summary_rows(read_json(path))]
+    rows = [row for path in snakemake.input for row in summary_rows(read_json(path, schema="validation"))]
     table = pd.DataFrame(rows)
     plans = table[["model", "k", "budget_fraction", "status"]].drop_duplicates()
     log.info("%d plan(s) validated: %s", len(snakemake.input), plans.status.value_counts().to_dict())

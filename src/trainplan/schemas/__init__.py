@@ -96,6 +96,15 @@ def _iterations(data: dict[str, Any]) -> list[str]:
     return [] if 0 <= data["chosen_iteration"] < n else [f"'chosen_iteration' {data['chosen_iteration']} of {n} iterations"]
 
 
+def _validation(data: dict[str, Any]) -> list[str]:
+    """A validation document: stages numbered in order, as many as the plan's k unless it failed before any
+    stage ran."""
+    errors = [f"stages[{pos}].index is {st['index']}" for pos, st in enumerate(data["stages"]) if st["index"] != pos]
+    if data["stages"] and len(data["stages"]) != data["k"]:
+        errors.append(f"'k' is {data['k']}, 'stages' has {len(data['stages'])} entries")
+    return errors
+
+
 INVARIANTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "policy": _counted_lists,
     "partition": _stage_lists,
@@ -103,6 +112,7 @@ INVARIANTS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "schedule": _event_counts,
     "findings": _findings,
     "iterations": _iterations,
+    "validation": _validation,
 }
 
 
