@@ -68,6 +68,8 @@ def study_stages():
         ("study.plan (export, profile, partition, schedule, balance, validate)", MODELS),
         ("study.overflow (fp16 overflow loop)", config["study"].get("overflow", [])),
         ("align (every plan and overflow model)", ALIGN_MODELS),
+        ("fuse.targets (on every plan model)", sorted(config["fuse"]["targets"])),
+        ("fuse.measure.targets (compiled and timed)", config["fuse"]["measure"]["targets"]),
     ]
     return parts + [(f"study.{part}", names) for part, names in config["study"].items() if part not in ("plan", "overflow")]
 
