@@ -20,6 +20,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from trainplan.schedule import deadline as dl
+from trainplan.schedule import lns
 from trainplan.schedule.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -106,16 +107,25 @@ class SearchStop:
 
 
 class _FirstSolution(cp_model.CpSolverSolutionCallback):
-    def __init__(self) -> None:
+    """Counts solutions and times the first; with ``hand_over_at`` (seconds on the solver's clock:
+    deterministic or wall), stops the search at the first solution found after it (LNS takes over)."""
+
+    def __init__(self, hand_over_at: float | None = None, deterministic: bool = True) -> None:
         super().__init__()
         self.t0 = time.perf_counter()
         self.first: float | None = None
         self.count = 0
+        self.hand_over_at, self.deterministic = hand_over_at, deterministic
+        self.handed_over = False
 
     def on_solution_callback(self) -> None:
         if self.first is None:
             self.first = time.perf_counter() - self.t0
         self.count += 1
+        clock = self.DeterministicTime() if self.deterministic else self.WallTime()
+        if self.hand_over_at is not None and clock >= self.hand_over_at:
+            self.handed_over = True
+            self.StopSearch()
 
 
 def _ticks(seconds: float, unit: float) -> int:
@@ -390,7 +400,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
               seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
               lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False,
               remat_ops: frozenset[int] | None = None, stop: SearchStop | None = None,
-              wall_cap_s: float | None = None) -> MipResult:
+              wall_cap_s: float | None = None, lns_share: float = 0.0) -> MipResult:
     """Build and solve the CP-SAT model; decode the best solution into events.
 
     ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
@@ -400,7 +410,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
     model, exact only within that restriction. ``stop``: lets another thread end the search early
     (``stats["stopped"]``). ``wall_cap_s``: the wall time left to the whole call, if it caps the run (see
-    :func:`configure`; the model build counts against it).
+    :func:`configure`; the model build counts against it). ``lns_share``: this share of the limit goes to
+    window LNS (:mod:`trainplan.schedule.lns`) from the first solution, if the first solve did not prove it.
     """
     t0 = time.perf_counter()
     ambient = dl.current().left()  # the call's deadline (inf in a worker thread, which passes wall_cap_s)
@@ -443,7 +454,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
                           "note": f"built in {build_s:.2f} s; no time left to load it"})
     solver = configure(time_limit_s, workers, seed, deterministic, verbose,
                        wall_cap_s=wall_cap(time_limit_s, deterministic, wall_cap_s) - build_s,
-                       det_per_second=det_per_second(len(m.Proto().variables)), interleave=True)
+                       det_per_second=det_per_second(variables), interleave=True)
     if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
         # the hint is a complete solution and proofs come from the relaxation bound, so every worker
         # improves it: on 100-op graphs this proved 26 of 32 runs within 9.5 s, the default portfolio 21
@@ -451,23 +462,42 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     if n > 200:  # probing and symmetry detection dominate presolve on big models; the hint gives a solution
         solver.parameters.cp_model_probing_level = 0
         solver.parameters.symmetry_level = 0
-    cb = _FirstSolution()
+    # with lns_share, the first solution found after (1 - lns_share) of the limit hands over to window LNS
+    clock_limit = solver.parameters.max_deterministic_time if deterministic else time_limit_s - build_s
+    cb = _FirstSolution((1.0 - lns_share) * clock_limit if lns_share > 0 else None, deterministic)
     if stop is not None:
         stop.attach(solver)  # a stop requested before Solve starts its search is missed: it only costs time
     code = solver.Solve(m, cb)
     status = solver.StatusName(code)
+    work = used_seconds(solver, time_limit_s, deterministic) if deterministic else time.perf_counter() - t0
+    values: Any = solver
+    if code == cp_model.FEASIBLE and cb.handed_over and not (stop is not None and stop.requested):
+        end = t0 + wall_cap(time_limit_s, deterministic, wall_cap_s)
+
+        def window_solver(seconds: float) -> cp_model.CpSolver:
+            return configure(seconds, workers, seed, deterministic, wall_cap_s=end - time.perf_counter(),
+                             det_per_second=det_per_second(variables), interleave=True)
+
+        found = lns.improve(model, g.fpos, g.base, g.horizon, list(solver.ResponseProto().solution),
+                            round(solver.ObjectiveValue()), time_limit_s - work, window_solver, deterministic)
+        work += found.work_s
+        values = _Values(found.solution)
+        lns_stats = {"windows": found.windows, "improved": found.improved, "sweeps": found.sweeps,
+                     "objective_before": solver.ObjectiveValue() * tu, "objective": found.objective * tu}
+    else:
+        lns_stats = None
     wall = time.perf_counter() - t0
-    work = used_seconds(solver, time_limit_s, deterministic) if deterministic else wall
     stats = {"copies": g.copies, "slots": g.slots[0], "positions": g.horizon,
              "remat_ops": n if remat_ops is None else len(remat_ops), "time_unit_s": tu, "byte_unit": bu,
              "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
              "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic,
              "deterministic_seconds": round(solver.ResponseProto().deterministic_time, 3),
-             "stopped": stop is not None and stop.requested}
+             "stopped": stop is not None and stop.requested, "lns": lns_stats}
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        obj, bnd = solver.ObjectiveValue() * tu, solver.BestObjectiveBound() * tu
+        obj = solver.ObjectiveValue() * tu if lns_stats is None else lns_stats["objective"]
+        bnd = solver.BestObjectiveBound() * tu
         log.info("mip %s objective %.6g s bound %.6g s wall %.2f s", status, obj, bnd, wall)
-        events = _decode(p, solver, g.horizon, model)
+        events = _decode(p, values, g.horizon, model)
         return MipResult(events, status, obj, bnd, wall, None if cb.first is None else cb.first + build_s, stats,
                          work)
     log.info("mip %s after %.2f s", status, wall)
@@ -505,7 +535,20 @@ def _add_live_set_cuts(m: cp_model.CpModel, p: Problem, ys: dict, cap_units: int
             live[i] = p.users[i][0]
 
 
-def _decode(p: Problem, solver: cp_model.CpSolver, H: int, model: _CpModel) -> Events:
+class _Values:
+    """A solution vector read like a solver (``Value``, ``BooleanValue``), for :func:`_decode`."""
+
+    def __init__(self, solution: list[int]) -> None:
+        self.solution = solution
+
+    def Value(self, var: Any) -> int:  # noqa: N802 (CP-SAT's spelling)
+        return self.solution[var.Index()]
+
+    def BooleanValue(self, var: Any) -> bool:  # noqa: N802
+        return bool(self.solution[var.Index()])
+
+
+def _decode(p: Problem, solver: cp_model.CpSolver | _Values, H: int, model: _CpModel) -> Events:
     """Events by position: the compute/swap-in, the first copy's swap-out, then frees of copies ending there."""
     s, e, pres, rc, out = model.s, model.e, model.pres, model.rc, model.out
     at: dict[int, tuple[str, int]] = {}

@@ -48,6 +48,7 @@ MAX_MIP_PROBES = 4  # at most this many bisection probes fall back to CP-SAT (a 
 DEADLINE_SHARE = 0.9  # every step of a call stops by this share of its time limit; the rest covers the final
 # replay, writing the schedule and CP-SAT's stop latency (see docs/schedule.md, "Time limit")
 COMPARE_BASELINE_SHARE = 0.5  # compare(): the baselines share this part of the limit, ours gets the rest
+LNS_SHARE = 0.5  # the last CP-SAT run gives this share of its time to window LNS from its first solution
 HINT_MAX_COPIES = 4  # CP-SAT gets the incumbent as a hint only if no op has more residency periods in it: its
 # grid grows to fit the hint (a greedy schedule of the 100-op layered DAG at 80%: 13 copies, 47k variables
 # and no solution within a 60 s limit); beyond, CP-SAT starts on the default grid and the hint stays the
@@ -227,7 +228,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     elif res is None:  # after the staged model (or instead of it), from the best schedule and bound
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
                         hint=cp_hint(problem, inc.events), copies=copies, lower_bound_ticks=best.ticks,
-                        deterministic=deterministic, verbose=verbose, wall_cap_s=clock.wall_left())
+                        deterministic=deterministic, verbose=verbose, wall_cap_s=clock.wall_left(),
+                        lns_share=LNS_SHARE)
     sched = _answer(problem, budget, inc, best, proven, res, t0, extra)
     return set_budget_status(sched, "met" if sched.ok else "not_found")
 
