@@ -107,25 +107,16 @@ class SearchStop:
 
 
 class _FirstSolution(cp_model.CpSolverSolutionCallback):
-    """Counts solutions and times the first; with ``hand_over_at`` (seconds on the solver's clock:
-    deterministic or wall), stops the search at the first solution found after it (LNS takes over)."""
-
-    def __init__(self, hand_over_at: float | None = None, deterministic: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.t0 = time.perf_counter()
         self.first: float | None = None
         self.count = 0
-        self.hand_over_at, self.deterministic = hand_over_at, deterministic
-        self.handed_over = False
 
     def on_solution_callback(self) -> None:
         if self.first is None:
             self.first = time.perf_counter() - self.t0
         self.count += 1
-        clock = self.DeterministicTime() if self.deterministic else self.WallTime()
-        if self.hand_over_at is not None and clock >= self.hand_over_at:
-            self.handed_over = True
-            self.StopSearch()
 
 
 def _ticks(seconds: float, unit: float) -> int:
@@ -452,34 +443,37 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
                          {"copies": g.copies, "slots": max(g.slots), "variables": variables,
                           "note": f"built in {build_s:.2f} s; no time left to load it"})
-    solver = configure(time_limit_s, workers, seed, deterministic, verbose,
-                       wall_cap_s=wall_cap(time_limit_s, deterministic, wall_cap_s) - build_s,
-                       det_per_second=det_per_second(variables), interleave=True)
-    if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
-        # the hint is a complete solution and proofs come from the relaxation bound, so every worker
-        # improves it: on 100-op graphs this proved 26 of 32 runs within 9.5 s, the default portfolio 21
-        solver.parameters.use_lns_only = True
-    if n > 200:  # probing and symmetry detection dominate presolve on big models; the hint gives a solution
-        solver.parameters.cp_model_probing_level = 0
-        solver.parameters.symmetry_level = 0
-    # with lns_share, the first solution found after (1 - lns_share) of the limit hands over to window LNS
-    clock_limit = solver.parameters.max_deterministic_time if deterministic else time_limit_s - build_s
-    cb = _FirstSolution((1.0 - lns_share) * clock_limit if lns_share > 0 else None, deterministic)
+    first_s = time_limit_s * (1.0 - lns_share)  # with lns_share, window LNS may take over from here
+
+    def make_solver(seconds: float) -> cp_model.CpSolver:
+        solver = configure(seconds, workers, seed, deterministic, verbose,
+                           wall_cap_s=wall_cap(time_limit_s, deterministic, wall_cap_s) - (time.perf_counter() - t0),
+                           det_per_second=det_per_second(variables), interleave=True)
+        if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
+            # the hint is a complete solution and proofs come from the relaxation bound, so every worker
+            # improves it: on 100-op graphs this proved 26 of 32 runs within 9.5 s, the default portfolio 21
+            solver.parameters.use_lns_only = True
+        if n > 200:  # probing and symmetry detection dominate presolve on big models; the hint gives a solution
+            solver.parameters.cp_model_probing_level = 0
+            solver.parameters.symmetry_level = 0
+        return solver
+
+    solver = make_solver(first_s)
+    cb = _FirstSolution()
     if stop is not None:
         stop.attach(solver)  # a stop requested before Solve starts its search is missed: it only costs time
     code = solver.Solve(m, cb)
+    work = used_seconds(solver, first_s, deterministic) if deterministic else time.perf_counter() - t0
+    stopped = stop is not None and stop.requested
+    if lns_share > 0 and code == cp_model.UNKNOWN and not stopped and time_limit_s - work > lns.MIN_WINDOW_S:
+        solver = make_solver(time_limit_s - work)  # no solution yet: the whole model gets the rest
+        code = solver.Solve(m, cb)
+        work += used_seconds(solver, time_limit_s - work, deterministic) if deterministic else solver.WallTime()
     status = solver.StatusName(code)
-    work = used_seconds(solver, time_limit_s, deterministic) if deterministic else time.perf_counter() - t0
     values: Any = solver
-    if code == cp_model.FEASIBLE and cb.handed_over and not (stop is not None and stop.requested):
-        end = t0 + wall_cap(time_limit_s, deterministic, wall_cap_s)
-
-        def window_solver(seconds: float) -> cp_model.CpSolver:
-            return configure(seconds, workers, seed, deterministic, wall_cap_s=end - time.perf_counter(),
-                             det_per_second=det_per_second(variables), interleave=True)
-
+    if lns_share > 0 and code == cp_model.FEASIBLE and not stopped and time_limit_s - work > lns.MIN_WINDOW_S:
         found = lns.improve(model, g.fpos, g.base, g.horizon, list(solver.ResponseProto().solution),
-                            round(solver.ObjectiveValue()), time_limit_s - work, window_solver, deterministic)
+                            round(solver.ObjectiveValue()), time_limit_s - work, make_solver, deterministic)
         work += found.work_s
         values = _Values(found.solution)
         lns_stats = {"windows": found.windows, "improved": found.improved, "sweeps": found.sweeps,
