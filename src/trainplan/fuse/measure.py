@@ -157,7 +157,7 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
     by_name = {n.name: n for n in gm.graph.nodes}
     chosen = select_groups(groups, min_ops, max_groups)
     members = {g["id"]: g["nodes"] for g in groups_doc["groups"]}
-    rows = []
+    rows, failed = [], []
     with torch.no_grad():
         _, env = timed_run(gm, inputs, lambda: None, keep_values=True)
         for row in chosen.itertuples(index=False):
@@ -165,7 +165,12 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
             sub, sub_inputs, _ = fuse_as_graphmodule(gm, nodes, f"group_{row.group}")
             args = [env[n] for n in sub_inputs]
             unfused = _median_time(lambda: sub(*args), repeats, warmup)
-            compiled, compile_s, launches = _compile(sub, args)
+            try:
+                compiled, compile_s, launches = _compile(sub, args)
+            except Exception as exc:  # Inductor cannot compile this submodule: reported, left unfused
+                failed.append({"group": int(row.group), "n_ops": int(row.n_ops), "error": _error_line(exc)})
+                log(f"group {row.group} ({row.n_ops} ops): Inductor failed, left unfused: {failed[-1]['error']}")
+                continue
             fused = _median_time(lambda: compiled(*args), repeats, warmup)
             # an in-place member (a residual add_) mutates its argument on every call: check on fresh copies
             compare_outputs(compiled(*_copies(args)), sub(*_copies(args)), rtol, atol)
@@ -177,14 +182,15 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
             log(f"group {row.group} ({row.n_ops} ops): unfused {unfused * 1e3:.3f} ms, fused {fused * 1e3:.3f} ms, "
                 f"compile {compile_s:.1f} s")
         del env
+        compiled_groups = [g for g in chosen["group"] if g not in {f["group"] for f in failed}]
         summary = _whole_step(gm, inputs, [[n.name for n in _fusible_members([by_name[m] for m in members[g]])]
-                                           for g in chosen["group"]], repeats, warmup, whole_step, rtol, atol, log)
+                                           for g in compiled_groups], repeats, warmup, whole_step, rtol, atol, log)
     table = pd.DataFrame(rows, columns=["group", "n_ops", "phase", "module", "profiled_s", "unfused_s", "fused_s",
                                         "speedup", "kernels_unfused", "kernels_fused", "launches_saved",
                                         "internal_bytes", "compile_s"])
     summary.update({
         "model": built.name, "groups_eligible": int(((groups["n_ops"] >= min_ops) & (groups["kernels"] >= 1)).sum()),
-        "groups_measured": len(rows), "cap": {"max_groups": max_groups, "min_ops": min_ops,
+        "groups_measured": len(rows), "groups_failed": failed, "cap": {"max_groups": max_groups, "min_ops": min_ops,
                                              "order": "largest measured (profiled) time first"},
         "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "launches_saved": int(table["launches_saved"].sum()) if len(table) else 0,
@@ -192,6 +198,11 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
         "group_compile_s": float(table["compile_s"].sum()) if len(table) else 0.0,
     })
     return table, summary
+
+
+def _error_line(exc: Exception) -> str:
+    """The exception's type and the first line of its message."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: list[list[str]],
@@ -220,7 +231,7 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
             whole = torch._inductor.compile(gm, inputs)
             got = whole(*inputs)
         except Exception as exc:  # a step torch.compile cannot compile is reported, not fatal
-            out["whole_compile_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            out["whole_compile_error"] = _error_line(exc)
             log(f"torch.compile of the whole step failed: {out['whole_compile_error']}")
             return out
         out["whole_compile_s"] = time.perf_counter() - start
