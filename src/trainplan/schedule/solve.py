@@ -14,7 +14,6 @@ from trainplan.schedule import deadline as dl
 from trainplan.schedule.bounds import RELAXATION_PROOF, Bound, floor_proof, relaxation_bound, trivial_bound
 from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.checkmate import checkmate
-from trainplan.schedule.checkmate import model_size as checkmate_size
 from trainplan.schedule.dtr import dtr_plan
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
 from trainplan.schedule.mip import MipResult, SearchStop, copies_from_events, objective_ticks, solve_mip
@@ -39,8 +38,6 @@ STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at 
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
 DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
-CHECKMATE_SECONDS_PER_VARIABLE = 200e-6  # building and loading Checkmate's MILP: 130-180 us per variable here
-# (under load, n = 100-250): it is built only if that fits, and solved for the rest of the limit
 GUIDED_SHARE = 0.2  # the relaxation-guided greedy run is abandoned after this share of the limit
 MIN_STEP_S = 0.05  # a step (relaxation, CP-SAT run) starts only with at least this much wall time left
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
@@ -461,13 +458,8 @@ def _baseline(problem: Problem, method: str, time_limit_s: float, workers: int, 
         return baselines.sqrt_checkpoint(problem, time_limit_s)
     if method == "swap_only":
         return baselines.swap_only(problem, time_limit_s)
-    if method == "checkmate":
-        left = min(time_limit_s, dl.current().left())
-        build_s = checkmate_size(problem) * CHECKMATE_SECONDS_PER_VARIABLE
-        if build_s + MIN_STEP_S > left:
-            return no_schedule(problem.budget_bytes, "checkmate", 0.0, f"MILP not built: {checkmate_size(problem)} "
-                               f"variables (about {build_s:.1f} s to build) do not fit in {left:.1f} s")
-        return checkmate(problem, time_limit_s=left - build_s, workers=workers, seed=seed)
+    if method == "checkmate":  # the MILP where it builds in time, else its LP rounding (checkmate decides)
+        return checkmate(problem, time_limit_s=min(time_limit_s, dl.current().left()), workers=workers, seed=seed)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
