@@ -56,10 +56,13 @@ def relocated_metadata(text: str, repo: Path) -> str:
     where the repository is the working directory; otherwise the unpacked study sees a changed set of
     input files and reruns."""
     record = json.loads(text)
-    prefix = str(repo.resolve()) + "/"
+    prefixes = {str(repo.absolute()) + "/", str(repo.resolve()) + "/"}  # as recorded, and with links resolved
 
     def local(name: str) -> str:
-        return name.removeprefix(prefix) if isinstance(name, str) else name
+        for prefix in prefixes:
+            if isinstance(name, str) and name.startswith(prefix):
+                return name.removeprefix(prefix)
+        return name
 
     if isinstance(record.get("input"), list):
         record["input"] = [local(name) for name in record["input"]]

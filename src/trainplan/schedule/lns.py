@@ -11,7 +11,6 @@ nothing or the time is up. Every window's answer satisfies the whole model, so i
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 
@@ -84,21 +83,22 @@ def _window_model(base_model: cp_model.CpModel, model, fpos: list[int], solution
     n_free = 0
     for u, row in enumerate(free):
         for k, is_free in enumerate(row):
-            per_copy = [v for v in (model.s[u][k], model.e[u][k], model.size[u][k]) if k or v is not model.s[u][k]]
+            ints = ([model.s[u][k]] if k else []) + [model.e[u][k], model.size[u][k]]  # copy 0 starts at a constant
             lits = [x for x in (model.pres[u][k] if k else None, model.rc[u][k], model.sw[u][k]) if x is not None]
-            if is_free:
-                n_free += 1
-                if k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in the window
-                    dom = list(proto.variables[model.s[u][k].Index()].domain)
-                    start_lo, start_hi = max(lo, dom[0]), min(hi - 1, dom[-1])
-                    if start_lo > start_hi:
-                        for x in lits:
-                            _fix(proto, x, 0)
-                        continue
+            if not is_free:
+                for v in ints + lits:
+                    _fix(proto, v, solution[v.Index()])
+            elif k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in the window
+                dom = list(proto.variables[model.s[u][k].Index()].domain)
+                start_lo, start_hi = max(lo, dom[0]), min(hi - 1, dom[-1])
+                if start_lo > start_hi:
+                    for x in lits:
+                        _fix(proto, x, 0)
+                else:
                     _set_domain(proto, model.s[u][k], start_lo, start_hi)
-                continue
-            for v in per_copy + lits:
-                _fix(proto, v, solution[v.Index()])
+                    n_free += 1
+            else:
+                n_free += 1
         if model.out[u] is not None and not any(row):
             _fix(proto, model.out[u], solution[model.out[u].Index()])
     sub.ClearHints()
@@ -142,5 +142,5 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
                 improved += 1
         log.info("lns sweep %d: objective %d -> %d (%d windows tried, %.2f s used)", sweeps, before, best_obj,
                  tried, used)
-        if best_obj >= before or math.isclose(used, time_limit_s):
+        if best_obj >= before:  # a sweep that improved nothing (the time running out returns above)
             return LnsResult(best, best_obj, tried, improved, sweeps, used)

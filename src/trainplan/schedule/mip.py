@@ -401,8 +401,9 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
     model, exact only within that restriction. ``stop``: lets another thread end the search early
     (``stats["stopped"]``). ``wall_cap_s``: the wall time left to the whole call, if it caps the run (see
-    :func:`configure`; the model build counts against it). ``lns_share``: this share of the limit goes to
-    window LNS (:mod:`trainplan.schedule.lns`) from the first solution, if the first solve did not prove it.
+    :func:`configure`; the model build counts against it). ``lns_share``: with a hint, the search stops after (1 -
+    this) of the limit and window LNS (:mod:`trainplan.schedule.lns`) improves its solution for the rest;
+    from scratch the search keeps the whole limit.
     """
     t0 = time.perf_counter()
     ambient = dl.current().left()  # the call's deadline (inf in a worker thread, which passes wall_cap_s)
@@ -488,7 +489,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
              "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
              "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic,
              "deterministic_seconds": round(solver.ResponseProto().deterministic_time, 3),
-             "stopped": stop is not None and stop.requested, "lns": lns_stats}
+             "stopped": stopped, "lns": lns_stats}
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         obj = solver.ObjectiveValue() * tu if lns_stats is None else lns_stats["objective"]
         bnd = solver.BestObjectiveBound() * tu

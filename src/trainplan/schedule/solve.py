@@ -45,7 +45,7 @@ MAX_MIP_PROBES = 4  # at most this many bisection probes fall back to CP-SAT (a 
 DEADLINE_SHARE = 0.9  # every step of a call stops by this share of its time limit; the rest covers the final
 # replay, writing the schedule and CP-SAT's stop latency (see docs/schedule.md, "Time limit")
 COMPARE_BASELINE_SHARE = 0.5  # compare(): the baselines share this part of the limit, ours gets the rest
-LNS_SHARE = 0.5  # the last CP-SAT run gives this share of its time to window LNS from its first solution
+LNS_SHARE = 0.5  # a hinted last CP-SAT run gives this share of its time to window LNS (solve_mip's lns_share)
 HINT_MAX_COPIES = 4  # CP-SAT gets the incumbent as a hint only if no op has more residency periods in it: its
 # grid grows to fit the hint (a greedy schedule of the 100-op layered DAG at 80%: 13 copies, 47k variables
 # and no solution within a 60 s limit); beyond, CP-SAT starts on the default grid and the hint stays the
