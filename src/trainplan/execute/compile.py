@@ -276,6 +276,11 @@ class _Compiler:
                         self._hold(st, slot, self._call(view, storage, *slot_meta(self.layout.nodes[slot[0]], slot[1])))
         for node in op.nodes:
             self._emit(st, node, op_id, op.storages)
+        if op.internal:  # a fused group's storages that never leave it: dropped at the end of its compute
+            slots = self._on(st, set(op.internal))
+            self._call(free, *dict.fromkeys(st.env.pop(s) for s in slots))
+            for sid in op.internal:
+                st.pending.pop(sid, None)
         for sid in op.storages:
             st.resident.add(sid)
             st.pending.pop(sid, None)

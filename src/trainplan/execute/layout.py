@@ -60,6 +60,7 @@ class OpSpec:
     storages: tuple[int, ...]
     bytes: int
     boundary: bool
+    internal: tuple[int, ...] = ()  # a fused group's storages made and freed within its compute
 
 
 @dataclass
@@ -78,13 +79,15 @@ class StageLayout:
         holder: dict[int, str] = {}
         for raw in stage.raw["ops"]:
             spec = OpSpec(raw["id"], [layout.nodes[n] for n in raw["nodes"]], tuple(int(s) for s in raw["storages"]),
-                          int(raw["bytes"]), bool(raw.get("boundary", False)))
+                          int(raw["bytes"]), bool(raw.get("boundary", False)),
+                          tuple(int(s) for s in raw.get("internal", ())))
             ops[spec.id] = spec
             holder.update((sid, spec.id) for sid in spec.storages)
         fixed = {
             layout.storage[(a.name, -1)]
-            for name in stage.nodes
-            for a in layout.nodes[name].all_input_nodes
+            for op in ops.values()
+            for node in op.nodes
+            for a in node.all_input_nodes
             if a.op in ("placeholder", "get_attr")
         }
         return cls(stage.index, ops, holder, fixed)

@@ -24,7 +24,7 @@ class PlanError(ValueError):
 
 @dataclass
 class StagePlan:
-    """One stage of a plan: its fx nodes, raw problem dict, validated problem and schedule dict."""
+    """One stage of a plan: the fx nodes its ops run, raw problem dict, validated problem and schedule dict."""
 
     index: int
     nodes: list[str]
@@ -57,7 +57,9 @@ def _stage(pos: int, raw: Any, where: str) -> StagePlan:
     for op in raw["problem"]["ops"]:
         if not isinstance(op.get("nodes"), list) or not isinstance(op.get("storages"), list):
             raise PlanError(f"{where}: stages[{pos}] op '{op['id']}' lacks 'nodes'/'storages' (not a stage_problem plan)")
-    stage = StagePlan(pos, list(raw["nodes"]), raw["problem"], problem, raw["schedule"])
+    # the fx nodes its ops run: the stage's own nodes, or on the fused graph its groups' members
+    nodes = list(dict.fromkeys(n for op in raw["problem"]["ops"] for n in op["nodes"]))
+    stage = StagePlan(pos, nodes, raw["problem"], problem, raw["schedule"])
     if stage.executable:
         for key in ("time", "peak_bytes", "budget_bytes"):
             if not isinstance(stage.schedule.get(key), (int, float)) or isinstance(stage.schedule.get(key), bool):

@@ -132,10 +132,14 @@ class DevicePool:
         for slot in [s for s, (_, owner) in self.extras.items() if owner == sid]:
             del self.extras[slot]
 
+    def drop_pending(self, sid: int) -> None:
+        """Release a pending storage (an extra kernel output, a fused group's internal one) and its views."""
+        self.pending.pop(sid, None)
+        self.views.pop(sid, None)
+
     def drop_pending_of(self, op_id: str) -> None:
         for sid in [s for s, (_, op) in self.pending.items() if op == op_id]:
-            del self.pending[sid]
-            self.views.pop(sid, None)
+            self.drop_pending(sid)
 
     def held(self) -> dict[int, int]:
         """Bytes of every distinct storage held, keyed by data pointer (fixed storages included)."""

@@ -125,6 +125,8 @@ class StageRunner:
                 self.pool.put(sid, self.pool.pending[sid][0])
         for node in op.nodes:
             self._run_node(node, op)
+        for sid in op.internal:  # a fused group's storages that never leave it
+            self.pool.drop_pending(sid)
         for sid in op.storages:
             if sid not in self.pool.resident:  # an extra output whose kernel ran while it was held: run it again
                 self.shared.regenerated.append(op.id)
