@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from trainplan.fuse.check import check_grouping
 from trainplan.fuse.exported import graph_from_export
@@ -39,3 +40,32 @@ def test_fuse_and_measure_on_the_tiny_study(tmp_path: Path) -> None:
     assert (measured[["unfused_s", "fused_s", "compile_s"]] > 0).all().all()
     assert (measured["kernels_fused"] >= 1).all()
     assert (tmp_path / "results/plots/small_cnn/cpu/fuse_inductor.png").stat().st_size > 10_000
+
+
+@pytest.mark.workflow
+def test_plans_on_the_fused_graph_next_to_the_raw_graph(tmp_path: Path) -> None:
+    """fuse.plan: the tiny models' fused graphs go through partition, schedule, balance and validate; the
+    comparison has both graphs, the fused one with fewer ops, and its plans run with exact peaks."""
+    cfg = yaml.safe_load(TINY.read_text())
+    cfg["fuse"] = {"plan": ["inductor"], "measure": {**cfg["fuse"]["measure"], "targets": ["inductor"]}}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = snakemake(tmp_path / "w", config, "results/fuse/cpu/plan_compare.csv")
+    assert out.returncode == 0, out.stderr[-4000:]
+    work = tmp_path / "w"
+    table = pd.read_csv(work / "results/fuse/cpu/plan_compare.csv")
+    assert sorted(zip(table.model, table.graph)) == [("small_cnn", "inductor"), ("small_cnn", "raw"),
+                                                     ("tiny_gpt2", "inductor"), ("tiny_gpt2", "raw")]
+    fused, raw = table[table.graph == "inductor"].set_index("model"), table[table.graph == "raw"].set_index("model")
+    assert (fused.problem_ops < raw.problem_ops).all() and (fused.graph_ops < raw.graph_ops).all()
+    assert (fused.planned_fused_kernels_s.notna()).all() and (raw.planned_fused_kernels_s.isna()).all()
+    for model in ("tiny_gpt2", "small_cnn"):
+        graph = json.loads((work / f"results/fuse/{model}/cpu/inductor/graph/graph.json").read_text())["fused"]
+        assert graph["ops_coarse"] == fused.at[model, "graph_ops"] < graph["ops_raw"] == raw.at[model, "graph_ops"]
+        ops = pd.read_parquet(work / f"results/profile/{model}+inductor/cpu/ops.parquet")
+        raw_ops = pd.read_parquet(work / f"results/profile/{model}/cpu/ops.parquet")
+        assert ops.time_s.sum() == pytest.approx(raw_ops.time_s.sum())
+        report = json.loads((work / f"results/validate/{model}+inductor/cpu/k1/b0.6/validation.json").read_text())
+        assert report["gradients"]["vs_compiled_step"]["within_tolerance"] and report["gradients"]["vs_interpreter"]["bit_exact"]
+        for stage in report["stages"]:
+            assert stage["measured_peak_bytes"] == stage["predicted_peak_bytes"] <= stage["budget_bytes"]

@@ -1,6 +1,7 @@
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -23,6 +24,9 @@ for _key in list(config):
     config[_key] = _sorted_keys(config[_key])
 
 MODELS = config["study"]["plan"]
+# The fused graph of a planned model is planned as model '<model>+<target>' (fuse.plan; docs/fuse.md).
+FUSED_PLAN = [f"{model}+{target}" for model in MODELS for target in config["fuse"]["plan"]]
+PLAN_MODELS = MODELS + FUSED_PLAN
 # The alignment stage runs over every model of the study (planned or overflow-checked), each once.
 ALIGN_MODELS = list(dict.fromkeys(MODELS + config["study"].get("overflow", [])))
 # One device or a list of them (a sweep over devices): every planned result is made for each.
@@ -85,8 +89,12 @@ if workflow.is_main_process:
     _print_study()
 
 
+RAW_MODEL = "|".join(re.escape(name) for name in sorted(config["models"]))
+FUSE_TARGET = "|".join(sorted(config["fuse"]["targets"]))
+
+
 wildcard_constraints:
-    model="|".join(sorted(config["models"])),
+    model="|".join([RAW_MODEL] + [re.escape(name) for name in FUSED_PLAN]),
     device="[A-Za-z0-9_-]+",
     backend="cpu|cuda",
     k="[1-9][0-9]*",
@@ -112,9 +120,14 @@ def study_file(path):
     return os.path.join(os.path.dirname(os.path.abspath(workflow.main_snakefile)), path)
 
 
+def base_model(name):
+    """The configured model of a model wildcard: itself, or the model of a fused graph '<model>+<target>'."""
+    return name.partition("+")[0]
+
+
 def model_spec(wildcards):
-    """The config entry of the model named by the wildcard."""
-    return config["models"][wildcards.model]
+    """The config entry of the model named by the wildcard (of its model, for a fused graph)."""
+    return config["models"][base_model(wildcards.model)]
 
 
 def device_spec(wildcards):
@@ -136,9 +149,20 @@ def graph_files(model, backend):
     }
 
 
-def export_inputs(wildcards):
-    """Graph artifacts of the wildcard's model, traced on the wildcard device's type."""
-    return graph_files(wildcards.model, backend_of(wildcards.device))
+def traced_graph_inputs(wildcards):
+    """Graph artifacts of the wildcard's model as traced on the wildcard device's type (for a fused graph:
+    of its model, whose fx nodes the plan runs)."""
+    return graph_files(base_model(wildcards.model), backend_of(wildcards.device))
+
+
+def plan_graph_inputs(wildcards):
+    """Graph artifacts the plan of the wildcard's model is made on: the traced graph, or for
+    '<model>+<target>' the fused graph (rule coarsen)."""
+    model, _, target = wildcards.model.partition("+")
+    if not target:
+        return traced_graph_inputs(wildcards)
+    folder = f"results/fuse/{model}/{wildcards.device}/{target}/graph"
+    return {"nodes": f"{folder}/nodes.parquet", "tensors": f"{folder}/tensors.parquet", "summary": f"{folder}/graph.json"}
 
 
 def schedule_tables(wildcards):
@@ -151,10 +175,10 @@ def schedule_tables(wildcards):
 
 
 def validation_files():
-    """Validation documents of every planned model, budget and stage count."""
+    """Validation documents of every planned model (fused graphs included), budget and stage count."""
     return expand(
         "results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
-        model=MODELS,
+        model=PLAN_MODELS,
         device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],
@@ -167,9 +191,6 @@ def align_policy(wildcards):
     if wildcards.model in config["study"].get("overflow", []):
         return f"results/overflow/{wildcards.model}/final_policy.yaml"
     return study_file(config["overflow"]["policy"])
-
-
-FUSE_TARGET = "|".join(sorted(config["fuse"]["targets"]))
 
 
 def fuse_table_files(wildcards):
@@ -186,15 +207,49 @@ def fuse_measure_files(wildcards):
 
 
 def fuse_targets():
-    """Fusion groups and figures of every planned model and target; measurements of the measured targets."""
-    unknown = sorted(set(config["fuse"]["measure"]["targets"]) - set(config["fuse"]["targets"]))
-    if unknown:
-        raise WorkflowError(f"config key 'fuse.measure.targets': '{unknown[0]}' is not one of fuse.targets")
-    return expand(
+    """Fusion groups and figures of every planned model and target; measurements of the measured targets;
+    the comparison of plans on the fused graphs (fuse.plan) with the raw graph's."""
+    for key in ("measure.targets", "plan"):
+        names = config["fuse"]["measure"]["targets"] if key == "measure.targets" else config["fuse"]["plan"]
+        unknown = sorted(set(names) - set(config["fuse"]["targets"]))
+        if unknown:
+            raise WorkflowError(f"config key 'fuse.{key}': '{unknown[0]}' is not one of fuse.targets")
+    compare = expand(["results/fuse/{device}/plan_compare.csv", "results/plots/fuse/{device}/plan_compare.png"],
+                     device=DEVICES) if config["fuse"]["plan"] and MODELS else []
+    return compare + expand(
         ["results/fuse/{model}/{device}/{target}/groups.json", "results/plots/{model}/{device}/fuse_{target}.png"],
         model=MODELS, device=DEVICES, target=sorted(config["fuse"]["targets"]),
     ) + expand("results/fuse/{model}/{device}/{target}/measure.json", model=MODELS, device=DEVICES,
                target=config["fuse"]["measure"]["targets"])
+
+
+def fuse_plan_cases():
+    """Every planned (model, graph, k, budget) for the fused-vs-raw comparison, graph 'raw' or a target of
+    fuse.plan; ``coarse``: index of the fused graph's profile in fuse_plan_inputs' ``coarse_ops``."""
+    pairs = [(model, target) for model in MODELS for target in config["fuse"]["plan"]]
+    return [
+        {"model": model, "graph": graph, "name": model if graph == "raw" else f"{model}+{graph}", "k": k,
+         "budget": budget, "coarse": None if graph == "raw" else pairs.index((model, graph))}
+        for model in MODELS
+        for graph in ["raw"] + config["fuse"]["plan"]
+        for k in config["stages"]
+        for budget in config["budgets"]
+    ]
+
+
+def fuse_plan_inputs(wildcards):
+    """Partition, schedules, plan and validation of every case of fuse_plan_cases on the wildcard's device,
+    and the fused graphs' profiles."""
+    cases = fuse_plan_cases()
+    where = lambda c: f"{c['name']}/{wildcards.device}/k{c['k']}"
+    return {
+        "partitions": [f"results/partition/{where(c)}/partition.json" for c in cases],
+        "schedules": [f"results/schedule/{where(c)}/b{c['budget']}/schedules.json" for c in cases],
+        "plans": [f"results/balance/{where(c)}/b{c['budget']}/plan.json" for c in cases],
+        "validations": [f"results/validate/{where(c)}/b{c['budget']}/validation.json" for c in cases],
+        "coarse_ops": [f"results/profile/{m}+{t}/{wildcards.device}/ops.parquet"
+                       for m in MODELS for t in config["fuse"]["plan"]],
+    }
 
 
 LAYOUT_MODELS = config["study"].get("layout", [])
@@ -245,7 +300,7 @@ def all_targets():
             "results/plots/{model}/{device}/k{k}/b{budget}/validation.png",
             "results/plots/{model}/{device}/k{k}/b{budget}/plan_memory.png",
         ],
-        model=MODELS,
+        model=PLAN_MODELS,
         device=DEVICES,
         k=config["stages"],
         budget=config["budgets"],

@@ -1,6 +1,6 @@
 rule fuse:
     input:
-        unpack(export_inputs),
+        unpack(traced_graph_inputs),
         profile="results/profile/{model}/{device}/ops.parquet",
         table=fuse_table_files,
     output:
@@ -28,7 +28,7 @@ rule fuse:
 
 rule fuse_measure:
     input:
-        unpack(export_inputs),
+        unpack(traced_graph_inputs),
         groups="results/fuse/{model}/{device}/{target}/groups.json",
         table="results/fuse/{model}/{device}/{target}/groups.parquet",
     output:
@@ -73,3 +73,53 @@ rule plot_fuse:
         "../envs/trainplan.yaml"
     script:
         "../scripts/plot_fuse.py"
+
+
+# The fused graph as a planning graph: model '<model>+<target>' is the model's step with every group of
+# >= 2 ops one node; partition, schedule, balance and validate run on it as on any model.
+rule coarsen:
+    input:
+        unpack(traced_graph_inputs),
+        profile="results/profile/{model}/{device}/ops.parquet",
+        profile_summary="results/profile/{model}/{device}/summary.json",
+        groups="results/fuse/{model}/{device}/{target}/groups.json",
+        measure=fuse_measure_files,
+    output:
+        nodes="results/fuse/{model}/{device}/{target}/graph/nodes.parquet",
+        tensors="results/fuse/{model}/{device}/{target}/graph/tensors.parquet",
+        summary="results/fuse/{model}/{device}/{target}/graph/graph.json",
+        profile="results/profile/{model}+{target}/{device}/ops.parquet",
+        profile_summary="results/profile/{model}+{target}/{device}/summary.json",
+    log:
+        "logs/coarsen/{model}/{device}/{target}.log",
+    params:
+        code=code_version("fuse.coarsen", "artifacts"),
+    wildcard_constraints:
+        model=RAW_MODEL,
+        target=FUSE_TARGET,
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/coarsen.py"
+
+
+rule fuse_plan_compare:
+    input:
+        unpack(fuse_plan_inputs),
+    output:
+        table="results/fuse/{device}/plan_compare.csv",
+        plot=report(
+            "results/plots/fuse/{device}/plan_compare.png",
+            caption="../report/fuse_plan.rst",
+            category="Fusion",
+            labels={"model": "all planned", "target": ", ".join(config["fuse"]["plan"]), "figure": "plans: fused vs raw graph"},
+        ),
+    log:
+        "logs/fuse_plan_compare/{device}.log",
+    params:
+        cases=fuse_plan_cases(),
+        code=code_version("fuse.plan_compare", "fuse.plot"),
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/fuse_plan_compare.py"

@@ -1,6 +1,6 @@
 rule profile:
     input:
-        unpack(export_inputs),
+        unpack(traced_graph_inputs),
     output:
         ops="results/profile/{model}/{device}/ops.parquet",
         summary="results/profile/{model}/{device}/summary.json",
@@ -18,6 +18,8 @@ rule profile:
         code=code_version("models", "trace", "profile", "execute.link", "timing", "execute.pool", "numerics"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
+    wildcard_constraints:
+        model=RAW_MODEL,  # a fused graph's profile is made by rule coarsen
     conda:
         "../envs/trainplan.yaml"
     script:

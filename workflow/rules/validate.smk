@@ -1,6 +1,6 @@
 rule validate:
     input:
-        unpack(export_inputs),
+        unpack(traced_graph_inputs),
         plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
         profile_summary="results/profile/{model}/{device}/summary.json",
     output:

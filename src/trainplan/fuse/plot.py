@@ -1,4 +1,5 @@
-"""The fusion figure: group sizes, coverage against the baselines, fused vs unfused time per group."""
+"""The fusion figures: group sizes, coverage against the baselines, fused vs unfused time per group; plans on
+the fused graph vs the raw graph."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from trainplan.io import atomic_path  # noqa: E402
+from trainplan.plots import save_figure  # noqa: E402
 
 
 def plot_fusion(groups: pd.DataFrame, compare: pd.DataFrame, measure: pd.DataFrame | None, title: str, path: str) -> None:
@@ -40,3 +42,31 @@ def plot_fusion(groups: pd.DataFrame, compare: pd.DataFrame, measure: pd.DataFra
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
+
+
+def plot_plan_compare(table: pd.DataFrame, path: str) -> None:
+    """Raw vs fused graph per model, k and budget: scheduling ops, solve time, planned and measured step."""
+    cases = table[["model", "k", "budget_fraction"]].drop_duplicates().reset_index(drop=True)
+    graphs = sorted(table.graph.unique(), key=lambda g: (g != "raw", g))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    width = 0.8 / len(graphs)
+    labels = [f"{m}\nk={k} b={b:g}" for m, k, b in cases.itertuples(index=False)]
+    for j, graph in enumerate(graphs):
+        rows = cases.merge(table[table.graph == graph], on=["model", "k", "budget_fraction"], how="left")
+        x = [i + (j - (len(graphs) - 1) / 2) * width for i in range(len(cases))]
+        axes[0].bar(x, rows.problem_ops, width=width, label=graph)
+        axes[1].bar(x, rows.solve_s, width=width, label=graph)
+        axes[2].bar(x, rows.planned_s, width=width, label=f"{graph}: planned", alpha=0.55)
+        axes[2].scatter(x, rows.measured_s, marker="_", s=300, color="black", zorder=3,
+                        label="measured (validate)" if j == 0 else None)
+        if graph != "raw":
+            axes[2].scatter(x, rows.planned_fused_kernels_s, marker="v", color="tab:green", zorder=3,
+                            label="planned, timed groups as fused kernels" if j == 1 else None)
+    titles = ("scheduling ops (all stages)", "our solve time (s, all stages)", "step time, one micro-batch (s)")
+    for ax, title in zip(axes, titles):
+        ax.set_xticks(range(len(cases)), labels, fontsize=8)
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    axes[2].legend(fontsize=7)
+    fig.suptitle("planning on the fused graph (each group one op) vs the raw graph, same budget fractions")
+    save_figure(fig, path, description="raw vs fused graph: ops, solve time, planned and measured step time")
