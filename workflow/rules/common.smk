@@ -74,6 +74,7 @@ def study_stages():
         ("align (every plan and overflow model)", ALIGN_MODELS),
         ("fuse.targets (on every plan model)", sorted(config["fuse"]["targets"])),
         ("fuse.measure.targets (compiled and timed)", config["fuse"]["measure"]["targets"]),
+        ("fuse.plan (fused graphs planned and validated too)", FUSED_PLAN),
     ]
     return parts + [(f"study.{part}", names) for part, names in config["study"].items() if part not in ("plan", "overflow")]
 
