@@ -10,6 +10,7 @@ from tests.test_execute import no_recompute, plan_for, reference, swap_and_recom
 from tests.test_execute_compile import assert_same_run, both
 from trainplan.artifacts import NODE_COLUMNS, TENSOR_COLUMNS
 from trainplan.fuse.coarsen import coarsen
+from trainplan.fuse.plan_compare import compare_table, plan_row
 from trainplan.fuse.stage import fuse_exported
 from trainplan.fuse.support import inductor_table
 from trainplan.partition import partition_graph, pipeline_graph, range_tables
@@ -87,3 +88,25 @@ def test_plans_on_the_fused_graph_run_the_real_step(model, events_of, request):
         fixed = problem.fixed_bytes
         assert measured - fixed <= replay(problem, events).peak_bytes - fixed
     assert torch.equal(outputs[0], reference(traced, flat)[0])
+
+
+def _case(graph: str, time: float, events: list[list[str]]) -> dict:
+    stage = {"time_s": time, "budget_bytes": 10, "peak_bytes": 9, "schedule": {"events": events, "recomputes": 1}}
+    problem = {"ops": [{"id": "a"}, {"id": "fused_3"}, {"id": "in:x", "boundary": True}]}
+    return {"model": "m", "graph": graph, "partition": {"n_ops": 7 if graph == "raw" else 5},
+            "schedules": {"stages": [{"problem": problem, "schedule": {"solve_seconds": 2.0 if graph == "raw" else 1.0}}]},
+            "plan": {"k": 1, "budget_fraction": 0.5, "stages": [stage],
+                     "balance": {"t_max_s": time, "gpipe_step_time_s": 8 * time}},
+            "validation": {"status": "passed", "measured_time_s": time * 1.01}}
+
+
+def test_plan_comparison_costs_each_compute_of_a_timed_group_at_its_fused_time():
+    events = [["compute", "a"], ["compute", "fused_3"], ["free", "fused_3"], ["compute", "fused_3"]]
+    coarse_ops = pd.DataFrame({"name": ["a", "fused_3"], "time_s": [1.0, 0.5], "fused_s": [float("nan"), 0.2]})
+    table = compare_table([plan_row(**_case("raw", 2.0, events)),
+                           plan_row(**_case("inductor", 2.0, events), coarse_ops=coarse_ops)])
+    fused = table.set_index("graph").loc["inductor"]
+    assert fused.planned_fused_kernels_s == pytest.approx(2.0 - 2 * (0.5 - 0.2))  # computed twice (a recompute)
+    assert fused.problem_ops == 2 and fused.solve_s_vs_raw == pytest.approx(0.5)
+    assert fused.planned_s_vs_raw == pytest.approx(1.0) and fused.graph_ops == 5
+    assert pd.isna(table.set_index("graph").loc["raw", "planned_fused_kernels_s"])
