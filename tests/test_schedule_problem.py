@@ -71,3 +71,31 @@ def test_load_problem_names_the_file(tmp_path):
 def test_round_trip_through_dict():
     p = problem_from_dict(base())
     assert problem_from_dict(p.to_dict()) == p
+
+
+def kernel_with_outputs(**second: object) -> dict:
+    """x; kernel k with further outputs k#1 and k#2; y."""
+    ops = [{"id": "x", "time": 1, "bytes": 10, "inputs": []},
+           {"id": "k", "time": 1, "bytes": 20, "inputs": ["x"], "workspace": 7},
+           {"id": "k#1", "time": 0, "bytes": 3, "inputs": ["k", "x"], "recompute": False, "of": "k"},
+           {"id": "k#2", "time": 0, "bytes": 4, "inputs": ["k", "x"], "recompute": False, "of": "k"},
+           {"id": "y", "time": 1, "bytes": 5, "inputs": ["k", "k#2"]}]
+    ops[3].update(second)
+    return {"ops": ops, "budget_bytes": 1000, "bandwidth": 1.0, "keep": ["y"]}
+
+
+def test_further_outputs_name_their_kernel():
+    p = problem_from_dict(kernel_with_outputs())
+    assert p.outputs_of == {1: [2, 3]} and p.ops[3].of == "k"
+    assert problem_from_dict(p.to_dict()) == p
+
+
+@pytest.mark.parametrize("second, message", [
+    ({"of": "x"}, "must name the op right before it"),
+    ({"of": "k#1"}, "must name the op right before it"),
+    ({"inputs": ["x"]}, "must list it in 'inputs'"),
+    ({"recompute": True}, "never recomputed alone"),
+])
+def test_a_further_output_must_follow_its_kernel_read_it_and_never_be_recomputed(second, message):
+    with pytest.raises(ProblemError, match=f"op 'k#2' key 'of'.*{message}"):
+        problem_from_dict(kernel_with_outputs(**second))

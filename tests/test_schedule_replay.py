@@ -3,6 +3,7 @@
 import pytest
 
 from trainplan.schedule import ScheduleError, problem_from_dict, replay
+from trainplan.schedule.replay import take_outputs_at_once
 
 PROBLEM = problem_from_dict({
     "ops": [
@@ -73,3 +74,32 @@ def test_host_copy_survives_swap_in():
     events = [("compute", "x"), ("swap_out", "x"), ("free", "x"), ("swap_in", "x"), ("free", "x"),
               ("swap_in", "x"), ("compute", "a"), ("compute", "b"), ("compute", "c")]
     assert replay(PROBLEM, events).swap_ins == 2
+
+
+OUTPUTS = problem_from_dict({
+    "ops": [{"id": "x", "time": 1, "bytes": 10, "inputs": []},
+            {"id": "z", "time": 1, "bytes": 8, "inputs": []},
+            {"id": "k", "time": 1, "bytes": 20, "inputs": ["x"], "workspace": 7},
+            {"id": "k#1", "time": 0, "bytes": 3, "inputs": ["k", "x"], "recompute": False, "of": "k"},
+            {"id": "k#2", "time": 0, "bytes": 4, "inputs": ["k", "x"], "recompute": False, "of": "k"},
+            {"id": "y", "time": 1, "bytes": 5, "inputs": ["k", "k#2", "z"]}],
+    "budget_bytes": 1000, "bandwidth": 1.0, "keep": ["y"]})
+
+
+def test_a_kernels_further_outputs_are_taken_at_once():
+    late = [("compute", "x"), ("compute", "z"), ("swap_out", "z"), ("free", "z"), ("compute", "k"),
+            ("swap_in", "z"), ("compute", "k#1"), ("compute", "k#2"), ("free", "k#1"), ("compute", "y")]
+    with pytest.raises(ScheduleError, match="event 5 swap_in 'z': 'k#1', a further output of 'k', must be computed"):
+        replay(OUTPUTS, late)
+    at_once = take_outputs_at_once(OUTPUTS, late)
+    assert at_once[4:8] == [("compute", "k"), ("compute", "k#1"), ("compute", "k#2"), ("swap_in", "z")]
+    # y (5) runs beside x 10, k 20, k#2 4 and z 8
+    assert replay(OUTPUTS, at_once).peak_bytes == 47
+    assert take_outputs_at_once(OUTPUTS, at_once) == at_once
+    # frees between them are harmless (it adds nothing); taking one alone later is not
+    replay(OUTPUTS, [("compute", "x"), ("compute", "z"), ("compute", "k"), ("compute", "k#2"), ("compute", "k#1"),
+                     ("compute", "y")])
+    with pytest.raises(ScheduleError, match="'k#2', a further output of 'k', is never taken"):
+        replay(OUTPUTS, [("compute", "x"), ("compute", "k"), ("compute", "k#1")])
+    with pytest.raises(ScheduleError, match="event 1 compute 'k#1': a further output of 'k' is computed only right"):
+        replay(OUTPUTS, [("compute", "x"), ("compute", "k#1")])

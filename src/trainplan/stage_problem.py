@@ -2,8 +2,9 @@
 
 The problem works on storages, not fx nodes: every node that allocates storage becomes one op whose
 output is its first new storage, and each further new storage of a multi-output kernel becomes an op
-``name#i`` that reads the first and may not be recomputed (no kernel recomputes one output alone); the
-first op's ``workspace`` is the bytes of those further outputs, which the kernel holds while it runs.
+``name#i`` (``of`` the first) that reads the first and may not be recomputed (no kernel recomputes one output
+alone), taken as soon as the kernel first runs; the first op's ``workspace`` is the bytes of those further
+outputs, which the kernel holds while it runs.
 View/alias nodes (no new storage) are folded into the op that produced their base, and their time is
 added to it. An op whose storage a later node changes in place may be neither recomputed nor swapped.
 Storages read by the stage but produced by another stage are boundary inputs: zero-time ops, placed
@@ -105,7 +106,7 @@ def stage_problem(
             # inputs (all are held while the kernel runs) and cannot be recomputed alone: keep or swap it.
             extras = [new_op(f"{name}#{i}", [sid], inputs=[name]) for i, sid in enumerate(own[1:], start=1)]
             for extra in extras:
-                extra["recompute"] = False
+                extra.update(recompute=False, of=name)
             # the kernel makes all its outputs at once: while it runs, the further ones are held too
             op["workspace"] = int(sum(e["bytes"] for e in extras))
             if internal:  # a fused group's storages that never leave it: held while it runs, freed after

@@ -27,6 +27,7 @@ import numpy as np
 
 from trainplan.schedule.heuristic import Events
 from trainplan.schedule.problem import Op, Problem
+from trainplan.schedule.replay import take_outputs_at_once
 
 MAX_WORK = 3e8  # element operations the DP may spend (about 1-3 s of numpy on this host)
 MAX_TABLE = 1e7  # entries of the cost table (80 MB as float64)
@@ -120,7 +121,7 @@ def chain_dp_events(problem: Problem, budget_bytes: int, *, max_work: float = MA
     finite = first + np.flatnonzero(np.isfinite(cost[L, first:, 0]))
     if not finite.size:
         return None
-    return _events(xs, adj, X, split, int(finite[0]) if least_memory else mu)
+    return take_outputs_at_once(problem, _events(xs, adj, X, split, int(finite[0]) if least_memory else mu))
 
 
 def _events(xs: Sequence[Op], adj: Sequence[Op], X: np.ndarray, split: np.ndarray, mu: int) -> Events:

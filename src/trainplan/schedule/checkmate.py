@@ -75,8 +75,8 @@ def _build(p: Problem, bu: int, tu: float, deadline: float) -> tuple[cp_model.Cp
     S: dict[tuple[int, int], Any] = {}
     for t in range(n):
         for i in range(t + 1):
-            R[t, i] = m.NewConstant(1) if i == t else (
-                m.NewBoolVar(f"R{t}_{i}") if p.ops[i].recompute else m.NewConstant(0))
+            R[t, i] = m.NewConstant(1) if i == t else (  # a further output's stage computes it alone
+                m.NewBoolVar(f"R{t}_{i}") if p.ops[i].recompute and p.ops[t].of is None else m.NewConstant(0))
         for i in range(t):
             S[t, i] = m.NewBoolVar(f"S{t}_{i}")
     for i in range(n):  # the final state: keep ops on device, nothing else
@@ -125,7 +125,7 @@ def _build(p: Problem, bu: int, tu: float, deadline: float) -> tuple[cp_model.Cp
     m.Minimize(sum(_ticks(p.ops[i].time, tu) * R[t, i] for (t, i) in R))
     if hr is not None:
         for (t, i), var in R.items():
-            if i != t and p.ops[i].recompute:
+            if i != t and p.ops[i].recompute and p.ops[t].of is None:
                 m.AddHint(var, rv(t, i))
         for (t, i), var in S.items():
             if t < n:

@@ -23,7 +23,7 @@ from ortools.pdlp import solve_log_pb2, solvers_pb2
 from ortools.pdlp.python import pdlp
 
 from trainplan.schedule.problem import Problem
-from trainplan.schedule.replay import replay
+from trainplan.schedule.replay import replay, take_outputs_at_once
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
 
 Events = list[tuple[str, str]]
@@ -312,7 +312,7 @@ def rs_events(problem: Problem, s: np.ndarray, stages: list[list[int]]) -> Event
                 if last[i] == k and not keep_next[i] and i in resident:
                     events.append(("free", ids[i]))
                     resident.discard(i)
-    return events
+    return take_outputs_at_once(p, events)
 
 
 @dataclass

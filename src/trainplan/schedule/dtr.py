@@ -23,7 +23,7 @@ import random
 from trainplan.schedule import deadline as dl
 from trainplan.schedule.heuristic import INF, Events
 from trainplan.schedule.problem import Problem
-from trainplan.schedule.replay import ScheduleError, replay
+from trainplan.schedule.replay import ScheduleError, replay, take_outputs_at_once
 
 
 MAX_CHAIN = 30  # at most this many ops recomputed to restore one gap (the tensor and missing ancestors)
@@ -285,4 +285,4 @@ def _events(p: Problem, gaps: _Gaps, evicted: list[set[int]], by_swap: dict[tupl
                 on_host.add(u)
             events.append(("free", p.ops[u].id))
             resident.discard(u)
-    return events
+    return take_outputs_at_once(p, events)

@@ -207,7 +207,8 @@ class Simulator:
         return all(self.ensure(k, keep, self.p.n) for k in sorted(keep))
 
     def run(self, after_step: Callable[[Simulator, int], None] | None = None) -> Events | None:
-        """Simulate the whole program; the events, or None if the cap cannot be met (or the deadline passed)."""
+        """Simulate the whole program; the events, or None if the cap cannot be met (or the deadline passed).
+        ``after_step(sim, i)`` runs after step i, except between a kernel and its further outputs."""
         if self.cap is None and after_step is None:
             self.deadline = dl.NEVER
         try:
@@ -215,8 +216,8 @@ class Simulator:
                 self.deadline.check()
                 if not self.step(i):
                     return None
-                if after_step is not None:
-                    after_step(self, i)
+                if after_step is not None and (i + 1 == self.p.n or self.p.ops[i + 1].of is None):
+                    after_step(self, i)  # not between a kernel and its further outputs: taken at once
             return self.events if self.finish() else None
         except dl.OutOfTime:
             return None

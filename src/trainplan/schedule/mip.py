@@ -244,6 +244,7 @@ def _grid(p: Problem, copies: int | None, slots: int | None, hint_copies: list[l
     if hint_copies is not None:
         C = max(C, max(len(c) for c in hint_copies))
         K = [max(k, c) for k, c in zip(K, hint_used)]
+    K = [0 if b < n and p.ops[b].of is not None else k for b, k in enumerate(K)]  # outputs taken at once
     base = [0] * (n + 1)
     for b in range(1, n + 1):
         base[b] = base[b - 1] + K[b - 1] + 1

@@ -18,7 +18,9 @@ class ProblemError(ValueError):
 
 @dataclass(frozen=True)
 class Op:
-    """One op: its run time (s), output bytes, inputs (earlier op ids), workspace and flags."""
+    """One op: its run time (s), output bytes, inputs (earlier op ids), workspace and flags. ``of`` names the
+    kernel this op is a further output of: it is made by that kernel's first compute and taken at once (see
+    :func:`trainplan.schedule.replay.replay`)."""
 
     id: str
     time: float
@@ -27,6 +29,7 @@ class Op:
     workspace: int = 0
     recompute: bool = True
     swap: bool = True
+    of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,15 @@ class Problem:
             for u in ins:
                 users[u].append(v)
         return users
+
+    @cached_property
+    def outputs_of(self) -> dict[int, list[int]]:
+        """Kernel index -> indices of its further outputs (ops with ``of``), in order."""
+        out: dict[int, list[int]] = {}
+        for v, op in enumerate(self.ops):
+            if op.of is not None:
+                out.setdefault(self.index[op.of], []).append(v)
+        return out
 
     @cached_property
     def keep_idx(self) -> frozenset[int]:
@@ -102,6 +114,7 @@ class Problem:
             "ops": [
                 {"id": o.id, "time": o.time, "bytes": o.bytes, "inputs": list(o.inputs),
                  "workspace": o.workspace, "recompute": o.recompute, "swap": o.swap}
+                | ({} if o.of is None else {"of": o.of})
                 for o in self.ops
             ],
             "fixed_bytes": self.fixed_bytes,
@@ -126,6 +139,27 @@ def _flag(raw: dict[str, Any], key: str, where: str) -> bool:
     if not isinstance(value, bool):
         raise ProblemError(f"{where} key '{key}' must be true or false, got {value!r}")
     return value
+
+
+def _kernel_of(raw: dict[str, Any], where: str, earlier: list[Op]) -> str | None:
+    """The ``of`` key: the kernel op right before (or before its other further outputs), read by this op,
+    which may not be recomputed."""
+    kernel = raw.get("of")
+    if kernel is None:
+        return None
+    previous = None
+    for o in reversed(earlier):  # the last op that is not a further output, passing only kernel's others
+        if o.of is None or o.of != kernel:
+            previous = o if o.of is None else None
+            break
+    if not isinstance(kernel, str) or previous is None or previous.id != kernel:
+        raise ProblemError(f"{where} key 'of' must name the op right before it (or before that op's other "
+                           f"further outputs), got {kernel!r}")
+    if kernel not in raw.get("inputs", []):
+        raise ProblemError(f"{where} key 'of': a further output of '{kernel}' must list it in 'inputs'")
+    if raw.get("recompute", True):
+        raise ProblemError(f"{where} key 'of': a further output is never recomputed alone: set recompute false")
+    return kernel
 
 
 def problem_from_dict(data: Any) -> Problem:
@@ -169,6 +203,7 @@ def problem_from_dict(data: Any) -> Problem:
             workspace=_num(raw.get("workspace", 0), f"{where} key 'workspace'", integer=True),
             recompute=_flag(raw, "recompute", where),
             swap=_flag(raw, "swap", where),
+            of=_kernel_of(raw, where, ops),
         ))
         seen.add(oid)
     keep = data.get("keep", [])

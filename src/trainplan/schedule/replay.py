@@ -32,7 +32,8 @@ def replay(problem: Problem, events: Iterable[Sequence[str]], budget_bytes: int 
 
     time = sum of op times over compute events + bytes/bandwidth over swap_in and swap_out events
     (summed exactly with ``math.fsum``); peak = fixed_bytes + the largest resident bytes, counting
-    output + workspace during a compute.
+    output + workspace during a compute. A kernel's further outputs (ops with ``of``) exist from its first
+    compute: they are taken at once, no compute or swap_in may come between that compute and theirs.
     """
     ops, n = problem.ops, problem.n
     resident = [False] * n
@@ -41,6 +42,7 @@ def replay(problem: Problem, events: Iterable[Sequence[str]], budget_bytes: int 
     used = peak = problem.fixed_bytes
     terms: list[float] = []
     counts = {kind: 0 for kind in EVENT_KINDS}
+    untaken: list[int] = []  # further outputs of the kernel just computed, not taken yet
 
     for pos, event in enumerate(events):
         if not isinstance(event, (list, tuple)) or len(event) != 2:
@@ -54,6 +56,12 @@ def replay(problem: Problem, events: Iterable[Sequence[str]], budget_bytes: int 
         op = ops[u]
         where = f"event {pos} {kind} '{oid}'"
         counts[kind] += 1
+        if kind in ("compute", "swap_in") and untaken and (kind == "swap_in" or u not in untaken):
+            raise ScheduleError(f"{where}: '{ops[untaken[0]].id}', a further output of '{ops[untaken[0]].of}', "
+                                "must be computed first (a kernel's outputs are taken at once)")
+        if kind == "compute" and op.of is not None and not untaken:
+            raise ScheduleError(f"{where}: a further output of '{op.of}' is computed only right after "
+                                "that op's first compute")
         if kind == "compute":
             if resident[u]:
                 raise ScheduleError(f"{where}: op is already resident")
@@ -67,6 +75,10 @@ def replay(problem: Problem, events: Iterable[Sequence[str]], budget_bytes: int 
             resident[u] = True
             done[u] += 1
             terms.append(op.time)
+            if untaken:
+                untaken.remove(u)
+            elif done[u] == 1:
+                untaken = list(problem.outputs_of.get(u, ()))
         elif kind == "free":
             if not resident[u]:
                 raise ScheduleError(f"{where}: op is not resident")
@@ -91,6 +103,8 @@ def replay(problem: Problem, events: Iterable[Sequence[str]], budget_bytes: int 
         if budget_bytes is not None and peak > budget_bytes:
             raise ScheduleError(f"{where}: device bytes {peak} exceed budget {budget_bytes}")
 
+    if untaken:
+        raise ScheduleError(f"'{ops[untaken[0]].id}', a further output of '{ops[untaken[0]].of}', is never taken")
     never = [ops[u].id for u in range(n) if not done[u]]
     if never:
         raise ScheduleError(f"op(s) never computed: {never[:10]}")
@@ -105,3 +119,23 @@ def replay(problem: Problem, events: Iterable[Sequence[str]], budget_bytes: int 
         swap_ins=counts["swap_in"],
         swap_outs=counts["swap_out"],
     )
+
+
+def take_outputs_at_once(problem: Problem, events: Sequence[Sequence[str]]) -> list[tuple[str, str]]:
+    """``events`` with every further output's compute moved to right after its kernel's first compute, as
+    :func:`replay` requires (what a kernel really does: its outputs exist from that moment; the move keeps
+    the schedule valid and counts the memory they hold meanwhile)."""
+    if not problem.outputs_of:
+        return [(str(k), str(o)) for k, o in events]
+    extra = {problem.ops[v].id for vs in problem.outputs_of.values() for v in vs}
+    out: list[tuple[str, str]] = []
+    started: set[str] = set()
+    for kind, oid in events:
+        if kind == "compute" and oid in extra:
+            continue
+        out.append((kind, oid))
+        u = problem.index.get(oid)
+        if kind == "compute" and u is not None and oid not in started:
+            started.add(oid)
+            out += [("compute", problem.ops[v].id) for v in problem.outputs_of.get(u, ())]
+    return out

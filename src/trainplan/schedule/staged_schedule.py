@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainplan.schedule.heuristic import Events
 from trainplan.schedule.problem import Problem
+from trainplan.schedule.replay import take_outputs_at_once
 from trainplan.schedule.staged_bound import StagedSolution
 
 
@@ -67,4 +68,4 @@ def staged_events(problem: Problem, sol: StagedSolution) -> Events:
             resident.add(i)
             if i in sol.swapped_out:
                 events.append(("swap_out", p.ops[i].id))
-    return events
+    return take_outputs_at_once(p, events)
