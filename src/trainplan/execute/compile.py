@@ -172,7 +172,8 @@ def slot_meta(node: torch.fx.Node, idx: int) -> SlotMeta:
 @dataclass
 class _Stage:
     """What the compiler tracks of one stage: the current graph value of each slot, non-tensor values,
-    storages resident and pending (extra kernel outputs kept until their op is computed), host copies."""
+    storages resident and pending (further kernel outputs, held from the kernel's first compute until their own
+op takes them right after), host copies."""
 
     layout: StageLayout
     env: dict[Slot, torch.fx.Node] = field(default_factory=dict)
@@ -181,7 +182,6 @@ class _Stage:
     pending: dict[int, str] = field(default_factory=dict)  # storage -> op whose kernel made it
     computed: set[str] = field(default_factory=set)
     host: dict[int, torch.fx.Node] = field(default_factory=dict)
-    carried: dict[str, list[int]] = field(default_factory=dict)
 
 
 class _Compiler:
@@ -312,9 +312,6 @@ class _Compiler:
         op = st.layout.ops[op_id]
         for sid in op.storages:
             self._save(st, sid)
-        st.carried[op_id] = [s for s, owner in st.pending.items() if owner == op_id]
-        for sid in st.carried[op_id]:
-            self._save(st, sid)
 
     def _restore(self, st: _Stage, sid: int, nodes: set[str]) -> None:
         storage = self._call(swap_in, st.host[sid], self.device)
@@ -329,10 +326,6 @@ class _Compiler:
         for sid in op.storages:
             self._restore(st, sid, names)
             st.resident.add(sid)
-        for sid in st.carried.get(op_id, []):  # not one whose op was computed since: it is never read again
-            if sid not in st.resident and st.layout.holder.get(sid) not in st.computed:
-                self._restore(st, sid, set())
-                st.pending[sid] = op_id
 
     def finish(self) -> None:
         """Keep what the plan keeps to the end, then return the loss and gradients."""

@@ -65,7 +65,6 @@ class StageRunner:
         self.pool = DevicePool({sid: layout.fixed[sid].untyped_storage() for sid in stage.fixed})
         self.host = HostPool(device)
         self.scalars: dict[str, Any] = {}
-        self.carried: dict[str, list[int]] = {}  # op -> pending extra outputs swapped out with it
         self.computed: set[str] = set()  # ops computed so far
         self.position = 0
         self._measuring = False
@@ -142,20 +141,12 @@ class StageRunner:
         self.pool.drop_pending_of(op.id)
 
     def _swap_out(self, op: OpSpec) -> None:
-        """Copy the op's storages to the host, with any extra kernel outputs still pending on it (the plan
-        reads those from the op, so they travel with it)."""
         for sid in op.storages:
             self.host.save(sid, self.pool.resident[sid])
-        self.carried[op.id] = [sid for sid, (_, owner) in self.pool.pending.items() if owner == op.id]
-        for sid in self.carried[op.id]:
-            self.host.save(sid, self.pool.pending[sid][0])
 
     def _swap_in(self, op: OpSpec) -> None:
         for sid in op.storages:
             self.pool.put(sid, self.host.load(sid))
-        for sid in self.carried.get(op.id, []):  # not one whose op was computed since: it is never read again
-            if sid not in self.pool.resident and self.stage.holder.get(sid) not in self.computed:
-                self.pool.pending[sid] = (self.host.load(sid), op.id)
 
     # --- values -------------------------------------------------------------------------------
     def _run_node(self, node: torch.fx.Node, op: OpSpec) -> None:
