@@ -20,6 +20,7 @@ from trainplan.execute import (
     load_plan,
     parse_plan,
     run_plan,
+    split_nodes,
     stage_layouts,
     validate_plan,
 )
@@ -518,3 +519,15 @@ def test_a_further_output_taken_late_is_refused_and_taken_at_once_its_bytes_are_
     extras = sum(problem.ops[u].bytes for u in problem.outputs_of[k])
     assert measured["late"][0] == measured["late"][1] + extras  # held, not planned
     assert measured["at_once"][0] == measured["at_once"][1]
+
+
+def test_a_stage_reading_a_weight_through_another_stages_view_holds_and_counts_it(tiny_gpt2):
+    """GPT-2's output layer reads the tied embedding weight through a transpose made in the first half of
+    the node list: the second stage's problem counts the weight in its fixed bytes, and its device holds
+    it, so every stage's measured peak is its predicted one."""
+    _, traced, flat, tables = tiny_gpt2
+    stages, result = execute(traced, flat, tables, plan_for(tables, split_nodes(tables.nodes.name.tolist(), 2),
+                                                            no_recompute))
+    for st in stages:
+        measured = max(r.bytes_peak for r in result.records if r.stage == st.index)
+        assert measured == predict(st.problem, st.events).peak

@@ -83,12 +83,13 @@ class StageLayout:
                           tuple(int(s) for s in raw.get("internal", ())))
             ops[spec.id] = spec
             holder.update((sid, spec.id) for sid in spec.storages)
-        fixed = {
-            layout.storage[(a.name, -1)]
+        fixed = {  # read directly or through a view another stage made (a tied weight's transpose)
+            sid
             for op in ops.values()
             for node in op.nodes
             for a in node.all_input_nodes
-            if a.op in ("placeholder", "get_attr")
+            for _, sid in layout.slots.get(a.name, ())
+            if sid in layout.fixed
         }
         return cls(stage.index, ops, holder, fixed)
 
