@@ -135,6 +135,12 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
     chains: dict[tuple[int, int], list[int]] = {}  # ops recomputed (in order) to restore a gap
     paid: dict[tuple[int, int], float] = {}  # each evicted gap's restore cost
     extra: dict[tuple[int, int], int] = {}  # bytes of a restore's missing ancestors, held at its step
+    transient = [0] * p.n  # peak bytes of the recomputes before step s beyond the restored tensors
+
+    def restoring(s: int) -> int:
+        """Excess bytes while step s's restores run: what stays resident before its compute and the peak of
+        the recomputes that restore (ancestors freed after their last reader there)."""
+        return excess[s] - p.ops[s].bytes - p.ops[s].workspace + transient[s]
 
     def resident_at(w: int, step: int) -> bool:
         """w is on the device at ``step`` under the plan (before any restore there)."""
@@ -146,8 +152,8 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
     def chain(u: int, b: int) -> tuple[float, list[int], set[int]] | None:
         """Recomputing u just before step b: (op time of u and of the ancestors that are not on the device
         then, those ancestors and u in program order, the resident tensors they read); None if an
-        ancestor cannot be recomputed, the chain exceeds MAX_CHAIN ops, or its ancestors' bytes do not fit
-        beside step b."""
+        ancestor cannot be recomputed, the chain exceeds MAX_CHAIN ops, or its ancestors' bytes (held while
+        step b's restores run, freed before its compute) need more room than that compute."""
         members, reads, todo = {u}, set(), [u]
         while todo:
             v = todo.pop()
@@ -161,10 +167,12 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
                     todo.append(w)
                     if len(members) > MAX_CHAIN:
                         return None
-        extra = sum(p.ops[w].bytes for w in members) - p.ops[u].bytes
-        if extra > 0 and excess[b] + extra > 0:
+        order = sorted(members)
+        extra = chain_peak(p, order)
+        # the ancestors are freed before step b's compute: they may use the room that compute needs, never more
+        if restoring(b) + extra > max(excess[b], 0):
             return None
-        return math.fsum(p.ops[w].time for w in members), sorted(members), reads
+        return math.fsum(p.ops[w].time for w in members), order, reads
 
     def cost(u: int, k: int) -> tuple[float, bool]:
         a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
@@ -223,8 +231,8 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
             chains[(u, k)] = members
             for w in reads:
                 needs_at[w].append(b)
-            extra[(u, k)] = sum(p.ops[w].bytes for w in members) - p.ops[u].bytes
-            excess[b] += extra[(u, k)]  # held while restoring
+            extra[(u, k)] = chain_peak(p, members)
+            transient[b] += extra[(u, k)]  # held while restoring, freed before b's compute
         for t in range(a + 1, min(b, p.n)):
             if excess[t] > 0 >= excess[t] - p.ops[u].bytes:
                 counter.add(t, -1)
@@ -236,12 +244,25 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
         stop.check()
         a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
         size = p.ops[u].bytes
-        if all(excess[t] + size <= 0 for t in range(a + 1, min(b, p.n))):
+        if all(max(excess[t], restoring(t)) + size <= 0 for t in range(a + 1, min(b, p.n))):
             evicted[u].discard(k)
             for t in range(a + 1, min(b, p.n)):
                 excess[t] += size
-            excess[b] -= extra.get((u, k), 0)
+            transient[b] -= extra.get((u, k), 0)
     return _events(p, gaps, evicted, by_swap, chains)
+
+
+def chain_peak(p: Problem, members: list[int]) -> int:
+    """Peak bytes beyond the restored tensor (the last member) of recomputing ``members`` in program order,
+    each ancestor freed after its last reader among them, workspace included."""
+    last = {w: v for v in members for w in p.inputs[v]}
+    held = peak = 0
+    for v in members:
+        own = 0 if v == members[-1] else p.ops[v].bytes
+        peak = max(peak, held + own + p.ops[v].workspace)
+        held += own
+        held -= sum(p.ops[w].bytes for w in p.inputs[v] if last.get(w) == v and w in members and w != members[-1])
+    return peak
 
 
 def _events(p: Problem, gaps: _Gaps, evicted: list[set[int]], by_swap: dict[tuple[int, int], bool],
@@ -262,21 +283,25 @@ def _events(p: Problem, gaps: _Gaps, evicted: list[set[int]], by_swap: dict[tupl
     resident: set[int] = set()
     for s in range(p.n):
         owners = {u for u, _ in restore_at[s]}
-        transient: list[int] = []
+        steps: list[tuple[str, int]] = []
         for u, k in sorted(restore_at[s]):  # inputs before readers (program order)
             if by_swap[(u, k)]:
-                events.append(("swap_in", p.ops[u].id))
+                steps.append(("swap_in", u))
                 resident.add(u)
                 continue
             for v in chains[(u, k)]:
                 if v not in resident:
-                    events.append(("compute", p.ops[v].id))
+                    steps.append(("compute", v))
                     resident.add(v)
-                    if v not in owners:
-                        transient.append(v)
-        for v in transient:  # ancestors recomputed only to restore a gap: gone before the step
-            events.append(("free", p.ops[v].id))
-            resident.discard(v)
+        last = {w: i for i, (kind, v) in enumerate(steps) if kind == "compute" for w in p.inputs[v]}
+        transient = {v for kind, v in steps if kind == "compute" and v not in owners}
+        for i, (kind, v) in enumerate(steps):
+            events.append((kind, p.ops[v].id))
+            if kind == "compute" and v in transient and v not in last:
+                last[v] = i  # never read here (a shared ancestor): gone at once
+            for w in sorted(w for w in transient if last.get(w) == i):  # recomputed only to restore a gap
+                events.append(("free", p.ops[w].id))
+                resident.discard(w)
         events.append(("compute", p.ops[s].id))
         resident.add(s)
         for u, k in sorted(free_after[s]):
