@@ -172,8 +172,8 @@ def slot_meta(node: torch.fx.Node, idx: int) -> SlotMeta:
 @dataclass
 class _Stage:
     """What the compiler tracks of one stage: the current graph value of each slot, non-tensor values,
-    storages resident and pending (further kernel outputs, held from the kernel's first compute until their own
-op takes them right after), host copies."""
+    storages resident and pending (further kernel outputs, held from the kernel's first compute until their
+    own op takes them right after), host copies."""
 
     layout: StageLayout
     env: dict[Slot, torch.fx.Node] = field(default_factory=dict)
