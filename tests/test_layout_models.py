@@ -9,9 +9,9 @@ import torch
 
 from trainplan.layout.build import build_problem
 from trainplan.layout.execute import apply_layouts, check_gradients
-from trainplan.layout.graph import INPUT, trace_conv_graph
+from trainplan.layout.graph import INPUT, ConvInfo, trace_conv_graph
 from trainplan.layout.measure import Timing, measure_graph
-from trainplan.layout.predict import fit, measure_sweep, predict, score, sweep_shapes
+from trainplan.layout.predict import FEATURES, fit, measure_sweep, predict, score, sweep_shapes
 from trainplan.layout.solve import plan_time, solve
 from trainplan.models import build_model
 from trainplan.zoo import alexnet, resnet18, vgg11
@@ -81,6 +81,22 @@ def test_predictor_trains_on_a_sweep_and_scores_held_out_convs():
     assert scores["rows"] == 20 and math.isfinite(scores["r2"]) and scores["median_rel_error"] >= 0
     again = fit(table.iloc[:30], ["nchw", "nhwc"], seed=0)
     assert (predict(again, table.iloc[30:], ["nchw", "nhwc"]) == pred).all().all()  # deterministic for a seed
+
+
+def test_a_shape_that_crashes_torch_is_left_out_and_the_sweep_goes_on():
+    # PyTorch 2.13's CPU backward of a channels_last 1x1 stride-2 conv with < 16 input channels segfaults
+    crash = ConvInfo("crash", (2, 3, 64, 64), (160, 3, 1, 1), (2, 160, 32, 32), (2, 2), (0, 0), (1, 1), 1, False,
+                     "float32")
+    shapes = [*sweep_shapes(2, seed=0, batch_size=1, max_macs=1e5), crash,
+              *sweep_shapes(1, seed=1, batch_size=1, max_macs=1e5)]
+    table = measure_sweep(shapes, ["nchw", "nhwc"], FAST)
+    assert list(table.conv) == [s.id for s in shapes]
+    timed = table[table.conv != "crash"]
+    assert (timed.error == "").all() and (timed[["fwd_nchw", "bwd_nchw", "fwd_nhwc", "bwd_nhwc"]] > 0).all().all()
+    if torch.__version__.startswith("2.13"):
+        assert "died" in table.error[2] and math.isnan(table.fwd_nhwc[2])
+    model = fit(table, ["nchw", "nhwc"], seed=0)  # the crashed row is not trained on
+    assert model.n_features_in_ == len(FEATURES)
 
 
 @pytest.mark.parametrize("arch, cfg", [

@@ -8,7 +8,7 @@ rule layout_sweep:
     params:
         settings=config["layout"],
         seed=config["seed"],
-        code=code_version("layout.predict", "layout.measure", "layout.graph"),
+        code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:

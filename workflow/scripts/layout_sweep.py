@@ -14,4 +14,4 @@ with log_to(snakemake.log[0]) as log:
     shapes = sweep_shapes(sweep["shapes"], sweep["seed"], settings["batch_size"], sweep["max_macs"])
     log.info("timing %d conv shapes in %s (%s clock, %d thread(s))", len(shapes), settings["layouts"],
              settings["clock"], settings["threads"])
-    write_table(snakemake.output.table, measure_sweep(shapes, settings["layouts"], timing_of(settings)))
+    write_table(snakemake.output.table, measure_sweep(shapes, settings["layouts"], timing_of(settings), log))

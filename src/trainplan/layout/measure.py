@@ -95,6 +95,15 @@ def conv_time(conv: ConvInfo, layout: str, timing: Timing, input_grad: bool = Tr
     return _fwd_bwd(lambda: [F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups)], timing)
 
 
+def conv_row(conv: ConvInfo, input_grad: bool = True) -> dict[str, Any]:
+    """The table row describing a conv (the columns the predictor's features read); ``input_grad``: its
+    backward computes the input's gradient (not for a conv reading the model's input)."""
+    return {"conv": conv.id, "in_shape": list(conv.in_shape), "weight_shape": list(conv.weight_shape),
+            "out_shape": list(conv.out_shape), "stride": list(conv.stride), "padding": list(conv.padding),
+            "dilation": list(conv.dilation), "groups": conv.groups, "bias": conv.bias, "dtype": conv.dtype,
+            "input_grad": input_grad}
+
+
 def transform_time(shape: tuple[int, ...], src: str, dst: str, timing: Timing, dtype: torch.dtype = torch.float32) -> float:
     """Time to convert an activation of ``shape`` from ``src`` to ``dst`` layout plus its gradient back."""
     a, b = memory_format(src), memory_format(dst)
@@ -154,12 +163,9 @@ def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing) -> dict[
     conv_rows, group_rows, edge_rows = [], [], []
     first = {dst for (src, dst) in graph.edges if src == INPUT}
     for cid, conv in graph.convs.items():
-        row: dict[str, Any] = {"conv": cid, "in_shape": list(conv.in_shape), "weight_shape": list(conv.weight_shape),
-                               "out_shape": list(conv.out_shape), "stride": list(conv.stride),
-                               "padding": list(conv.padding), "dilation": list(conv.dilation),
-                               "groups": conv.groups, "bias": conv.bias, "dtype": conv.dtype}
+        row = conv_row(conv, input_grad=cid not in first)
         for lay in layouts:
-            row[f"fwd_{lay}"], row[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad=cid not in first)
+            row[f"fwd_{lay}"], row[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad=row["input_grad"])
         row["load"] = load_average()
         conv_rows.append(row)
     for group in graph.groups:

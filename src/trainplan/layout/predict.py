@@ -1,68 +1,116 @@
 """A learned predictor of conv time per layout (seed 004, section 4): a scikit-learn gradient-boosted
-regression of log(forward + backward time) on the paper's features (layout, input, weight and output dims,
-stride, padding, groups, dtype), trained on a sweep of random conv shapes; the models' own convs are held out."""
+regression of log(forward + backward time per multiply-add) on the paper's features (layout, input, weight and
+output dims, stride, padding, groups, dtype), trained on a sweep of random conv shapes; the models' own convs
+are held out."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import random
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from trainplan.layout.graph import ConvInfo
-from trainplan.layout.measure import Timing, conv_time
+from trainplan.layout.measure import Timing, conv_row
 
 LAYOUT_ID = {"nchw": 0, "nhwc": 1}
 DTYPE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "float64": 64}
 FEATURES = ["layout", "n", "cin", "h", "w", "cout", "kh", "kw", "hout", "wout", "stride_h", "stride_w",
-            "pad_h", "pad_w", "groups", "dtype_bits", "log_macs", "log_in", "log_weight", "log_out"]
+            "pad_h", "pad_w", "groups", "cin_per_group", "bias", "input_grad", "dtype_bits", "log_macs", "log_in",
+            "log_weight", "log_out"]
 
 
-def sweep_shapes(count: int, seed: int, batch_size: int = 2, max_macs: float = 1e8) -> list[ConvInfo]:
-    """``count`` random conv shapes in the ranges CNNs use (3-512 channels, 2-56 px, kernels 1-11, strides
-    1-4, depthwise with probability 0.15, at most ``max_macs`` multiply-adds), deterministic for ``seed``."""
+SIZES = [2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 17, 18, 24, 28, 32, 33, 34, 48, 56, 64, 65]
+CHANNELS = [3, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160, 192, 256, 320, 384, 512, 576, 768, 960, 1024, 1280,
+            2048]
+DENSE_KERNELS = [1, 1, 1, 2, 3, 3, 3, 4, 5, 7, 11]  # 2 and 4: patchify stems (stride = kernel)
+DEPTHWISE_KERNELS = [3, 3, 5, 7, 7]
+DEPTHWISE_SHARE = 0.25
+PROGRESS_EVERY = 50
+IMAGE_CHANNELS = 3  # a sweep conv reading this many channels is a stem: timed without an input gradient
+
+
+def sweep_shapes(count: int, seed: int, batch_size: int = 2, max_macs: float = 4e8) -> list[ConvInfo]:
+    """``count`` random conv shapes in the ranges CNNs use, deterministic for ``seed``: 2-65 px (odd sizes
+    as explicit padding makes them), 3-2048 channels; dense kernels 1-11 (patchify 2x2 and 4x4 with stride =
+    kernel), depthwise 3x3-7x7 with probability DEPTHWISE_SHARE; strides 1-4; bias or not; at most
+    ``max_macs`` multiply-adds."""
     rng = random.Random(seed)
-    chans = [3, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512]
     shapes: list[ConvInfo] = []
     while len(shapes) < count:
-        size = rng.choice([2, 3, 4, 6, 7, 8, 12, 14, 16, 24, 28, 32, 48, 56])
-        k = rng.choice([1, 1, 3, 3, 3, 5, 7, 11])
-        stride = rng.choice([1, 1, 1, 2, 2, 4] if k > 1 else [1, 1, 2])
-        pad = rng.choice([0, k // 2])
+        size = rng.choice(SIZES)
+        if rng.random() < DEPTHWISE_SHARE:
+            k = rng.choice(DEPTHWISE_KERNELS)
+            stride = rng.choice([1, 1, 2])
+            cin = cout = groups = rng.choice(CHANNELS[2:])
+        else:
+            k = rng.choice(DENSE_KERNELS)
+            stride = k if k in (2, 4) else rng.choice([1, 1, 2] if k < 7 else [1, 2, 2, 4])
+            cin, cout, groups = rng.choice(CHANNELS), rng.choice(CHANNELS[1:]), 1
+        pad = 0 if k in (2, 4) else rng.choice([0, k // 2])
         if size + 2 * pad < k:
             continue
-        if rng.random() < 0.15:
-            cin = cout = groups = rng.choice(chans[3:])
-        else:
-            cin, cout, groups = rng.choice(chans), rng.choice(chans[1:]), 1
         hout = (size + 2 * pad - k) // stride + 1
         if batch_size * cout * hout * hout * (cin // groups) * k * k > max_macs:
             continue
         shapes.append(ConvInfo(f"sweep{len(shapes)}", (batch_size, cin, size, size), (cout, cin // groups, k, k),
                                (batch_size, cout, hout, hout), (stride, stride), (pad, pad), (1, 1), groups,
-                               True, "float32"))
+                               rng.random() < 0.5, "float32"))
     return shapes
 
 
-def measure_sweep(shapes: list[ConvInfo], layouts: list[str], timing: Timing) -> pd.DataFrame:
-    """Forward and backward time of every sweep shape in every layout (one row per shape)."""
-    torch.set_num_threads(timing.threads)
-    rows = []
-    for conv in shapes:
-        row = conv_row(conv)
-        for lay in layouts:
-            row[f"fwd_{lay}"], row[f"bwd_{lay}"] = conv_time(conv, lay, timing)
-        rows.append(row)
+def measure_sweep(shapes: list[ConvInfo], layouts: list[str], timing: Timing,
+                  log: logging.Logger | None = None) -> pd.DataFrame:
+    """Forward and backward time of every sweep shape in every layout (one row per shape), timed in a worker
+    process (``trainplan.layout.sweep_worker``). A shape that kills its worker (PyTorch 2.13's CPU backward
+    crashes on some, e.g. a channels_last 1x1 stride-2 conv with few input channels) keeps its row with
+    ``error`` set and no times, and a new worker goes on with the next shape. ``log`` gets progress every
+    PROGRESS_EVERY shapes."""
+    rows: list[dict[str, Any]] = []
+    while len(rows) < len(shapes):
+        todo = shapes[len(rows):]
+        job = json.dumps({"layouts": layouts, "timing": dataclasses.asdict(timing),
+                          "shapes": [dataclasses.asdict(c) for c in todo],
+                          "input_grad": [_input_grad(c) for c in todo]}, default=_scalar)
+        with subprocess.Popen([sys.executable, "-m", "trainplan.layout.sweep_worker"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) as worker:
+            assert worker.stdin is not None and worker.stdout is not None
+            worker.stdin.write(job)
+            worker.stdin.close()
+            before = len(rows)
+            for conv, line in zip(todo, worker.stdout):
+                rows.append({**conv_row(conv, _input_grad(conv)), **json.loads(line), "error": ""})
+                if log is not None and len(rows) % PROGRESS_EVERY == 0:
+                    log.info("timed %d of %d shapes", len(rows), len(shapes))
+            code = worker.wait()
+        if code > 0 and len(rows) == before:  # an error, not a crash on a shape: it would fail on every one
+            raise RuntimeError(f"the conv timing worker failed (exit code {code}) before timing any shape "
+                               f"(its error is printed above)")
+        if len(rows) < len(shapes):
+            conv = shapes[len(rows)]
+            rows.append({**conv_row(conv, _input_grad(conv)), "error": f"the timing process died (exit code {code})"})
+            if log is not None:
+                log.warning("conv %s %s crashed the timing process (exit code %s); left out", conv.id,
+                            conv_row(conv), code)
     return pd.DataFrame(rows)
 
 
-def conv_row(conv: ConvInfo) -> dict[str, Any]:
-    """The table row describing a conv (the columns ``features`` reads)."""
-    return {"conv": conv.id, "in_shape": list(conv.in_shape), "weight_shape": list(conv.weight_shape),
-            "out_shape": list(conv.out_shape), "stride": list(conv.stride), "padding": list(conv.padding),
-            "dilation": list(conv.dilation), "groups": conv.groups, "bias": conv.bias, "dtype": conv.dtype}
+def _input_grad(conv: ConvInfo) -> bool:
+    """Whether a sweep conv is timed with an input gradient (not for a stem reading the image)."""
+    return conv.in_shape[1] != IMAGE_CHANNELS
+
+
+def _scalar(value: Any) -> Any:
+    """JSON form of a numpy scalar in a shape."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} to the sweep worker")
 
 
 def features(convs: pd.DataFrame, layout: str) -> pd.DataFrame:
@@ -76,42 +124,62 @@ def features(convs: pd.DataFrame, layout: str) -> pd.DataFrame:
         rows.append({"layout": LAYOUT_ID[layout], "n": n, "cin": cin, "h": h, "w": w, "cout": cout, "kh": kh,
                      "kw": kw, "hout": hout, "wout": wout, "stride_h": int(r.stride[0]), "stride_w": int(r.stride[1]),
                      "pad_h": int(r.padding[0]), "pad_w": int(r.padding[1]), "groups": int(r.groups),
+                     "cin_per_group": cin_g, "bias": int(bool(r.bias)),
+                     "input_grad": int(bool(getattr(r, "input_grad", True))),
                      "dtype_bits": DTYPE_BITS.get(str(r.dtype), 32), "log_macs": np.log10(macs),
                      "log_in": np.log10(n * cin * h * w), "log_weight": np.log10(cout * cin_g * kh * kw),
                      "log_out": np.log10(n * cout * hout * wout)})
     return pd.DataFrame(rows, columns=FEATURES)
 
 
+def _timed(convs: pd.DataFrame) -> pd.DataFrame:
+    """The rows that were timed (a sweep's crashed shapes left out)."""
+    return convs[convs["error"].fillna("") == ""] if "error" in convs else convs
+
+
 def _stack(convs: pd.DataFrame, layouts: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
+    """Features and measured forward + backward seconds of every timed row, one block per layout."""
+    convs = _timed(convs)
     x = pd.concat([features(convs, lay) for lay in layouts], ignore_index=True)
     y = np.concatenate([(convs[f"fwd_{lay}"] + convs[f"bwd_{lay}"]).to_numpy() for lay in layouts])
     return x, y
 
 
+def _log_macs(x: pd.DataFrame) -> np.ndarray:
+    return x["log_macs"].to_numpy() * np.log(10)
+
+
 def fit(sweep: pd.DataFrame, layouts: list[str], seed: int = 0) -> Any:
-    """Gradient-boosted trees on log time, trained on the sweep rows."""
+    """Gradient-boosted trees on log(seconds per multiply-add), trained on the sweep's timed rows: time per
+    multiply-add stays in a narrow range, so beyond the sweep's sizes the model extrapolates as constant
+    efficiency rather than as constant time."""
     from sklearn.ensemble import GradientBoostingRegressor
 
     x, y = _stack(sweep, layouts)
     model = GradientBoostingRegressor(n_estimators=500, max_depth=4, learning_rate=0.05, subsample=0.8,
                                       random_state=seed)
-    model.fit(x, np.log(np.maximum(y, 1e-7)))
+    model.fit(x, np.log(np.maximum(y, 1e-7)) - _log_macs(x))
     return model
+
+
+def _seconds(model: Any, x: pd.DataFrame) -> np.ndarray:
+    return np.exp(model.predict(x) + _log_macs(x))
 
 
 def predict(model: Any, convs: pd.DataFrame, layouts: list[str]) -> pd.DataFrame:
     """Predicted forward+backward seconds per conv (index: conv id) and layout (columns)."""
-    return pd.DataFrame({lay: np.exp(model.predict(features(convs, lay))) for lay in layouts},
+    return pd.DataFrame({lay: _seconds(model, features(convs, lay)) for lay in layouts},
                         index=convs["conv"].to_numpy())
 
 
 def score(model: Any, convs: pd.DataFrame, layouts: list[str]) -> dict[str, float]:
     """R^2 (on seconds and on log seconds), median relative error, and how often the predicted faster layout
-    is the measured faster one, over ``convs`` (held out from training)."""
+    is the measured faster one, over the timed rows of ``convs`` (held out from training)."""
     from sklearn.metrics import r2_score
 
+    convs = _timed(convs)
     x, y = _stack(convs, layouts)
-    pred = np.exp(model.predict(x))
+    pred = _seconds(model, x)
     rel = np.abs(pred - y) / y
     pred_t = predict(model, convs, layouts)
     meas = {lay: (convs[f"fwd_{lay}"] + convs[f"bwd_{lay}"]).to_numpy() for lay in layouts}

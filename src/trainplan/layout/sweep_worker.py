@@ -1,0 +1,36 @@
+"""Worker process of the conv sweep: reads ``{"layouts", "timing", "shapes", "input_grad"}`` as JSON on stdin,
+times each shape in every layout and writes one JSON line of times per shape on stdout, in order. Run as
+``python -m trainplan.layout.sweep_worker``; a shape that crashes PyTorch ends the process, and the caller
+(:func:`trainplan.layout.predict.measure_sweep`) knows which one from the lines written."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from trainplan.layout.graph import ConvInfo
+from trainplan.layout.measure import Timing, conv_time
+
+
+def conv_info(fields: dict) -> ConvInfo:
+    """A ConvInfo from its JSON fields (tuples stored as lists)."""
+    return ConvInfo(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def main() -> None:
+    """Time the shapes given on stdin; one line per shape on stdout."""
+    job = json.load(sys.stdin)
+    timing = Timing(**job["timing"])
+    torch.set_num_threads(timing.threads)
+    for fields, input_grad in zip(job["shapes"], job["input_grad"]):
+        conv = conv_info(fields)
+        times = {}
+        for lay in job["layouts"]:
+            times[f"fwd_{lay}"], times[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad)
+        print(json.dumps(times), flush=True)
+
+
+if __name__ == "__main__":
+    main()
