@@ -56,25 +56,54 @@ def train_step(module: torch.nn.Module, batch: dict[str, torch.Tensor], loss_fn:
     return loss.detach()
 
 
+GRAD_ERROR_FACTOR = 10.0  # a plan's gradient may be this many times further from float64 than the unmodified step's
+
+
+def _step_grads(module: torch.nn.Module, batch: dict[str, torch.Tensor], loss_fn: Callable[[Any], torch.Tensor]
+                ) -> tuple[float, dict[str, torch.Tensor]]:
+    """Loss and parameter gradients (as float64) of one training step; the module's state is restored."""
+    state = copy.deepcopy(module.state_dict())
+    loss = float(train_step(module, batch, loss_fn))
+    grads = {n: p.grad.double() for n, p in module.named_parameters() if p.grad is not None}
+    module.load_state_dict(state)
+    return loss, grads
+
+
+def _errors(grads: dict[str, torch.Tensor], exact: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Per parameter: largest absolute gradient error (inf where one of the two has no gradient)."""
+    errors = {n: float("inf") for n in set(grads) ^ set(exact)}
+    errors.update({n: (grads[n] - g).abs().max().item() for n, g in exact.items() if n in grads})
+    return errors
+
+
 def check_gradients(reference: torch.nn.Module, other: torch.nn.Module, batch: dict[str, torch.Tensor],
                     loss_fn: Callable[[Any], torch.Tensor], rtol: float, atol: float) -> dict[str, Any]:
-    """Loss and every parameter gradient of one step of ``other`` against ``reference`` (both from the same
-    state: BN statistics are restored afterwards)."""
-    states = [copy.deepcopy(m.state_dict()) for m in (reference, other)]
-    ref_loss, loss = train_step(reference, batch, loss_fn), train_step(other, batch, loss_fn)
-    worst, worst_name, ok = 0.0, "", bool(torch.allclose(loss, ref_loss, rtol=rtol, atol=atol))
-    for (name, p), (_, q) in zip(reference.named_parameters(), other.named_parameters()):
-        if p.grad is None and q.grad is None:
-            continue
-        diff = (p.grad - q.grad).abs().max().item() if p.grad is not None and q.grad is not None else float("inf")
-        rel = diff / (atol + rtol * p.grad.abs().max().item()) if p.grad is not None else float("inf")
-        if rel > worst:
-            worst, worst_name = rel, name
-        ok = ok and rel <= 1.0
-    for m, s in zip((reference, other), states):
-        m.load_state_dict(s)
-    return {"ok": ok, "loss": float(loss), "reference_loss": float(ref_loss), "worst_grad_ratio": worst,
-            "worst_grad_param": worst_name}
+    """Loss and every parameter gradient of one step of ``other`` and of the unmodified float32 ``reference``
+    against the exact step (``reference`` in float64). ``ok`` when each of ``other``'s largest errors (per
+    parameter, and the loss) is at most atol + max(rtol x the exact value's largest entry, GRAD_ERROR_FACTOR x
+    the unmodified step's error there): a plan only changes the order of float32 sums, and on deep CNNs with
+    batch norm over a few values the unmodified float32 step is itself far from exact on some parameters
+    (ResNet-50 at 2 x 64 px: up to 14% of the largest entry), so a match to it within rtol would fail any
+    reordering. ``worst_grad_ratio``: the largest error over its allowance. Module states are restored."""
+    exact_loss, exact = _step_grads(copy.deepcopy(reference).double(), _as_double(batch), loss_fn)
+    ref_loss, ref = _step_grads(reference, batch, loss_fn)
+    loss, grads = _step_grads(other, batch, loss_fn)
+    ref_errors, errors = _errors(ref, exact), _errors(grads, exact)
+
+    def allowed(scale: float, ref_error: float) -> float:
+        return atol + max(rtol * scale, GRAD_ERROR_FACTOR * ref_error)
+
+    ratios = {n: e / allowed(exact[n].abs().max().item() if n in exact else 0.0, ref_errors.get(n, 0.0))
+              for n, e in errors.items()}
+    worst = max(ratios, key=lambda n: (ratios[n], n), default="")
+    loss_ok = abs(loss - exact_loss) <= allowed(abs(exact_loss), abs(ref_loss - exact_loss))
+    return {"ok": bool(loss_ok and ratios.get(worst, 0.0) <= 1.0), "loss": loss, "reference_loss": ref_loss,
+            "exact_loss": exact_loss, "worst_grad_ratio": ratios.get(worst, 0.0), "worst_grad_param": worst,
+            "worst_grad_error": errors.get(worst, 0.0), "reference_grad_error": ref_errors.get(worst, 0.0)}
+
+
+def _as_double(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
 
 
 def time_steps(runnables: list[Runnable], batch: dict[str, torch.Tensor], loss_fn: Callable[[Any], torch.Tensor],
