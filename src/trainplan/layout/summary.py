@@ -14,7 +14,7 @@ def summary_row(plan: dict[str, Any], execution: dict[str, Any]) -> dict[str, An
         "method": plan["method"], "solve_time_s": plan["solve_time_s"],
         "backtrack_status": base["backtrack"]["status"], "backtrack_time_s": base["backtrack"]["solve_time_s"],
         "backtrack_nodes": base["backtrack"]["nodes_explored"], "n_nhwc": cfg["planned"]["n_nhwc"],
-        "best_single": base["best_single"]["chosen"],
+        "best_single": base["best_single"]["chosen"], "measured_best_single": execution["measured_best_single"],
         **{f"step_{name}_s": cfg[name]["measured_step_s"] for name in
            ("unmodified", "all_nchw", "all_nhwc", "best_single", "planned", "predicted_plan")},
         "predicted_planned_step_s": cfg["planned"]["predicted_step_s"],
