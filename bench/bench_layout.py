@@ -126,7 +126,9 @@ def main() -> None:
     load0 = load_average()
     parts = [f"# Layout stage benchmark (seed 004)\n\nWritten by `python bench/bench_layout.py` at "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Host load average at start: {load0:.1f} on "
-             f"{os.cpu_count()} cores: every timing below was **measured under load** (the host is shared)."]
+             f"{os.cpu_count()} cores: "
+             + ("run alone on the host." if load0 < 1.0 else "timings below were **measured under load** (the host is shared).")
+             + " Part 3 comes from the workflow's runs, each with its own load average (`load_max`)."]
     plan = planner(args.sizes, args.seeds, args.time_limit)
     ok = (plan.exact_status == "optimal").all() and (plan.exact_s <= args.time_limit).all()
     parts.append(f"## 1. Exact planner vs CP-SAT vs the paper's backtracking (time limit {args.time_limit:g} s)\n\n"
