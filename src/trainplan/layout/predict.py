@@ -68,10 +68,10 @@ def sweep_shapes(count: int, seed: int, batch_size: int = 2, max_macs: float = 4
 def measure_sweep(shapes: list[ConvInfo], layouts: list[str], timing: Timing,
                   log: logging.Logger | None = None) -> pd.DataFrame:
     """Forward and backward time of every sweep shape in every layout (one row per shape), timed in a worker
-    process (``trainplan.layout.sweep_worker``). A shape that kills its worker (PyTorch 2.13's CPU backward
-    crashes on some, e.g. a channels_last 1x1 stride-2 conv with few input channels) keeps its row with
-    ``error`` set and no times, and a new worker goes on with the next shape. ``log`` gets progress every
-    PROGRESS_EVERY shapes."""
+    process (``trainplan.layout.sweep_worker``). A shape torch refuses, or one that kills its worker (PyTorch
+    2.13's CPU backward crashes on some, e.g. a channels_last 1x1 stride-2 conv with few input channels), keeps
+    its row with ``error`` set and no times; after a crash a new worker goes on with the next shape. ``log``
+    gets progress every PROGRESS_EVERY shapes."""
     rows: list[dict[str, Any]] = []
     while len(rows) < len(shapes):
         todo = shapes[len(rows):]
@@ -85,7 +85,9 @@ def measure_sweep(shapes: list[ConvInfo], layouts: list[str], timing: Timing,
             worker.stdin.close()
             before = len(rows)
             for conv, line in zip(todo, worker.stdout):
-                rows.append({**conv_row(conv, _input_grad(conv)), **json.loads(line), "error": ""})
+                rows.append({**conv_row(conv, _input_grad(conv)), "error": "", **json.loads(line)})
+                if rows[-1]["error"] and log is not None:
+                    log.warning("conv %s %s left out: %s", conv.id, conv_row(conv), rows[-1]["error"])
                 if log is not None and len(rows) % PROGRESS_EVERY == 0:
                     log.info("timed %d of %d shapes", len(rows), len(shapes))
             code = worker.wait()

@@ -1,7 +1,7 @@
 """Worker process of the conv sweep: reads ``{"layouts", "timing", "shapes", "input_grad"}`` as JSON on stdin,
-times each shape in every layout and writes one JSON line of times per shape on stdout, in order. Run as
-``python -m trainplan.layout.sweep_worker``; a shape that crashes PyTorch ends the process, and the caller
-(:func:`trainplan.layout.predict.measure_sweep`) knows which one from the lines written."""
+times each shape in every layout and writes one JSON line of times (or of the error torch raised) per shape on
+stdout, in order. Run as ``python -m trainplan.layout.sweep_worker``; a shape that crashes PyTorch ends the
+process, and the caller (:func:`trainplan.layout.predict.measure_sweep`) knows which one from the lines written."""
 
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ def main() -> None:
     for fields, input_grad in zip(job["shapes"], job["input_grad"]):
         conv = conv_info(fields)
         times = {}
-        for lay in job["layouts"]:
-            times[f"fwd_{lay}"], times[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad)
+        try:
+            for lay in job["layouts"]:
+                times[f"fwd_{lay}"], times[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad)
+        except (RuntimeError, ValueError) as exc:  # torch refuses the shape: say so and go on
+            times = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         print(json.dumps(times), flush=True)
 
 
