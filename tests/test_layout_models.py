@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainplan.layout.build import build_problem
-from trainplan.layout.execute import apply_layouts, check_gradients
+from trainplan.layout.execute import apply_layouts, check_gradients, gradient_reference
 from trainplan.layout.graph import INPUT, ConvInfo, trace_conv_graph
 from trainplan.layout.measure import Timing, measure_graph
 from trainplan.layout.predict import FEATURES, fit, measure_sweep, predict, score, sweep_shapes
@@ -66,7 +66,8 @@ def test_measured_problem_plans_and_executes_with_matching_gradients():
                 name, a[0].is_contiguous(memory_format=torch.channels_last) and a[0].shape[1] > 1))
             if conv.kernel_size != (1, 1):  # a 1x1 kernel's weight is contiguous in both formats
                 assert conv.weight.is_contiguous(memory_format=torch.channels_last) == (mixed[name] == "nhwc")
-    check = check_gradients(built.module, run.module, built.batch, built.loss_fn, rtol=1e-4, atol=1e-5)
+    ref = gradient_reference(built.module, built.batch, built.loss_fn, atol=1e-5)
+    check = check_gradients(ref, run.module, built.batch, built.loss_fn, rtol=1e-4, atol=1e-5)
     assert check["ok"], check
     assert {n for n, cl in seen.items() if cl} == {n for n, lay in mixed.items() if lay == "nhwc"}
 
@@ -80,14 +81,16 @@ def test_gradient_check_is_against_float64_and_catches_a_wrong_step():
     built = _resnet18(32)  # the last stage's batch norms see 2 values: float32 gradients are far from exact
     convs = [n for n, m in built.module.named_modules() if isinstance(m, torch.nn.Conv2d)]
     nhwc = apply_layouts(built.module, {c: "nhwc" for c in convs}, "all_nhwc")
-    check = check_gradients(built.module, nhwc.module, built.batch, built.loss_fn, rtol=1e-4, atol=1e-5)
+    ref = gradient_reference(built.module, built.batch, built.loss_fn, atol=1e-5)
+    check = check_gradients(ref, nhwc.module, built.batch, built.loss_fn, rtol=1e-4, atol=1e-5)
     assert check["ok"] and 0 <= check["worst_grad_ratio"] <= 1 and check["exact_ratio"] < 1e-3
     assert abs(check["exact_loss"] - check["reference_loss"]) < 1e-4 * abs(check["exact_loss"])
     built = _resnet18(64)
     wrong = apply_layouts(built.module, {}, "wrong")
     with torch.no_grad():
         dict(wrong.module.named_parameters())[f"{convs[3]}.weight"].mul_(1.01)  # not the same model any more
-    bad = check_gradients(built.module, wrong.module, built.batch, built.loss_fn, rtol=1e-4, atol=1e-5)
+    ref = gradient_reference(built.module, built.batch, built.loss_fn, atol=1e-5)
+    bad = check_gradients(ref, wrong.module, built.batch, built.loss_fn, rtol=1e-4, atol=1e-5)
     assert not bad["ok"] and bad["exact_ratio"] > 1 and bad["exact_param"] == f"{convs[3]}.weight"
 
 

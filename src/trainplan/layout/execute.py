@@ -82,28 +82,43 @@ def _worst(grads: dict[str, torch.Tensor], exact: dict[str, torch.Tensor], rtol:
     return ratios.get(worst, 0.0), worst
 
 
-def check_gradients(reference: torch.nn.Module, other: torch.nn.Module, batch: dict[str, torch.Tensor],
+@dataclass(frozen=True)
+class GradientReference:
+    """One training step of the unmodified model: exact (float64) and as run (float32), and the float32 step's
+    worst gradient error relative to each parameter's largest exact entry."""
+
+    exact_loss: float
+    exact: dict[str, torch.Tensor]
+    loss: float
+    float32_error: float
+
+
+def gradient_reference(reference: torch.nn.Module, batch: dict[str, torch.Tensor],
+                       loss_fn: Callable[[Any], torch.Tensor], atol: float) -> GradientReference:
+    """The unmodified step that :func:`check_gradients` compares plans with (computed once per model)."""
+    exact_loss, exact = _step_grads(copy.deepcopy(reference).double(), _as_double(batch), loss_fn)
+    loss, grads = _step_grads(reference, batch, loss_fn)
+    return GradientReference(exact_loss, exact, loss, _worst(grads, exact, 1.0, atol)[0])
+
+
+def check_gradients(reference: GradientReference, other: torch.nn.Module, batch: dict[str, torch.Tensor],
                     loss_fn: Callable[[Any], torch.Tensor], rtol: float, atol: float) -> dict[str, Any]:
-    """One training step of ``other`` (a plan) against the unmodified ``reference``, checked twice.
-    Exact: both run in float64; the loss and every gradient must agree within rtol/atol (a plan only reorders
-    sums, so a wrong conversion shows here). Float32: each of the plan's gradient errors against the exact step
-    must be at most atol + ``allowed`` x that gradient's largest entry, ``allowed`` = max(rtol,
+    """One training step of ``other`` (a plan) against the unmodified step, checked twice.
+    Exact: ``other`` run in float64 must agree with the exact step within rtol/atol, loss and every gradient (a
+    plan only reorders sums, so a wrong conversion shows here). Float32: each of its gradient errors against the
+    exact step must be at most atol + ``allowed`` x that gradient's largest entry, ``allowed`` = max(rtol,
     FLOAT32_ERROR_FACTOR x the unmodified float32 step's worst such relative error): on deep CNNs whose batch
     norms see a few values the float32 step is itself far from exact (ResNet-50 at 2 x 64 px: 14%), so matching
     it within rtol fails any reordering; this catches a wrong float32 kernel. Module states are restored."""
-    wide = _as_double(batch)
-    exact_loss, exact = _step_grads(copy.deepcopy(reference).double(), wide, loss_fn)
-    plan_loss, plan = _step_grads(copy.deepcopy(other).double(), wide, loss_fn)
-    ref_loss, ref = _step_grads(reference, batch, loss_fn)
+    plan_loss, plan = _step_grads(copy.deepcopy(other).double(), _as_double(batch), loss_fn)
     loss, grads = _step_grads(other, batch, loss_fn)
-    exact_ratio, exact_param = _worst(plan, exact, rtol, atol)
-    exact_ratio = max(exact_ratio, abs(plan_loss - exact_loss) / (atol + rtol * abs(exact_loss)))
-    ref_error, _ = _worst(ref, exact, 1.0, atol)
-    allowed = max(rtol, FLOAT32_ERROR_FACTOR * ref_error)
-    float32_ratio, param = _worst(grads, exact, allowed, atol)
-    return {"ok": bool(exact_ratio <= 1.0 and float32_ratio <= 1.0), "loss": loss, "reference_loss": ref_loss,
-            "exact_loss": exact_loss, "exact_ratio": exact_ratio, "exact_param": exact_param,
-            "float32_allowed": allowed, "float32_param": param, "reference_float32_error": ref_error,
+    exact_ratio, exact_param = _worst(plan, reference.exact, rtol, atol)
+    exact_ratio = max(exact_ratio, abs(plan_loss - reference.exact_loss) / (atol + rtol * abs(reference.exact_loss)))
+    allowed = max(rtol, FLOAT32_ERROR_FACTOR * reference.float32_error)
+    float32_ratio, param = _worst(grads, reference.exact, allowed, atol)
+    return {"ok": bool(exact_ratio <= 1.0 and float32_ratio <= 1.0), "loss": loss, "reference_loss": reference.loss,
+            "exact_loss": reference.exact_loss, "exact_ratio": exact_ratio, "exact_param": exact_param,
+            "float32_allowed": allowed, "float32_param": param, "reference_float32_error": reference.float32_error,
             "float32_ratio": float32_ratio, "worst_grad_ratio": max(exact_ratio, float32_ratio)}
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from trainplan.layout.build import build_problem
-from trainplan.layout.execute import Runnable, apply_layouts, check_gradients, time_steps
+from trainplan.layout.execute import Runnable, apply_layouts, check_gradients, gradient_reference, time_steps
 from trainplan.layout.measure import Timing
 from trainplan.layout.predict import fit, predict, score
 from trainplan.layout.solve import plan_time, solve_all
@@ -56,7 +56,8 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
             runs.append(apply_layouts(built.module, lay, name))
     reference = Runnable("unmodified", copy.deepcopy(built.module), [])
     tol = settings["tolerances"]
-    checks = {r.name: check_gradients(reference.module, r.module, built.batch, built.loss_fn,
+    exact = gradient_reference(reference.module, built.batch, built.loss_fn, float(tol["grad_atol"]))
+    checks = {r.name: check_gradients(exact, r.module, built.batch, built.loss_fn,
                                       float(tol["grad_rtol"]), float(tol["grad_atol"])) for r in runs}
     steps = time_steps([reference, *runs], built.batch, built.loss_fn, timing_of(settings, "step_repeats"))
     anchor_name = distinct[tuple(sorted(candidates["all_nchw"].items()))]
