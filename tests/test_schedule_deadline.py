@@ -1,5 +1,6 @@
 """The time limit is a limit: the CLI returns within it (+5%) on a wide 2000-op DAG, whatever it finds."""
 
+import gc
 import math
 import time
 
@@ -9,6 +10,8 @@ from trainplan import cli
 from trainplan.io import read_json
 from trainplan.schedule import deadline as dl
 from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.checkmate import checkmate
+from trainplan.schedule.checkmate_lp import build_lp
 from trainplan.schedule.heuristic import greedy
 from trainplan.schedule.problem import load_problem, save_problem
 from trainplan.schedule.replay import replay
@@ -108,3 +111,26 @@ def test_budget_not_met_in_time_is_not_found():
     raised = solve(p.with_budget(budget), time_limit_s=0.3)
     assert raised.extra["budget_status"] == "not_found" and raised.extra["requested_budget_bytes"] == budget
     assert raised.budget_bytes > budget
+
+
+def test_checkmate_without_time_left_starts_nothing():
+    """compare() hands Checkmate what its other baselines left, possibly nothing: it must not start a build."""
+    p = layered_graph(2000, 11)
+    p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
+    t0 = time.perf_counter()
+    s = checkmate(p, time_limit_s=-0.2)
+    assert s.status == "not_built" and not s.events and "not started" in s.extra["note"]
+    t0 = time.perf_counter()
+    assert build_lp(p, p.budget_bytes, deadline=t0) is None  # a passed deadline stops the first stage
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_a_call_freezes_the_heap_it_found_until_it_ends():
+    """Full collections inside a call skip the objects alive before it (imported libraries): see dl.scope."""
+    assert gc.get_freeze_count() == 0
+    with dl.scope(dl.Deadline.after(5.0)):
+        assert gc.get_freeze_count() > 1000
+        with dl.scope(dl.Deadline.after(1.0)):
+            pass
+        assert gc.get_freeze_count() > 1000  # an inner scope leaves the freeze alone
+    assert gc.get_freeze_count() == 0

@@ -24,6 +24,7 @@ from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
 MAX_VARIABLES = 300_000
 MILP_SECONDS_PER_VARIABLE = 2e-5  # building the CP-SAT model: measured 12-22 us per variable on this host
 MILP_BUILD_SHARE = 0.5  # the MILP is built only if its estimated build time fits in this share of the limit
+MIN_LIMIT_S = 0.05  # with less time than this (a compare() whose other baselines used the share), nothing starts
 MILP_STOP_SECONDS_PER_VARIABLE = 1e-5  # CP-SAT returns this long after its max_time on this model: measured
 # 6.2 us per variable here (1.2 s past a 5.9 s limit at 189k variables, the 250-op layered DAG)
 
@@ -171,6 +172,10 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
         return no_schedule(budget, "checkmate", time.perf_counter() - t0, "fixed_bytes exceed the budget",
                            {"milp_status": "INFEASIBLE"})
     size = model_size(p)
+    if time_limit_s < MIN_LIMIT_S:
+        return no_schedule(budget, "checkmate", time.perf_counter() - t0,
+                           f"not started: {max(time_limit_s, 0.0):.2f} s of the time limit left",
+                           {"milp_status": "NOT_BUILT", "milp_variables": size}, status="not_built")
     build_s = MILP_SECONDS_PER_VARIABLE * size
     if size > MAX_VARIABLES or build_s > MILP_BUILD_SHARE * time_limit_s:
         why = (f"{size} variables > {MAX_VARIABLES} (O(n^2) stage grid)" if size > MAX_VARIABLES else

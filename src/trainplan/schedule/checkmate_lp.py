@@ -96,7 +96,9 @@ class _Lp:
 def build_lp(problem: Problem, budget_bytes: int, deadline: float) -> _Lp | None:
     """The LP relaxation of Checkmate's MILP at ``budget_bytes`` (memory in units of the cap, time in units
     of the compute time), built a stage at a time with numpy; None if the build is projected to pass
-    ``deadline`` (checked at every stage from the first tenth on) or does."""
+    ``deadline`` (projected at every stage from the first tenth on) or passes it (checked at every stage)."""
+    if time.perf_counter() > deadline:
+        return None
     p, n = problem, problem.n
     cap = max(budget_bytes - p.fixed_bytes, 1)
     b = np.array([op.bytes for op in p.ops], dtype=float) / cap
@@ -145,7 +147,8 @@ def build_lp(problem: Problem, budget_bytes: int, deadline: float) -> _Lp | None
         # up as soon as the projected build passes the deadline
         spent = time.perf_counter() - start
         done, total = (STAGE_OVERHEAD * x + x * x / 2 for x in (t, n))
-        if t >= n // 10 and start + spent * total / max(done, 1.0) * (1 + CONVERT_SHARE) > deadline:
+        if start + spent > deadline or (
+                t >= n // 10 and start + spent * total / max(done, 1.0) * (1 + CONVERT_SHARE) > deadline):
             return None
         ks = np.arange(t + 1)
         R = t * (t + 1) // 2 + ks  # R(t, k), k = 0..t
