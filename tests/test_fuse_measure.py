@@ -3,6 +3,8 @@ fused step (the other groups compiled) still matches the unfused step."""
 
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 
 from trainplan.fuse import inductor_table
@@ -34,3 +36,4 @@ def test_a_group_inductor_cannot_compile_is_left_unfused(small_cnn, monkeypatch)
                                          "error": "AssertionError: output spec mismatch: (injected)"}]
     assert broken not in set(table["group"]) and len(table) == len(chosen) - 1
     assert summary["groups_measured"] == len(chosen) - 1 and summary["fused_step_check"]["within_tolerance"]
+    assert summary["host_allocator"].startswith("glibc malloc keeps freed memory") or not sys.platform.startswith("linux")

@@ -40,6 +40,10 @@ def test_layout_rules_on_a_tiny_cnn(tmp_path):
         assert other["time"] >= plan["time"] * (1 - 1e-9), name
     execution = yaml.safe_load((base / "execution.json").read_text())
     assert execution["gradients_ok"] and execution["configs"]["planned"]["measured_step_s"] > 0
+    if sys.platform.startswith("linux"):  # timed with freed host memory kept, as the profile is (trainplan.timing)
+        assert execution["host_allocator"].startswith("glibc malloc keeps freed memory")
+        measured = yaml.safe_load((base / "problem.json").read_text())
+        assert measured["meta"]["host_allocator"] == execution["host_allocator"]
     io = pd.read_csv(base / "io.csv")
     sim = io.dropna(subset=["simulated_io"])
     assert len(sim) == 2 and (sim.simulated_io == sim.exact_io).all() and (sim.simulated_io >= sim.bound).all()

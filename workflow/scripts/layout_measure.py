@@ -7,6 +7,7 @@ from trainplan.layout.graph import trace_conv_graph
 from trainplan.layout.measure import load_average, measure_graph
 from trainplan.layout.study import layout_spec, timing_of
 from trainplan.logs import log_to
+from trainplan.timing import keep_freed_memory
 from trainplan.models import build_model
 
 with log_to(snakemake.log[0]) as log:
@@ -20,7 +21,8 @@ with log_to(snakemake.log[0]) as log:
     for row in failed.itertuples():
         log.warning("group %s not replayed (%s): costed as measured-equal", row.group, row.error)
     problem = build_problem(built.name, tables["convs"], tables["groups"], tables["edges"], settings["layouts"],
-                            meta={"clock": settings["clock"], "threads": settings["threads"], "load_average": load_average()})
+                            meta={"clock": settings["clock"], "threads": settings["threads"], "load_average": load_average(),
+                                  "host_allocator": keep_freed_memory()})
     for name in ("convs", "groups", "edges"):
         write_table(snakemake.output[name], tables[name])
     write_json(snakemake.output.problem, problem.to_dict())

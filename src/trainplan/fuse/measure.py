@@ -24,7 +24,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_parti
 from trainplan.fuse.errors import FuseError
 from trainplan.models import BuiltModel, on_device
 from trainplan.profile import timed_run
-from trainplan.timing import gc_paused
+from trainplan.timing import gc_paused, keep_freed_memory
 from trainplan.trace import trace_training_step
 
 #: A kernel launch in the ``call`` function of Inductor's generated code: a generated C++/Triton kernel,
@@ -146,7 +146,9 @@ def select_groups(groups: pd.DataFrame, min_ops: int, max_groups: int) -> pd.Dat
 def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[str, Any], groups: pd.DataFrame, *,
                    min_ops: int, max_groups: int, repeats: int, warmup: int, whole_step: bool,
                    rtol: float, atol: float, log: Callable[[str], None] = lambda _m: None) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Per-group fused vs unfused times and the whole-step comparison (see the module docstring)."""
+    """Per-group fused vs unfused times and the whole-step comparison (see the module docstring). Keeps freed
+    host memory for the rest of the process (``keep_freed_memory``), as the profile does."""
+    allocator = keep_freed_memory()
     traced, flat = trace_training_step(on_device(built, "cpu"))
     gm = traced.gm
     traced_names = [n.name for n in gm.graph.nodes if n.op == "call_function"]
@@ -193,6 +195,7 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
         "groups_measured": len(rows), "groups_failed": failed, "cap": {"max_groups": max_groups, "min_ops": min_ops,
                                              "order": "largest measured (profiled) time first"},
         "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "host_allocator": allocator,
         "launches_saved": int(table["launches_saved"].sum()) if len(table) else 0,
         "internal_bytes": int(table["internal_bytes"].sum()) if len(table) else 0,
         "group_compile_s": float(table["compile_s"].sum()) if len(table) else 0.0,

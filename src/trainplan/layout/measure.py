@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
 from trainplan.layout.graph import INPUT, ConvGraph, ConvInfo, Ref
-from trainplan.timing import gc_paused
+from trainplan.timing import gc_paused, keep_freed_memory
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
@@ -158,7 +158,9 @@ def group_forward(graph: ConvGraph, group: str, layout: str) -> Callable[[], lis
 
 
 def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing) -> dict[str, pd.DataFrame]:
-    """Every conv, group and edge of ``graph`` timed in every layout; three tables (convs, groups, edges)."""
+    """Every conv, group and edge of ``graph`` timed in every layout; three tables (convs, groups, edges). Keeps
+    freed host memory for the rest of the process (``keep_freed_memory``), as the profile does."""
+    keep_freed_memory()
     torch.set_num_threads(timing.threads)
     conv_rows, group_rows, edge_rows = [], [], []
     first = {dst for (src, dst) in graph.edges if src == INPUT}

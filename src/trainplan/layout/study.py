@@ -14,6 +14,7 @@ from trainplan.layout.measure import Timing
 from trainplan.layout.predict import fit, predict, score
 from trainplan.layout.solve import plan_time, solve_all
 from trainplan.models import BuiltModel
+from trainplan.timing import keep_freed_memory
 
 
 def layout_spec(spec: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +36,9 @@ def timing_of(settings: dict[str, Any], repeats_key: str = "repeats") -> Timing:
 def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.DataFrame,
                settings: dict[str, Any], solver: dict[str, Any], seed: int) -> tuple[dict[str, Any], dict[str, Any], pd.DataFrame]:
     """Plans (exact on measured costs with every baseline, exact on predicted conv costs), their execution and
-    the predictor's scores on this model's convs. Returns (plan document, execution document, predictions)."""
+    the predictor's scores on this model's convs. Returns (plan document, execution document, predictions).
+    Keeps freed host memory for the rest of the process (``keep_freed_memory``), as the profile does."""
+    allocator = keep_freed_memory()
     layouts = list(settings["layouts"])
     convs, groups, edges = tables["convs"], tables["groups"], tables["edges"]
     limit, workers = float(solver["time_limit_s"]), int(solver["workers"])
@@ -78,7 +81,7 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
     best_single = rows[fastest_single]["measured_step_s"]
     held_out = score(model, convs, layouts)
     execution = {
-        "model": built.name, "clock": settings["clock"], "threads": settings["threads"],
+        "model": built.name, "clock": settings["clock"], "threads": settings["threads"], "host_allocator": allocator,
         "load_average": steps["_load"], "under_load": steps["_load"]["max"] > 1.0,
         "configs": rows,
         "speedup_vs_all_nchw": rows["all_nchw"]["measured_step_s"] / rows["planned"]["measured_step_s"],

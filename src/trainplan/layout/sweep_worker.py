@@ -12,6 +12,7 @@ import torch
 
 from trainplan.layout.graph import ConvInfo
 from trainplan.layout.measure import Timing, conv_time
+from trainplan.timing import keep_freed_memory
 
 
 def conv_info(fields: dict) -> ConvInfo:
@@ -20,7 +21,9 @@ def conv_info(fields: dict) -> ConvInfo:
 
 
 def main() -> None:
-    """Time the shapes given on stdin; one line per shape on stdout."""
+    """Time the shapes given on stdin, with freed host memory kept (``keep_freed_memory``); one line per shape
+    on stdout."""
+    keep_freed_memory()
     job = json.load(sys.stdin)
     timing = Timing(**job["timing"])
     torch.set_num_threads(timing.threads)
