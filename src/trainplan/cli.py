@@ -8,13 +8,9 @@ import sys
 from collections.abc import Callable
 
 from trainplan.align.cli import add_parser as add_align_parser
-from trainplan.align.units import AlignError
 from trainplan.fuse.cli import add_parser as add_fuse_parser
-from trainplan.fuse.errors import FuseError
-from trainplan.io import ArtifactError
 from trainplan.layout.cli import add_parser as add_layout_parser
 from trainplan.provenance.cli import add_parser as add_publish
-from trainplan.schedule.problem import ProblemError
 
 
 def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace], int]:
@@ -68,6 +64,16 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse
 }
 
 
+def _input_errors() -> tuple[type[Exception], ...]:
+    """The bad-input errors of every subcommand, imported when needed (``align``'s pulls in torch)."""
+    from trainplan.align.units import AlignError
+    from trainplan.fuse.errors import FuseError
+    from trainplan.io import ArtifactError
+    from trainplan.schedule.problem import ProblemError
+
+    return ArtifactError, ProblemError, AlignError, FuseError
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``; bad input files print one line naming the file/op/key and exit 2."""
     parser = argparse.ArgumentParser(prog="trainplan", description=__doc__)
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return runners[args.command](args)
-    except (ArtifactError, ProblemError, AlignError, FuseError) as exc:
+    except _input_errors() as exc:  # evaluated only when an exception propagates
         print(f"trainplan {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
