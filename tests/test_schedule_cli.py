@@ -58,3 +58,15 @@ def test_a_stage_of_a_schedules_file(tmp_path):
     res = run("schedule", str(src), "--stage", "1", "-o", str(tmp_path / "t.json"))
     assert res.returncode == 2 and res.stderr.strip() == f"trainplan schedule: error: {src}: no stage 1 (a schedules.json has a 'stages' list)"
     assert not (tmp_path / "t.json").exists()
+
+
+def test_the_schedule_command_does_not_import_torch(tmp_path):
+    """Start-up is part of the time limit's promise: the schedule path loads no torch (docs/schedule.md)."""
+    src, out = tmp_path / "p.json", tmp_path / "s.json"
+    src.write_text(json.dumps(PROBLEM))
+    code = ("import sys; from trainplan import cli; "
+            f"rc = cli.main(['schedule', {str(src)!r}, '-o', {str(out)!r}, '--time-limit', '1']); "
+            "print(rc, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stderr[-2000:]
+    assert read_json(out)["status"] in ("optimal", "feasible")
