@@ -129,7 +129,8 @@ def _as_double(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def time_steps(runnables: list[Runnable], batch: dict[str, torch.Tensor], loss_fn: Callable[[Any], torch.Tensor],
                timing: Timing) -> dict[str, dict[str, Any]]:
     """Median step time per runnable; runs alternate between runnables in each round so that a change of load
-    hits all of them alike. Each run starts from the runnable's initial state."""
+    hits all of them alike (``samples_s``: the times in round order, paired across runnables). Each run starts
+    from the runnable's initial state."""
     torch.set_num_threads(timing.threads)
     now = timing.now
     samples: dict[str, list[float]] = {r.name: [] for r in runnables}
@@ -149,6 +150,7 @@ def time_steps(runnables: list[Runnable], batch: dict[str, torch.Tensor], loss_f
         times = sorted(times)
         mid = len(times) // 2
         median = times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
-        out[name] = {"median_s": median, "min_s": times[0], "max_s": times[-1], "samples": len(times)}
+        out[name] = {"median_s": median, "min_s": times[0], "max_s": times[-1], "samples": len(times),
+                     "samples_s": samples[name]}
     out["_load"] = {"min": min(loads), "max": max(loads)}
     return out

@@ -14,7 +14,7 @@ from trainplan.layout.measure import Timing
 from trainplan.layout.predict import fit, predict, score
 from trainplan.layout.solve import plan_time, solve_all
 from trainplan.models import BuiltModel
-from trainplan.timing import keep_freed_memory
+from trainplan.timing import keep_freed_memory, paired_speedup_ci
 
 
 def layout_spec(spec: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -72,13 +72,16 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
         rows[name] = {"ran_as": ran, "problem_time_s": t_problem,
                       "predicted_step_s": steps[anchor_name]["median_s"] + t_problem - anchor_t,
                       "measured_step_s": steps[ran]["median_s"], "min_step_s": steps[ran]["min_s"],
-                      "max_step_s": steps[ran]["max_s"], "n_nhwc": sum(v == "nhwc" for v in lay.values()),
+                      "max_step_s": steps[ran]["max_s"], "samples_s": steps[ran]["samples_s"],
+                      "n_nhwc": sum(v == "nhwc" for v in lay.values()),
                       "gradients": checks[ran]}
     rows["unmodified"] = {"ran_as": "unmodified", "measured_step_s": steps["unmodified"]["median_s"],
-                          "min_step_s": steps["unmodified"]["min_s"], "max_step_s": steps["unmodified"]["max_s"]}
+                          "min_step_s": steps["unmodified"]["min_s"], "max_step_s": steps["unmodified"]["max_s"],
+                          "samples_s": steps["unmodified"]["samples_s"]}
     # the single layout that measured fastest (the modelled best_single may not be it)
     fastest_single = min((k for k in rows if k.startswith("all_")), key=lambda k: rows[k]["measured_step_s"])
     best_single = rows[fastest_single]["measured_step_s"]
+    ci = paired_speedup_ci(rows[fastest_single]["samples_s"], rows["planned"]["samples_s"], seed)
     held_out = score(model, convs, layouts)
     execution = {
         "model": built.name, "clock": settings["clock"], "threads": settings["threads"], "host_allocator": allocator,
@@ -87,6 +90,8 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
         "speedup_vs_all_nchw": rows["all_nchw"]["measured_step_s"] / rows["planned"]["measured_step_s"],
         "measured_best_single": fastest_single,
         "speedup_vs_best_single": best_single / rows["planned"]["measured_step_s"],
+        "speedup_vs_best_single_ci95": list(ci),  # paired bootstrap over the alternating rounds
+        "planned_faster_than_best_single": ci[0] > 1.0,  # the whole interval above 1: faster beyond noise
         "noise": float(tol["noise"]),
         "planned_within_noise_of_best_single": rows["planned"]["measured_step_s"] <= best_single * (1 + float(tol["noise"])),
         "predictor": held_out,
