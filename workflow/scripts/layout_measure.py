@@ -7,11 +7,12 @@ from trainplan.layout.graph import trace_conv_graph
 from trainplan.layout.measure import load_average, measure_graph
 from trainplan.layout.study import layout_spec, timing_of
 from trainplan.logs import log_to
-from trainplan.timing import keep_freed_memory
 from trainplan.models import build_model
+from trainplan.timing import keep_freed_memory
 
 with log_to(snakemake.log[0]) as log:
     settings = snakemake.params.settings
+    allocator = keep_freed_memory()  # before anything is allocated; measure_graph keeps it so for library callers
     built = build_model(snakemake.wildcards.model, layout_spec(snakemake.params.spec, settings), seed=snakemake.params.seed)
     graph = trace_conv_graph(built.name, built.module, built.batch)
     log.info("%s: %d convs, %d ops between them, %d edges (load average %.1f)", built.name, len(graph.convs),
@@ -22,7 +23,7 @@ with log_to(snakemake.log[0]) as log:
         log.warning("group %s not replayed (%s): costed as measured-equal", row.group, row.error)
     problem = build_problem(built.name, tables["convs"], tables["groups"], tables["edges"], settings["layouts"],
                             meta={"clock": settings["clock"], "threads": settings["threads"], "load_average": load_average(),
-                                  "host_allocator": keep_freed_memory()})
+                                  "host_allocator": allocator})
     for name in ("convs", "groups", "edges"):
         write_table(snakemake.output[name], tables[name])
     write_json(snakemake.output.problem, problem.to_dict())

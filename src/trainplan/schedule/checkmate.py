@@ -32,8 +32,8 @@ MILP_STOP_SECONDS_PER_VARIABLE = 1e-5  # CP-SAT returns this long after its max_
 def model_size(problem: Problem) -> int:
     """Number of R, S, FREE and U variables the model would have."""
     n = problem.n
-    per_pos = [len(ins) + 1 for ins in problem.inputs]
-    free = sum(sum(per_pos[: t + 1]) for t in range(n))
+    # FREE: at stage t, one per input of each position i <= t, plus one: op i's (len + 1) counted n - i times
+    free = sum((len(ins) + 1) * (n - i) for i, ins in enumerate(problem.inputs))
     return free + 2 * n * (n + 1) // 2 + n * (n + 1) // 2
 
 
@@ -171,11 +171,11 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
     if cap < 0:
         return no_schedule(budget, "checkmate", time.perf_counter() - t0, "fixed_bytes exceed the budget",
                            {"milp_status": "INFEASIBLE"})
-    size = model_size(p)
     if time_limit_s < MIN_LIMIT_S:
         return no_schedule(budget, "checkmate", time.perf_counter() - t0,
                            f"not started: {max(time_limit_s, 0.0):.2f} s of the time limit left",
-                           {"milp_status": "NOT_BUILT", "milp_variables": size}, status="not_built")
+                           {"milp_status": "NOT_BUILT"}, status="not_built")
+    size = model_size(p)
     build_s = MILP_SECONDS_PER_VARIABLE * size
     if size > MAX_VARIABLES or build_s > MILP_BUILD_SHARE * time_limit_s:
         why = (f"{size} variables > {MAX_VARIABLES} (O(n^2) stage grid)" if size > MAX_VARIABLES else
