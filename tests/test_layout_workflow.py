@@ -42,6 +42,11 @@ def test_layout_rules_on_a_tiny_cnn(tmp_path):
     assert execution["gradients_ok"] and execution["configs"]["planned"]["measured_step_s"] > 0
     low, high = execution["speedup_vs_best_single_ci95"]
     assert low <= high and execution["planned_faster_than_best_single"] == (low > 1.0)
+    adopted = execution["adopted"]
+    assert adopted["config"] == ("planned" if low > 1.0 else execution["measured_best_single"])
+    assert plan["adopted"]["config"] == adopted["config"]
+    assert plan["adopted"]["layouts"] == (plan["layouts"] if low > 1.0 else
+                                          plan["baselines"][adopted["config"]]["layouts"])
     if sys.platform.startswith("linux"):  # timed with freed host memory kept, as the profile is (trainplan.timing)
         assert execution["host_allocator"].startswith("glibc malloc keeps freed memory")
         measured = yaml.safe_load((base / "problem.json").read_text())

@@ -256,6 +256,11 @@ def fuse_plan_inputs(wildcards):
 LAYOUT_MODELS = config["study"].get("layout", [])
 
 
+def layout_settings(*keys):
+    """The `layout` config keys a rule uses (so that changing another key does not re-run its timings)."""
+    return {key: config["layout"][key] for key in keys}
+
+
 def layout_measurements(wildcards):
     """Measured conv, group and edge tables of the wildcard's model at the layout stage."""
     return {

@@ -6,9 +6,9 @@ rule layout_sweep:
     benchmark:
         "benchmarks/layout/sweep/{device}.tsv"
     params:
-        settings=config["layout"],
+        settings=layout_settings("sweep", "batch_size", "layouts", "repeats", "warmup", "threads", "clock"),
         seed=config["seed"],
-        code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph"),
+        code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph", "layout.settings"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -30,8 +30,8 @@ rule layout_measure:
     params:
         spec=model_spec,
         seed=config["seed"],
-        settings=config["layout"],
-        code=code_version("layout.graph", "layout.measure", "layout.build", "layout.problem", "layout.study", "models", "zoo"),
+        settings=layout_settings("batch_size", "image_size", "layouts", "repeats", "warmup", "threads", "clock"),
+        code=code_version("layout.graph", "layout.measure", "layout.build", "layout.problem", "layout.settings", "models", "zoo"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -55,10 +55,10 @@ rule layout:
     params:
         spec=model_spec,
         seed=config["seed"],
-        settings=config["layout"],
+        settings=layout_settings("layouts", "batch_size", "image_size", "step_repeats", "warmup", "threads", "clock", "tolerances"),
         solver=config["solver"],
         code=code_version(
-            "layout.study", "layout.solve", "layout.build", "layout.problem", "layout.execute", "layout.predict",
+            "layout.study", "layout.adopt", "layout.settings", "layout.solve", "layout.build", "layout.problem", "layout.execute", "layout.predict",
             "layout.measure", "models", "zoo",
         ),
     # Timing needs the machine to itself: take every core the run was given.

@@ -2,7 +2,8 @@
 the plans on the real training step, check gradients, store predicted and measured step times."""
 
 from trainplan.io import read_table, write_json, write_table
-from trainplan.layout.study import layout_spec, run_layout
+from trainplan.layout.settings import layout_spec
+from trainplan.layout.study import run_layout
 from trainplan.logs import log_to
 from trainplan.models import build_model
 

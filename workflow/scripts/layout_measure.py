@@ -5,7 +5,7 @@ from trainplan.io import write_json, write_table
 from trainplan.layout.build import build_problem
 from trainplan.layout.graph import trace_conv_graph
 from trainplan.layout.measure import load_average, measure_graph
-from trainplan.layout.study import layout_spec, timing_of
+from trainplan.layout.settings import layout_spec, timing_of
 from trainplan.logs import log_to
 from trainplan.models import build_model
 from trainplan.timing import keep_freed_memory

@@ -4,7 +4,7 @@ import torch
 
 from trainplan.io import write_table
 from trainplan.layout.predict import measure_sweep, sweep_shapes
-from trainplan.layout.study import timing_of
+from trainplan.layout.settings import timing_of
 from trainplan.logs import log_to
 
 with log_to(snakemake.log[0]) as log:

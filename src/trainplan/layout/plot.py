@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from trainplan.plots import save_figure
@@ -42,16 +43,24 @@ def plot_model(pred: pd.DataFrame, execution: dict[str, Any], path: str) -> None
 
 
 def plot_summary(summary: pd.DataFrame, preds: pd.DataFrame, io: pd.DataFrame, path: str) -> None:
-    """Speedup of the planned layouts per model, predicted vs measured conv time, I/O over the bound."""
+    """Speedup of the exact and the adopted layouts per model (95% intervals), predicted vs measured conv time, I/O
+    over the bound."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     ax = axes[0]
-    ax.bar(summary.model, summary.speedup_vs_all_nchw, label="vs all NCHW")
-    ax.plot(summary.model, summary.speedup_vs_best_single, "k^", label="vs best single layout")
+    x = np.arange(len(summary))
+    ax.bar(x, summary.speedup_vs_all_nchw, color="#c6dbef", label="exact plan vs all NCHW")
+    for shift, col, low, high, style, label in (
+            (-0.12, "speedup_vs_best_single", "speedup_ci95_low", "speedup_ci95_high", "k^", "exact plan vs fastest single"),
+            (0.12, "adopted_speedup", "adopted_ci95_low", "adopted_ci95_high", "rs", "adopted plan vs fastest single")):
+        err = np.vstack([summary[col] - summary[low], summary[high] - summary[col]])
+        ax.errorbar(x + shift, summary[col], yerr=err, fmt=style, ms=5, capsize=3, label=label)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_ylabel("measured step speedup of the planned layouts")
-    ax.tick_params(axis="x", rotation=30)
+    shown = summary[["speedup_vs_all_nchw", "speedup_ci95_low", "speedup_ci95_high", "adopted_ci95_low", "adopted_ci95_high"]]
+    ax.set_ylim(min(0.9, shown.min().min() - 0.02), max(1.1, shown.max().max() + 0.02))
+    ax.set_ylabel("measured step speedup (95% interval)")
+    ax.set_xticks(x, summary.model, rotation=30)
     ax.legend(fontsize=8)
     ax = axes[1]
     for lay in ("nchw", "nhwc"):

@@ -8,35 +8,22 @@ from typing import Any
 
 import pandas as pd
 
+from trainplan.layout.adopt import choose, confirm
 from trainplan.layout.build import build_problem
 from trainplan.layout.execute import Runnable, apply_layouts, check_gradients, gradient_reference, time_steps
-from trainplan.layout.measure import Timing
 from trainplan.layout.predict import fit, predict, score
+from trainplan.layout.settings import timing_of
 from trainplan.layout.solve import plan_time, solve_all
 from trainplan.models import BuiltModel
 from trainplan.timing import keep_freed_memory, paired_speedup_ci
 
 
-def layout_spec(spec: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """The model's config entry at the layout stage's batch and image size (kept small on a CPU)."""
-    spec = dict(spec)
-    size = {"batch_size": settings["batch_size"], "image_size": settings["image_size"]}
-    if spec.get("source", "transformers") == "callable":
-        spec["kwargs"] = {**spec.get("kwargs", {}), **size}
-    else:
-        spec["inputs"] = {**spec.get("inputs", {}), **size}
-    return spec
-
-
-def timing_of(settings: dict[str, Any], repeats_key: str = "repeats") -> Timing:
-    """The Timing a settings block asks for (``repeats_key``: repeats or step_repeats)."""
-    return Timing(int(settings[repeats_key]), int(settings["warmup"]), int(settings["threads"]), settings["clock"])
-
-
 def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.DataFrame,
                settings: dict[str, Any], solver: dict[str, Any], seed: int) -> tuple[dict[str, Any], dict[str, Any], pd.DataFrame]:
-    """Plans (exact on measured costs with every baseline, exact on predicted conv costs), their execution and
-    the predictor's scores on this model's convs. Returns (plan document, execution document, predictions).
+    """Plans (exact on measured costs with every baseline, exact on predicted conv costs), their execution, the
+    adopted plan (``trainplan.layout.adopt``: the exact plan only where it measured faster than the fastest single
+    layout beyond noise, confirmed on fresh rounds) and the predictor's scores on this model's convs. Returns
+    (plan document, execution document, predictions).
     Keeps freed host memory for the rest of the process (``keep_freed_memory``), as the profile does."""
     allocator = keep_freed_memory()
     layouts = list(settings["layouts"])
@@ -62,7 +49,8 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
     exact = gradient_reference(reference.module, built.batch, built.loss_fn, float(tol["grad_atol"]))
     checks = {r.name: check_gradients(exact, r.module, built.batch, built.loss_fn,
                                       float(tol["grad_rtol"]), float(tol["grad_atol"])) for r in runs}
-    steps = time_steps([reference, *runs], built.batch, built.loss_fn, timing_of(settings, "step_repeats"))
+    timing = timing_of(settings, "step_repeats")
+    steps = time_steps([reference, *runs], built.batch, built.loss_fn, timing)
     anchor_name = distinct[tuple(sorted(candidates["all_nchw"].items()))]
     anchor_t = plan_time(measured, candidates["all_nchw"])
     rows = {}
@@ -82,6 +70,12 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
     fastest_single = min((k for k in rows if k.startswith("all_")), key=lambda k: rows[k]["measured_step_s"])
     best_single = rows[fastest_single]["measured_step_s"]
     ci = paired_speedup_ci(rows[fastest_single]["samples_s"], rows["planned"]["samples_s"], seed)
+    adopted, reason = choose(ci, fastest_single)
+    by_name = {r.name: r for r in runs}
+    pair = [by_name[rows[fastest_single]["ran_as"]], by_name[rows[adopted]["ran_as"]]]
+    fresh = time_steps(pair, built.batch, built.loss_fn, timing) if pair[0] is not pair[1] else {}
+    adoption = confirm(adopted, reason, fastest_single,
+                       {name: fresh[rows[name]["ran_as"]]["samples_s"] for name in (fastest_single, adopted) if fresh}, seed)
     held_out = score(model, convs, layouts)
     execution = {
         "model": built.name, "clock": settings["clock"], "threads": settings["threads"], "host_allocator": allocator,
@@ -92,14 +86,17 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
         "speedup_vs_best_single": best_single / rows["planned"]["measured_step_s"],
         "speedup_vs_best_single_ci95": list(ci),  # paired bootstrap over the alternating rounds
         "planned_faster_than_best_single": ci[0] > 1.0,  # the whole interval above 1: faster beyond noise
-        "noise": float(tol["noise"]),
-        "planned_within_noise_of_best_single": rows["planned"]["measured_step_s"] <= best_single * (1 + float(tol["noise"])),
+        "planned_slower_than_best_single": ci[1] < 1.0,  # the whole interval below 1: slower beyond noise
+        "adopted": adoption.to_dict(),
         "predictor": held_out,
         "regret": {"problem_time_s": plan_time(measured, pred_plan.layouts) - plan.time,
                    "measured_step_s": rows["predicted_plan"]["measured_step_s"] - rows["planned"]["measured_step_s"]},
         "gradients_ok": all(c["ok"] for c in checks.values()),
     }
-    plan_doc = {**plan.to_dict(), "problem": measured.to_dict(), "predicted_plan": pred_plan.to_dict()}
+    plan_doc = {**plan.to_dict(), "problem": measured.to_dict(), "predicted_plan": pred_plan.to_dict(),
+                "adopted": {"config": adopted, "layouts": candidates[adopted], "reason": reason,
+                            "validated_by": "measured training step against the fastest single layout (execution.json "
+                                            "'adopted'), gradients checked against the unmodified step"}}
     pred = pred_conv.rename(columns=lambda c: f"pred_{c}").reset_index(names="conv")
     for lay in layouts:
         pred[f"meas_{lay}"] = (convs[f"fwd_{lay}"] + convs[f"bwd_{lay}"]).to_numpy()
