@@ -13,7 +13,7 @@ from trainplan.plots import save_figure
 
 def plot_model(pred: pd.DataFrame, execution: dict[str, Any], path: str) -> None:
     """Left: measured conv time in each layout per layer, the chosen layout marked. Right: measured and
-    predicted step time of every plan and baseline."""
+    predicted step time of every plan and baseline, the adopted one named, the exact plan's speedup interval."""
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2, 1]})
@@ -34,11 +34,15 @@ def plot_model(pred: pd.DataFrame, execution: dict[str, Any], path: str) -> None
     pos = range(len(names))
     ax2.barh([p + 0.2 for p in pos], meas, height=0.4, label="measured")
     ax2.barh([p - 0.2 for p in pos], predicted, height=0.4, label="predicted")
-    ax2.set_yticks(list(pos), names)
+    adopted = execution["adopted"]["config"]
+    ax2.set_yticks(list(pos), [f"{n} (adopted)" if n == adopted else n for n in names])
     ax2.set_xlabel("training step, ms (median)")
     load = execution["load_average"]
-    ax2.set_title(f"load avg {load['min']:.1f}-{load['max']:.1f}", fontsize=9)
-    ax2.legend(fontsize=8)
+    low, high = execution["speedup_vs_best_single_ci95"]
+    ax2.set_title(f"exact plan vs fastest single {execution['speedup_vs_best_single']:.3f}x [{low:.3f}, {high:.3f}]; "
+                  f"load avg {load['min']:.1f}-{load['max']:.1f}", fontsize=8)
+    ax2.set_xlim(0, 1.5 * max(meas + predicted))  # room for the legend right of the bars
+    ax2.legend(fontsize=8, loc="best")
     save_figure(fig, path)
 
 
