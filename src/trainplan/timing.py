@@ -6,11 +6,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import sys
-from collections.abc import Sequence
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import numpy as np
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc <malloc.h>
 
@@ -50,17 +47,3 @@ def keep_freed_memory() -> str:
     if mallopt(M_MMAP_MAX, 0) != 1 or mallopt(M_TRIM_THRESHOLD, 2**31 - 1) != 1:
         return "unchanged: mallopt refused"
     return "glibc malloc keeps freed memory (M_MMAP_MAX 0, M_TRIM_THRESHOLD 2^31-1)"
-
-
-def paired_speedup_ci(base: Sequence[float], new: Sequence[float], seed: int = 0, level: float = 0.95,
-                      resamples: int = 2000) -> tuple[float, float]:
-    """Bootstrap confidence interval of median(base) / median(new) from paired samples (``base[i]`` and
-    ``new[i]`` timed in the same round): rounds are resampled together, so a load change that hits both
-    runs of a round cancels. Seeded: the same samples give the same interval."""
-    a, b = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
-    if a.shape != b.shape or a.size == 0:
-        raise ValueError(f"paired samples differ in count: {a.size} and {b.size}")
-    idx = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
-    ratios = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
-    tail = (1.0 - level) / 2
-    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1.0 - tail))

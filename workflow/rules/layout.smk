@@ -58,7 +58,7 @@ rule layout:
         settings=layout_settings("layouts", "batch_size", "image_size", "step_repeats", "warmup", "threads", "clock", "tolerances"),
         solver=config["solver"],
         code=code_version(
-            "layout.study", "layout.adopt", "layout.settings", "layout.solve", "layout.build", "layout.problem", "layout.execute", "layout.predict",
+            "layout.study", "layout.adopt", "layout.settings", "stats", "layout.solve", "layout.build", "layout.problem", "layout.execute", "layout.predict",
             "layout.measure", "models", "zoo",
         ),
     # Timing needs the machine to itself: take every core the run was given.

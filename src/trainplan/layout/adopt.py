@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from trainplan.timing import paired_speedup_ci
+from trainplan.stats import paired_speedup_ci
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from trainplan.layout.predict import fit, predict, score
 from trainplan.layout.settings import timing_of
 from trainplan.layout.solve import plan_time, solve_all
 from trainplan.models import BuiltModel
-from trainplan.timing import keep_freed_memory, paired_speedup_ci
+from trainplan.stats import paired_speedup_ci
+from trainplan.timing import keep_freed_memory
 
 
 def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.DataFrame,
