@@ -76,6 +76,8 @@ rule layout_io:
         io="results/layout/{model}/{device}/io.csv",
     log:
         "logs/layout/io/{model}/{device}.log",
+    benchmark:
+        "benchmarks/layout/io/{model}/{device}.tsv"
     params:
         io=config["layout"]["io"],
         code=code_version("layout.iobound"),

@@ -20,6 +20,7 @@ Grouped convs are ``groups`` independent convs (per-group counts times ``groups`
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -99,16 +100,20 @@ def paper_tile(c: ConvShape, s: float, cores: int = 1) -> tuple[int, int, int]:
     return int(xs[i, 0]), int(ys[0, j]), int(zs[i, j])
 
 
-def _axis_tiles(out: int, tile: int, stride: int, k: int, pad: int, size: int) -> list[tuple[int, int, np.ndarray]]:
+@functools.lru_cache(maxsize=4096)
+def _axis_tiles(out: int, tile: int, stride: int, k: int, pad: int, size: int) -> tuple[tuple[int, int, np.ndarray], ...]:
     """Per tile along one axis: (first output, tile length, the input positions inside the image its windows read;
-    with a stride above the kernel some positions between windows are never read)."""
+    with a stride above the kernel some positions between windows are never read). Cached (the tile search asks
+    for each size many times): the position arrays are read-only."""
     tiles = []
     for o0 in range(0, out, tile):
         t = min(tile, out - o0)
         starts = np.arange(o0, o0 + t) * stride - pad
         touched = np.unique((starts[:, None] + np.arange(k)[None, :]).ravel())
-        tiles.append((o0, t, touched[(touched >= 0) & (touched < size)]))
-    return tiles
+        inside = touched[(touched >= 0) & (touched < size)]
+        inside.setflags(write=False)
+        tiles.append((o0, t, inside))
+    return tuple(tiles)
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,7 @@ class Dataflow:
 FLOWS = (("output", "rows"), ("output", "taps"), ("input", "taps"))  # input-resident patches need no row stream
 
 
-def _tiles(c: ConvShape, x: int, y: int) -> tuple[list[tuple[int, int, np.ndarray]], list[tuple[int, int, np.ndarray]]]:
+def _tiles(c: ConvShape, x: int, y: int) -> tuple[tuple[tuple[int, int, np.ndarray], ...], tuple[tuple[int, int, np.ndarray], ...]]:
     return (_axis_tiles(c.wout, x, c.stride[1], c.kw, c.padding[1], c.w),
             _axis_tiles(c.hout, y, c.stride[0], c.kh, c.padding[0], c.h))
 
@@ -176,10 +181,8 @@ def _max_z(c: ConvShape, s: int, b: int, x: int, y: int, px: int, py: int, order
 def best_dataflow(c: ConvShape, s: int) -> Dataflow:
     """The dataflow (order, stream, tile, images per tile) that fits a fast memory of exactly ``s`` elements (the tile's partial
     sums plus its stream's buffer) with the fewest off-chip reads and writes (``exact_dataflow_io``)."""
-    xs_all = {x: max(len(t[2]) for t in _axis_tiles(c.wout, x, c.stride[1], c.kw, c.padding[1], c.w))
-              for x in range(1, c.wout + 1)}
-    ys_all = {y: max(len(t[2]) for t in _axis_tiles(c.hout, y, c.stride[0], c.kh, c.padding[0], c.h))
-              for y in range(1, c.hout + 1)}
+    xs_all = {x: max(len(t[2]) for t in _tiles(c, x, 1)[0]) for x in range(1, c.wout + 1)}
+    ys_all = {y: max(len(t[2]) for t in _tiles(c, 1, y)[1]) for y in range(1, c.hout + 1)}
     best, arg = math.inf, None
     for b in range(1, c.n + 1):
         for x, px in xs_all.items():
@@ -224,6 +227,16 @@ class FastMemory:
         self.peak = max(self.peak, self.used)
         if self.used > self.capacity:
             raise MemoryError(f"fast memory over capacity: {self.used} > {self.capacity} elements")
+
+    def stream(self, chunks: np.ndarray) -> None:
+        """Load each row of ``chunks`` (disjoint address sets) in turn and evict it before the next: a buffer of
+        one chunk. Counted in one step: every non-resident element is one read; the peak is the largest chunk's."""
+        fresh = ~self.resident[chunks]
+        self.reads += int(fresh.sum())
+        widest = int(fresh.sum(axis=1).max(initial=0))
+        self.peak = max(self.peak, self.used + widest)
+        if self.used + widest > self.capacity:
+            raise MemoryError(f"fast memory over capacity: {self.used + widest} > {self.capacity} elements")
 
     def evict(self, addresses: np.ndarray, write: bool = False) -> None:
         gone = np.unique(addresses[self.resident[addresses]])
@@ -325,19 +338,21 @@ class _Run:
         self.mem.evict(self._out(imgs, co, t), write=True)
 
     def taps(self, co: slice, ci: int, patch: np.ndarray, t: _Tile, acc: np.ndarray) -> None:
-        """Accumulate resident input patches (one per image), streaming the kernels one tap at a time."""
+        """Accumulate resident input patches (one per image), streaming the kernels one tap of ``z`` weights at a
+        time."""
+        self.mem.stream(self.w_addr[co, ci].reshape(co.stop - co.start, -1).T)
+        self.accumulate(co, ci, patch, t, acc)
+
+    def accumulate(self, co: slice, ci: int, patch: np.ndarray, t: _Tile, acc: np.ndarray) -> None:
+        """The arithmetic of one channel step: every tap of the ``z`` kernels over the tile's windows."""
         (sh, sw), c = self.c.stride, self.c
         for i in range(c.kh):
             for j in range(c.kw):
-                tap = self.w_addr[co, ci, i, j].ravel()
-                self.mem.load(tap)
                 win = patch[:, i:i + (t.yt - 1) * sh + 1:sh, j:j + (t.xt - 1) * sw + 1:sw]
                 acc += self.wgt[co, ci, i, j][None, :, None, None] * win[:, None]
-                self.mem.evict(tap)
 
     def output_tile(self, stream: str, imgs: slice, chans: range, co: slice, t: _Tile) -> None:
         """One output-stationary tile: its partial sums stay on chip while every input channel streams through."""
-        (sh, sw), c = self.c.stride, self.c
         acc = self.open_tile(imgs, co, t)
         for ci, ch in enumerate(chans):
             if stream == "taps":
@@ -348,19 +363,9 @@ class _Run:
                 continue
             kern = self.w_addr[co, ci].ravel()
             self.mem.load(kern)
-            for k, b in enumerate(range(imgs.start, imgs.stop)):
-                for r in t.rows:  # one input row at a time, every tap it feeds applied while it is on chip
-                    row_addr = self.in_addr[b, ch, r, t.cols]
-                    self.mem.load(row_addr)
-                    row = np.zeros(t.width)
-                    row[t.cols - t.c0] = self.inp[b, ch, r, t.cols]
-                    for i in range(c.kh):
-                        yo, rem = divmod(r - t.r0 - i, sh)
-                        if rem or not 0 <= yo < t.yt:
-                            continue
-                        for j in range(c.kw):
-                            acc[k, :, yo, :] += self.wgt[co, ci, i, j][:, None] * row[None, j:j + (t.xt - 1) * sw + 1:sw]
-                    self.mem.evict(row_addr)
+            # one input row at a time (of each image), every tap it feeds applied while it is on chip
+            self.mem.stream(self.in_addr[imgs, ch][:, t.rows][:, :, t.cols].reshape(-1, len(t.cols)))
+            self.accumulate(co, ci, self.patch(imgs, ch, t), t, acc)
             self.mem.evict(kern)
         self.close_tile(imgs, co, t, acc)
 

@@ -72,11 +72,13 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
     best_single = rows[fastest_single]["measured_step_s"]
     ci = paired_speedup_ci(rows[fastest_single]["samples_s"], rows["planned"]["samples_s"], seed)
     adopted, reason = choose(ci, fastest_single)
-    by_name = {r.name: r for r in runs}
-    pair = [by_name[rows[fastest_single]["ran_as"]], by_name[rows[adopted]["ran_as"]]]
-    fresh = time_steps(pair, built.batch, built.loss_fn, timing) if pair[0] is not pair[1] else {}
-    adoption = confirm(adopted, reason, fastest_single,
-                       {name: fresh[rows[name]["ran_as"]]["samples_s"] for name in (fastest_single, adopted) if fresh}, seed)
+    fresh: dict[str, list[float]] = {}
+    if adopted != fastest_single:  # fresh rounds of the two, so the choice does not flatter the winner
+        by_name = {r.name: r for r in runs}
+        pair = (fastest_single, adopted)
+        timed = time_steps([by_name[rows[n]["ran_as"]] for n in pair], built.batch, built.loss_fn, timing)
+        fresh = {n: timed[rows[n]["ran_as"]]["samples_s"] for n in pair}
+    adoption = confirm(adopted, reason, fastest_single, fresh, seed)
     held_out = score(model, convs, layouts)
     execution = {
         "model": built.name, "clock": settings["clock"], "threads": settings["threads"], "host_allocator": allocator,
