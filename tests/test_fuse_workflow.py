@@ -19,7 +19,7 @@ from test_workflow import TINY, snakemake
 def test_fuse_and_measure_on_the_tiny_study(tmp_path: Path) -> None:
     root = "results/fuse/small_cnn/cpu"
     out = snakemake(tmp_path, TINY, f"{root}/acclib/groups.json", f"{root}/inductor/measure.json",
-                    "results/plots/small_cnn/cpu/fuse_inductor.png")
+                    "results/plots/small_cnn/cpu/fuse_inductor.png", "results/plots/small_cnn/cpu/fuse_train_inductor.png")
     assert out.returncode == 0, out.stderr[-4000:]
     nodes = pd.read_parquet(tmp_path / "results/export/small_cnn/cpu/nodes.parquet")
     tensors = pd.read_parquet(tmp_path / "results/export/small_cnn/cpu/tensors.parquet")
@@ -40,6 +40,11 @@ def test_fuse_and_measure_on_the_tiny_study(tmp_path: Path) -> None:
     assert (measured[["unfused_s", "fused_s", "compile_s"]] > 0).all().all()
     assert (measured["kernels_fused"] >= 1).all()
     assert (tmp_path / "results/plots/small_cnn/cpu/fuse_inductor.png").stat().st_size > 10_000
+    train = json.loads((tmp_path / root / "inductor/train_step.json").read_text())
+    train_groups = pd.read_parquet(tmp_path / root / "inductor/train_groups.parquet")
+    assert train["check"]["fused"]["within_tolerance"] and len(train["samples_s"]["fused"]) == 3
+    assert len(train_groups) == train["groups_compiled"] > 0 and train["forward_graph"]["checked"]
+    assert (tmp_path / "results/plots/small_cnn/cpu/fuse_train_inductor.png").stat().st_size > 10_000
 
 
 @pytest.mark.workflow

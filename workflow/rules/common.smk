@@ -208,10 +208,11 @@ def fuse_measure_files(wildcards):
 
 
 def fuse_targets():
-    """Fusion groups and figures of every planned model and target; measurements of the measured targets;
-    the comparison of plans on the fused graphs (fuse.plan) with the raw graph's."""
-    for key in ("measure.targets", "plan"):
-        names = config["fuse"]["measure"]["targets"] if key == "measure.targets" else config["fuse"]["plan"]
+    """Fusion groups and figures of every planned model and target; measurements and fused training steps of
+    the measured targets; the comparison of plans on the fused graphs (fuse.plan) with the raw graph's."""
+    for key in ("measure.targets", "train.targets", "plan"):
+        section, _, item = key.partition(".")
+        names = config["fuse"][section][item] if item else config["fuse"][section]
         unknown = sorted(set(names) - set(config["fuse"]["targets"]))
         if unknown:
             raise WorkflowError(f"config key 'fuse.{key}': '{unknown[0]}' is not one of fuse.targets")
@@ -221,7 +222,9 @@ def fuse_targets():
         ["results/fuse/{model}/{device}/{target}/groups.json", "results/plots/{model}/{device}/fuse_{target}.png"],
         model=MODELS, device=DEVICES, target=sorted(config["fuse"]["targets"]),
     ) + expand("results/fuse/{model}/{device}/{target}/measure.json", model=MODELS, device=DEVICES,
-               target=config["fuse"]["measure"]["targets"])
+               target=config["fuse"]["measure"]["targets"]) + expand(
+        "results/plots/{model}/{device}/fuse_train_{target}.png", model=MODELS, device=DEVICES,
+        target=config["fuse"]["train"]["targets"])
 
 
 def fuse_plan_cases():

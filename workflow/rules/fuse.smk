@@ -42,7 +42,7 @@ rule fuse_measure:
         spec=model_spec,
         seed=config["seed"],
         settings=config["fuse"]["measure"],
-        code=code_version("models", "trace", "fuse.measure"),
+        code=code_version("models", "trace", "fuse.measure", "fuse.inductor"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     wildcard_constraints:
@@ -51,6 +51,61 @@ rule fuse_measure:
         "../envs/trainplan.yaml"
     script:
         "../scripts/fuse_measure.py"
+
+
+# The training step with fused ops: the seed's rule on the forward graph, each group compiled by Inductor with
+# autograd, timed against eager and Inductor on the whole forward in alternating rounds.
+rule fuse_train:
+    input:
+        table=fuse_table_files,
+    output:
+        summary="results/fuse/{model}/{device}/{target}/train_step.json",
+        groups="results/fuse/{model}/{device}/{target}/train_groups.parquet",
+    log:
+        "logs/fuse_train/{model}/{device}/{target}.log",
+    benchmark:
+        "benchmarks/fuse_train/{model}/{device}/{target}.tsv"
+    params:
+        spec=model_spec,
+        seed=config["seed"],
+        target=lambda wildcards: config["fuse"]["targets"][wildcards.target],  # the table file is an input
+        device_type=lambda wildcards: backend_of(wildcards.device),
+        settings=config["fuse"]["train"],
+        code=code_version(
+            "models", "trace", "stats", "timing", "fuse.forward", "fuse.train_step", "fuse.inductor", "fuse.graph",
+            "fuse.support", "fuse.prune", "fuse.merge", "fuse.partitioner", "fuse.check",
+        ),
+    # Timing needs the machine to itself: take every core the run was given.
+    threads: workflow.cores
+    wildcard_constraints:
+        target=FUSE_TARGET,
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/fuse_train.py"
+
+
+rule plot_fuse_train:
+    input:
+        summary="results/fuse/{model}/{device}/{target}/train_step.json",
+        groups="results/fuse/{model}/{device}/{target}/train_groups.parquet",
+    output:
+        report(
+            "results/plots/{model}/{device}/fuse_train_{target}.png",
+            caption="../report/fuse_train.rst",
+            category="Fusion",
+            labels={"model": "{model}", "target": "{target}", "figure": "training step with fused ops"},
+        ),
+    log:
+        "logs/plot_fuse_train/{model}/{device}/{target}.log",
+    params:
+        code=code_version("fuse.plot"),
+    wildcard_constraints:
+        target=FUSE_TARGET,
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/plot_fuse_train.py"
 
 
 rule plot_fuse:

@@ -10,8 +10,6 @@ Compile time is the first call's time, reported apart from the medians.
 from __future__ import annotations
 
 import copy
-import operator
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -22,15 +20,11 @@ import torch
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 
 from trainplan.fuse.errors import FuseError
+from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members
 from trainplan.models import BuiltModel, on_device
 from trainplan.profile import timed_run
 from trainplan.timing import gc_paused, keep_freed_memory
 from trainplan.trace import trace_training_step
-
-#: A kernel launch in the ``call`` function of Inductor's generated code: a generated C++/Triton kernel,
-#: an extern kernel (aten mm, convolution ...) or an op Inductor falls back to.
-_LAUNCH = re.compile(r"^\s+(?:\w+\s*=\s*)?(cpp_fused_\w+|triton_\w+|extern_kernels\.\w+|torch\.ops\.\w+\.\w+(?:\.\w+)?)"
-                     r"(?:\.run)?\(", re.M)
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
@@ -44,15 +38,6 @@ def _median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
         if i >= warmup:
             runs.append(elapsed)
     return statistics.median(runs)
-
-
-def _launches(code: Sequence[str]) -> int:
-    """Kernel launches in Inductor's generated module(s): calls inside ``def call``."""
-    total = 0
-    for src in code:
-        body = src.split("def call(", 1)[-1].split("\ndef ", 1)[0]
-        total += len(_LAUNCH.findall(body))
-    return total
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
@@ -104,37 +89,7 @@ def _compile(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[Callable[..
 
     start = time.perf_counter()
     compiled, code = run_and_get_code(build)
-    return compiled, time.perf_counter() - start, _launches(code)
-
-
-class _FusedArgs(torch.fx.Interpreter):
-    """Runs a graph once, recording the arguments every submodule call gets."""
-
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
-        super().__init__(gm)
-        self.args: dict[str, tuple[Any, ...]] = {}
-
-    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        self.args[str(target)] = args
-        return super().call_module(target, args, kwargs)
-
-
-class _Compiled(torch.nn.Module):
-    """A compiled callable in place of a fused submodule."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-
-def _fusible_members(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
-    """The group's nodes minus a leading ``getitem`` of an op outside: the selected tensor becomes the
-    fused op's input (a compiled graph takes tensors, not the tuple of a multi-output op)."""
-    inside = set(nodes)
-    return [n for n in nodes if not (n.target is operator.getitem and n.args[0] not in inside)]
+    return compiled, time.perf_counter() - start, count_launches(code)
 
 
 def select_groups(groups: pd.DataFrame, min_ops: int, max_groups: int) -> pd.DataFrame:
@@ -163,14 +118,14 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
     with torch.no_grad():
         _, env = timed_run(gm, inputs, lambda: None, keep_values=True)
         for row in chosen.itertuples(index=False):
-            nodes = _fusible_members([by_name[name] for name in members[row.group]])
+            nodes = fusible_members([by_name[name] for name in members[row.group]])
             sub, sub_inputs, _ = fuse_as_graphmodule(gm, nodes, f"group_{row.group}")
             args = [env[n] for n in sub_inputs]
             unfused = _median_time(lambda: sub(*args), repeats, warmup)
             try:
                 compiled, compile_s, launches = _compile(sub, args)
             except Exception as exc:  # Inductor cannot compile this submodule: reported, left unfused
-                failed.append({"group": int(row.group), "n_ops": int(row.n_ops), "error": _error_line(exc)})
+                failed.append({"group": int(row.group), "n_ops": int(row.n_ops), "error": error_line(exc)})
                 log(f"group {row.group} ({row.n_ops} ops): Inductor failed, left unfused: {failed[-1]['error']}")
                 continue
             fused = _median_time(lambda: compiled(*args), repeats, warmup)
@@ -185,7 +140,7 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
                 f"compile {compile_s:.1f} s")
         del env
         compiled_groups = [g for g in chosen["group"] if g not in {f["group"] for f in failed}]
-        summary = _whole_step(gm, inputs, [[n.name for n in _fusible_members([by_name[m] for m in members[g]])]
+        summary = _whole_step(gm, inputs, [[n.name for n in fusible_members([by_name[m] for m in members[g]])]
                                            for g in compiled_groups], repeats, warmup, whole_step, rtol, atol, log)
     table = pd.DataFrame(rows, columns=["group", "n_ops", "phase", "module", "profiled_s", "unfused_s", "fused_s",
                                         "speedup", "kernels_unfused", "kernels_fused", "launches_saved",
@@ -203,11 +158,6 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
     return table, summary
 
 
-def _error_line(exc: Exception) -> str:
-    """The exception's type and the first line of its message."""
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
-
 def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: list[list[str]],
                 repeats: int, warmup: int, whole_step: bool,
                 rtol: float, atol: float, log: Callable[[str], None]) -> dict[str, Any]:
@@ -216,11 +166,11 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
     copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     names = {n.name: n for n in copied.graph.nodes}
     fused_gm = fuse_by_partitions(copied, [{names[m]: None for m in g} for g in chosen], prefix="fused_")
-    recorder = _FusedArgs(fused_gm)
+    recorder = CallArgs(fused_gm)
     recorder.run(*inputs)  # each fused op's real inputs
     start = time.perf_counter()
     for name, args in recorder.args.items():
-        setattr(fused_gm, name, _Compiled(torch._inductor.compile(getattr(fused_gm, name), list(args))))
+        setattr(fused_gm, name, CompiledOp(torch._inductor.compile(getattr(fused_gm, name), list(args))))
     del recorder
     got = fused_gm(*inputs)
     out["fused_step_compile_s"] = time.perf_counter() - start
@@ -234,7 +184,7 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
             whole = torch._inductor.compile(gm, inputs)
             got = whole(*inputs)
         except Exception as exc:  # a step torch.compile cannot compile is reported, not fatal
-            out["whole_compile_error"] = _error_line(exc)
+            out["whole_compile_error"] = error_line(exc)
             log(f"torch.compile of the whole step failed: {out['whole_compile_error']}")
             return out
         out["whole_compile_s"] = time.perf_counter() - start

@@ -70,3 +70,40 @@ def plot_plan_compare(table: pd.DataFrame, path: str) -> None:
     axes[2].legend(fontsize=7)
     fig.suptitle("planning on the fused graph (each group one op) vs the raw graph, same budget fractions")
     save_figure(fig, path, description="raw vs fused graph: ops, solve time, planned and measured step time")
+
+
+def plot_train_step(groups: pd.DataFrame, summary: dict, title: str, path: str) -> None:
+    """Per-group forward + backward speedup (eager / fused, 95% interval) against op count; the step's
+    speedups over eager with every group fused, only the groups measured faster, and Inductor on the whole."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    ax = axes[0]
+    if len(groups):
+        err = [groups["speedup"] - groups["ci95_low"], groups["ci95_high"] - groups["speedup"]]
+        ax.errorbar(groups["n_ops"], groups["speedup"], yerr=err, fmt="none", ecolor="0.6", lw=0.8)
+        faster = groups["faster"].astype(bool)
+        ax.scatter(groups.loc[faster, "n_ops"], groups.loc[faster, "speedup"], color="tab:green", zorder=3,
+                   label=f"faster beyond noise ({int(faster.sum())})")
+        ax.scatter(groups.loc[~faster, "n_ops"], groups.loc[~faster, "speedup"], facecolors="none",
+                   edgecolors="tab:gray", zorder=3, label=f"not ({int((~faster).sum())})")
+        ax.set_xscale("log")
+        ax.legend(fontsize=8)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set(xlabel="ops in the group", ylabel="eager / fused (forward + backward)",
+           title=f"compiled groups ({summary['groups_compiled']} of {summary['groups_eligible']} of >= 2 ops)")
+    ax = axes[1]
+    names = [n for n in ("fused", "selected", "whole") if f"{n}_vs_eager" in summary]
+    labels = {"fused": "every compiled\ngroup", "selected": "groups measured\nfaster", "whole": "Inductor on the\nwhole forward"}
+    values = [summary[f"{n}_vs_eager"]["speedup"] for n in names]
+    lows = [v - summary[f"{n}_vs_eager"]["ci95"][0] for n, v in zip(names, values)]
+    highs = [summary[f"{n}_vs_eager"]["ci95"][1] - v for n, v in zip(names, values)]
+    colors = ["tab:green" if summary[f"{n}_vs_eager"]["faster"] else "tab:gray" for n in names]
+    ax.bar(range(len(names)), values, yerr=[lows, highs], capsize=4, color=colors)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(names)), [labels[n] for n in names], fontsize=8)
+    low = min([v - lo for v, lo in zip(values, lows)] + [1.0])
+    ax.set_ylim(max(0.0, low - 0.05), max([v + hi for v, hi in zip(values, highs)] + [1.0]) + 0.05)
+    ax.set(ylabel="step speedup over eager",
+           title=f"training step: eager {summary['eager_step_s']:.3f} s (median of {summary['rounds']} rounds)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    save_figure(fig, path, description="fused training step: per-group and whole-step speedups with 95% intervals")

@@ -1,0 +1,59 @@
+"""The training step with fused ops: the seed's rule on the forward graph gives larger groups than on the
+traced step, every grouping passes the independent checker, the fused step is run and checked against an
+exact step, and the check fails a step whose gradients are wrong."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from trainplan.fuse import inductor_table, load_table
+from trainplan.fuse.forward import op_graph, trace_forward
+from trainplan.fuse.stage import fuse_exported
+from trainplan.fuse.train_step import check_against_exact, measure_train_step, partition_forward
+
+
+def test_forward_groups_are_larger_than_on_the_traced_step(small_cnn) -> None:
+    built, _, _, tables = small_cnn
+    fg = trace_forward(built)
+    graph = op_graph(fg.gm)
+    dead = [n.name for n in fg.gm.graph.nodes if n.op == "call_function" and not n.users and not n.is_impure()]
+    assert "<output>" in graph.names and dead == []
+    groups, stats = partition_forward(fg, inductor_table())  # raises if the independent checker finds a violation
+    assert stats["checked"] and stats["ops"] == len(graph.names) - 1
+    assert sorted(m for g in groups for m in g["nodes"]) == sorted(n for n in graph.names if n != "<output>")
+    ops = pd.DataFrame({"name": tables.nodes["name"], "time_s": 1e-4})
+    joint = fuse_exported(tables.nodes, tables.tensors, ops, inductor_table(), 3000)
+    assert stats["largest"] > int(joint.groups["n_ops"].max())
+    assert stats["coverage_ops"] > joint.compare["coverage_ops"].iloc[0]
+
+
+def test_the_fused_step_runs_and_matches_the_exact_step(tiny_gpt2) -> None:
+    """tiny GPT-2 on the accelerator table: host ops (embedding, attention) split the forward; groups that end
+    in a multi-output op (split) compile too."""
+    built = tiny_gpt2[0]
+    groups, summary = measure_train_step(built, load_table("config/targets/acclib.yaml"), min_ops=2, max_groups=6,
+                                         rounds=3, warmup=1, whole_step=True, rtol=1e-4, atol=1e-6, seed=0)
+    assert summary["forward_graph"]["host_ops"] > 0 and summary["groups_failed"] == []
+    assert len(groups) == min(6, summary["groups_eligible"]) == summary["groups_compiled"]
+    assert (groups["n_ops"] >= 2).all() and (groups["kernels_fused"] >= 1).all()
+    assert (groups["kernels_eager"] > groups["kernels_fused"]).any()
+    assert ((groups["ci95_low"] <= groups["speedup"]) & (groups["speedup"] <= groups["ci95_high"])).all()
+    for name in ("eager", "fused", "selected", "whole"):
+        assert summary["check"][name]["within_tolerance"], summary["check"][name]
+        assert len(summary["samples_s"][name]) == 3
+    assert summary["fused_vs_eager"]["speedup"] > 0 and summary["kept_of_whole_gain"].keys() == {"fused", "selected"}
+    assert set(summary["groups_selected"]) == set(groups.loc[groups["faster"], "group"])
+
+
+def test_the_check_fails_a_step_with_wrong_gradients(small_cnn) -> None:
+    built = small_cnn[0]
+    fg = trace_forward(built)
+
+    def scaled(*inputs: torch.Tensor) -> torch.Tensor:  # the right loss value, gradients 1% too large
+        loss = fg.gm(*inputs)
+        return loss + 0.01 * (loss - loss.detach())
+
+    result = check_against_exact(built, fg, {"eager": fg.gm, "scaled": scaled}, rtol=1e-4, atol=1e-6)
+    assert result["eager"]["within_tolerance"] and result["eager"]["worst_ratio"] <= 1 / 3 + 1e-9
+    assert not result["scaled"]["within_tolerance"] and result["scaled"]["worst_at"] != "loss"
