@@ -39,6 +39,7 @@ def test_the_fused_step_runs_and_matches_the_exact_step(tiny_gpt2) -> None:
     assert (groups["n_ops"] >= 2).all() and (groups["kernels_fused"] >= 1).all()
     assert (groups["kernels_eager"] > groups["kernels_fused"]).any()
     assert ((groups["ci95_low"] <= groups["speedup"]) & (groups["speedup"] <= groups["ci95_high"])).all()
+    assert summary["check_float64"]["within_tolerance"] and summary["check_float64"]["worst_ratio"] < 1e-3
     for name in ("eager", "fused", "selected", "whole"):
         assert summary["check"][name]["within_tolerance"], summary["check"][name]
         assert len(summary["samples_s"][name]) == 3
@@ -57,3 +58,27 @@ def test_the_check_fails_a_step_with_wrong_gradients(small_cnn) -> None:
     result = check_against_exact(built, fg, {"eager": fg.gm, "scaled": scaled}, rtol=1e-4, atol=1e-6)
     assert result["eager"]["within_tolerance"] and result["eager"]["worst_ratio"] <= 1 / 3 + 1e-9
     assert not result["scaled"]["within_tolerance"] and result["scaled"]["worst_at"] != "loss"
+
+
+def test_the_float64_check_fails_a_wrong_fused_kernel(small_cnn, monkeypatch) -> None:
+    from trainplan.fuse import train_step
+
+    built = small_cnn[0]
+    fg = trace_forward(built)
+    groups = [g for g in partition_forward(fg, inductor_table())[0] if len(g["nodes"]) >= 2]
+    right = train_step.check_float64(built, fg, groups, rtol=1e-4, atol=1e-6, log=print)
+    assert right["within_tolerance"] and right["groups"] == len(groups) > 0 and right["worst_ratio"] < 1e-3
+    real = train_step._compile
+
+    def off_by_a_percent(sub, args):  # a fused kernel whose result is 1% too large
+        fn, seconds, launches = real(sub, args)
+
+        def wrong(*a):
+            out = fn(*a)
+            return [t * 1.01 for t in out] if isinstance(out, (list, tuple)) else out * 1.01
+
+        return wrong, seconds, launches
+
+    monkeypatch.setattr(train_step, "_compile", off_by_a_percent)
+    wrong = train_step.check_float64(built, fg, groups, rtol=1e-4, atol=1e-6, log=print)
+    assert not wrong["within_tolerance"] and wrong["worst_ratio"] > 10
