@@ -26,6 +26,8 @@ def test_forward_groups_are_larger_than_on_the_traced_step(small_cnn) -> None:
     joint = fuse_exported(tables.nodes, tables.tensors, ops, inductor_table(), 3000)
     assert stats["largest"] > int(joint.groups["n_ops"].max())
     assert stats["coverage_ops"] > joint.compare["coverage_ops"].iloc[0]
+    for baseline in stats["baselines"].values():  # multi-input/multi-output grouping covers at least as much
+        assert baseline["coverage_ops"] >= stats["coverage_ops"] and baseline["largest"] >= stats["largest"]
 
 
 def test_the_fused_step_runs_and_matches_the_exact_step(tiny_gpt2) -> None:

@@ -73,7 +73,8 @@ rule fuse_train:
         settings=config["fuse"]["train"],
         code=code_version(
             "models", "trace", "stats", "timing", "fuse.forward", "fuse.train_step", "fuse.inductor", "fuse.graph",
-            "fuse.support", "fuse.prune", "fuse.merge", "fuse.partitioner", "fuse.check",
+            "fuse.support", "fuse.prune", "fuse.merge", "fuse.partitioner", "fuse.check", "fuse.baselines",
+            "fuse.coverage",
         ),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores

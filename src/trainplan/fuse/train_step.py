@@ -22,12 +22,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
 from trainplan.fuse.check import check_grouping
+from trainplan.fuse.coverage import coverage
 from trainplan.fuse.forward import ForwardGraph, op_graph, trace_forward
 from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members
 from trainplan.fuse.partitioner import fuse_graph
@@ -138,8 +141,9 @@ def _speedup(samples: dict[str, list[float]], base: str, new: str, seed: int) ->
 
 
 def partition_forward(fg: ForwardGraph, table: SupportTable) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Groups of the forward graph (GROUPS.json entries, topological order) and their statistics; the grouping
-    is verified by the independent checker (``check_grouping``), a violation raises."""
+    """Groups of the forward graph (GROUPS.json entries, topological order) and their statistics, with ONNX
+    Runtime's waves and torch.fx's CapabilityBasedPartitioner on the same mask (the cost of the seed's rule);
+    the grouping is verified by the independent checker (``check_grouping``), a violation raises."""
     graph = op_graph(fg.gm)
     supported, broken = support_masks(graph, table)
     fusion = fuse_graph(graph, supported, broken)
@@ -149,12 +153,20 @@ def partition_forward(fg: ForwardGraph, table: SupportTable) -> tuple[list[dict[
     problems = check_grouping(graph.names, edges, eligible, doc["groups"], cycle_check_merges=graph.n <= 3000)
     if problems:
         raise AssertionError(f"model '{fg.model}': forward grouping violates the rule: {problems[:3]}")
+    baselines = {}
+    for method, group_fn in (("onnxruntime waves", ort_wave_groups), ("torch.fx CapabilityBasedPartitioner", fx_capability_groups)):
+        start = time.perf_counter()
+        found = group_fn(graph, fusion.eligible)
+        elapsed = time.perf_counter() - start
+        cover = coverage(found, fusion.eligible, np.zeros(graph.n))
+        baselines[method] = {"groups_ge2": cover["groups_ge2"], "largest": cover["largest"],
+                             "coverage_ops": cover["coverage_ops"], "time_s": elapsed}
     sizes = [len(g["nodes"]) for g in doc["groups"]]
     big = [s for s in sizes if s >= 2]
     stats = {"ops": graph.n - 1, "eligible": len(eligible), "host_ops": len(doc["host_nodes"]) - 1,
              "groups": len(sizes), "groups_ge2": len(big), "largest": max(sizes, default=0),
              "coverage_ops": sum(big) / len(eligible) if eligible else 0.0, "checked": True,
-             "partition_s": fusion.stats["time_s"]}
+             "partition_s": fusion.stats["time_s"], "baselines": baselines}
     return doc["groups"], stats
 
 
