@@ -8,6 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from trainplan.io import atomic_path  # noqa: E402
 from trainplan.plots import save_figure  # noqa: E402
@@ -86,6 +87,8 @@ def plot_train_step(groups: pd.DataFrame, summary: dict, title: str, path: str) 
         ax.scatter(groups.loc[~faster, "n_ops"], groups.loc[~faster, "speedup"], facecolors="none",
                    edgecolors="tab:gray", zorder=3, label=f"not ({int((~faster).sum())})")
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.legend(fontsize=8)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set(xlabel="ops in the group", ylabel="eager / fused (forward + backward)",
