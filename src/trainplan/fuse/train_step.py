@@ -1,16 +1,15 @@
 """The training step with fused ops: the forward graph partitioned by the seed's rule, every group of >=
 ``min_ops`` ops compiled by Inductor with autograd (AOT autograd derives the fused op's backward and decides
-what it saves), timed against the eager step and against Inductor on the whole forward, all three in
-alternating rounds. Loss and gradients are checked twice: the same groups fused in a float64 copy of the model
-must match its eager float64 step (a wrong kernel fails the rule); the float32 steps' distance from the exact
-step is reported per parameter against eager's own (batch norms over a few values make float32 far from
-exact on deep CNNs, and a fused reduction lands elsewhere in that noise).
+what it saves), timed in alternating rounds against the eager step, next to the step with only the groups
+measured faster and to Inductor on the whole forward. Loss and gradients are checked twice: the same groups
+fused in a float64 copy of the model must match its eager float64 step (a wrong kernel fails the rule); the
+float32 steps' distance from the exact step is reported per parameter against eager's own (batch norms over a
+few values make float32 far from exact on deep CNNs, and a fused reduction lands elsewhere in that noise).
 
 Per group (at most ``max_groups``, largest first): the fused op's forward + backward against its ops run
 eagerly, on the inputs the group gets in a real step, also in alternating rounds; kernels dispatched by the
 eager ops (forward and backward, views not counted) against launches in Inductor's generated code.
 """
-
 from __future__ import annotations
 
 import copy
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
@@ -64,13 +63,9 @@ def _flatten_output(sub: torch.fx.GraphModule) -> None:
     result = out.args[0]
     if isinstance(result, torch.fx.Node) and isinstance(result.meta.get("val"), (list, tuple)):
         with sub.graph.inserting_before(out):
-            items = tuple(sub.graph.call_function(_getitem, (result, i)) for i in range(len(result.meta["val"])))
+            items = tuple(sub.graph.call_function(operator.getitem, (result, i)) for i in range(len(result.meta["val"])))
         out.args = (items,)
         sub.recompile()
-
-
-def _getitem(value: Any, i: int) -> Any:
-    return value[i]
 
 
 def _leaves(args: Sequence[Any]) -> list[Any]:
@@ -154,7 +149,8 @@ def partition_forward(fg: ForwardGraph, table: SupportTable) -> tuple[list[dict[
     if problems:
         raise AssertionError(f"model '{fg.model}': forward grouping violates the rule: {problems[:3]}")
     baselines = {}
-    for method, group_fn in (("onnxruntime waves", ort_wave_groups), ("torch.fx CapabilityBasedPartitioner", fx_capability_groups)):
+    methods = {"onnxruntime waves": ort_wave_groups, "torch.fx CapabilityBasedPartitioner": fx_capability_groups}
+    for method, group_fn in methods.items():
         start = time.perf_counter()
         found = group_fn(graph, fusion.eligible)
         elapsed = time.perf_counter() - start
@@ -222,7 +218,8 @@ def check_against_exact(built: BuiltModel, fg: ForwardGraph, steps: dict[str, Ca
     for name, fn in steps.items():
         losses[name] = float(_step(fn, fg))
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in fg.params]
-        errors[name] = [abs(losses[name] - exact_loss), *(float((g.double() - e).abs().max()) for g, e in zip(grads, exact))]
+        gaps = (float((g.double() - e).abs().max()) for g, e in zip(grads, exact))
+        errors[name] = [abs(losses[name] - exact_loss), *gaps]
     allowed = [max(rtol, EAGER_ERROR_FACTOR * err / scale if scale > 0 else math.inf)
                for err, scale in zip(errors["eager"], scales)]
     where = ["loss", *fg.param_names]
