@@ -43,7 +43,7 @@ def test_fuse_and_measure_on_the_tiny_study(tmp_path: Path) -> None:
     train = json.loads((tmp_path / root / "inductor/train_step.json").read_text())
     train_groups = pd.read_parquet(tmp_path / root / "inductor/train_groups.parquet")
     assert train["check_float64"]["within_tolerance"] and len(train["samples_s"]["fused"]) == 3
-    assert len(train_groups) == train["groups_compiled"] > 0 and train["forward_graph"]["checked"]
+    assert len(train_groups) == train["groups_compiled"] > 0
     assert (tmp_path / "results/plots/small_cnn/cpu/fuse_train_inductor.png").stat().st_size > 10_000
 
 

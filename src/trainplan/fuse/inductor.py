@@ -26,6 +26,15 @@ def count_launches(code: Sequence[str]) -> int:
     return total
 
 
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors of a (nested) list or tuple of results, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_of(v)]
+    return []
+
+
 def error_line(exc: Exception) -> str:
     """The exception's type and the first line of its message."""
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

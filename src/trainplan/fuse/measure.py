@@ -20,7 +20,7 @@ import torch
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 
 from trainplan.fuse.errors import FuseError
-from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members
+from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members, tensors_of
 from trainplan.models import BuiltModel, on_device
 from trainplan.profile import timed_run
 from trainplan.timing import gc_paused, keep_freed_memory
@@ -40,14 +40,6 @@ def _median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
     return statistics.median(runs)
 
 
-def _flat(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flat(v)]
-    return []
-
-
 def _copies(args: Sequence[Any]) -> list[Any]:
     return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
@@ -57,7 +49,7 @@ def compare_outputs(got: Any, want: Any, rtol: float, atol: float, *, strict: bo
     where ``allclose`` holds), and whether all are within rtol/atol; with ``strict`` a mismatch raises
     FuseError naming the output."""
     worst_abs = worst_ratio = 0.0
-    a, b = _flat(got), _flat(want)
+    a, b = tensors_of(got), tensors_of(want)
     if len(a) != len(b):
         raise FuseError(f"fused step returned {len(a)} tensors, the unfused step {len(b)}")
     matches = True

@@ -31,7 +31,7 @@ from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
 from trainplan.fuse.check import check_grouping
 from trainplan.fuse.coverage import coverage
 from trainplan.fuse.forward import ForwardGraph, op_graph, trace_forward
-from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members
+from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members, tensors_of
 from trainplan.fuse.partitioner import fuse_graph
 from trainplan.fuse.support import SupportTable, support_masks
 from trainplan.models import BuiltModel
@@ -41,14 +41,6 @@ from trainplan.timing import gc_paused, keep_freed_memory
 #: the fused step's float32 gradients may be this many times further from the exact (float64) gradients than
 #: the eager float32 step's (relative to each parameter's largest exact entry): fused kernels sum in another order
 EAGER_ERROR_FACTOR = 3.0
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
 
 
 def _loss(value: Any) -> torch.Tensor:
@@ -74,7 +66,7 @@ def _leaves(args: Sequence[Any]) -> list[Any]:
 
 
 def _forward_backward(fn: Callable[..., Any], args: Sequence[Any]) -> None:
-    outs = [t for t in _tensors(fn(*args)) if t.requires_grad]
+    outs = [t for t in tensors_of(fn(*args)) if t.requires_grad]
     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
 
@@ -161,7 +153,7 @@ def partition_forward(fg: ForwardGraph, table: SupportTable) -> tuple[list[dict[
     big = [s for s in sizes if s >= 2]
     stats = {"ops": graph.n - 1, "eligible": len(eligible), "host_ops": len(doc["host_nodes"]) - 1,
              "groups": len(sizes), "groups_ge2": len(big), "largest": max(sizes, default=0),
-             "coverage_ops": sum(big) / len(eligible) if eligible else 0.0, "checked": True,
+             "coverage_ops": sum(big) / len(eligible) if eligible else 0.0,
              "partition_s": fusion.stats["time_s"], "baselines": baselines}
     return doc["groups"], stats
 
@@ -175,7 +167,7 @@ def _intermediate_bytes(fg: ForwardGraph, group: dict[str, Any]) -> int:
         node = by_name[name]
         if name == group["output"] or node.target is operator.getitem or getattr(node.target, "is_view", False):
             continue
-        total += sum(t.numel() * t.element_size() for t in _tensors(node.meta.get("val")))
+        total += sum(t.numel() * t.element_size() for t in tensors_of(node.meta.get("val")))
     return total
 
 
