@@ -143,3 +143,15 @@ def test_every_group_of_transformers_cnns_replays_in_both_layouts(arch, cfg):
             for layout in ("nchw", "nhwc"):
                 outs = group_forward(graph, group, layout)()
                 assert outs and all(torch.isfinite(o).all() for o in outs)
+
+
+def test_timing_on_a_gpu_needs_the_wall_clock():
+    """Process CPU time does not see a GPU's work: a CUDA timing with it is refused, naming the device."""
+    from trainplan.layout.measure import Timing, device_facts
+
+    with pytest.raises(ValueError, match="cuda"):
+        Timing(clock="process", device="cuda")
+    with pytest.raises(ValueError, match="clock 'cpu'"):
+        Timing(clock="cpu")
+    assert Timing(clock="wall", device="cuda").device == "cuda"
+    assert device_facts("cpu") == {"type": "cpu"}

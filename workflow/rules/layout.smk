@@ -7,6 +7,7 @@ rule layout_sweep:
         "benchmarks/layout/sweep/{device}.tsv"
     params:
         settings=layout_settings("sweep", "batch_size", "layouts", "repeats", "warmup", "threads", "clock"),
+        device_type=lambda wildcards: backend_of(wildcards.device),
         seed=config["seed"],
         code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph", "layout.settings"),
     # Timing needs the machine to itself: take every core the run was given.
@@ -31,6 +32,7 @@ rule layout_measure:
         spec=model_spec,
         seed=config["seed"],
         settings=layout_settings("batch_size", "image_size", "layouts", "repeats", "warmup", "threads", "clock"),
+        device_type=lambda wildcards: backend_of(wildcards.device),
         code=code_version("layout.graph", "layout.measure", "layout.build", "layout.problem", "layout.settings", "models", "zoo"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
@@ -56,6 +58,7 @@ rule layout:
         spec=model_spec,
         seed=config["seed"],
         settings=layout_settings("layouts", "batch_size", "image_size", "step_repeats", "warmup", "threads", "clock", "tolerances"),
+        device_type=lambda wildcards: backend_of(wildcards.device),
         solver=config["solver"],
         code=code_version(
             "layout.study", "layout.adopt", "layout.settings", "stats", "layout.solve", "layout.build", "layout.problem", "layout.execute", "layout.predict",

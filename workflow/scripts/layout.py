@@ -5,14 +5,15 @@ from trainplan.io import read_table, write_json, write_table
 from trainplan.layout.settings import layout_spec
 from trainplan.layout.study import run_layout
 from trainplan.logs import log_to
-from trainplan.models import build_model
+from trainplan.models import build_model, on_device
 
 with log_to(snakemake.log[0]) as log:
-    settings = snakemake.params.settings
-    built = build_model(snakemake.wildcards.model, layout_spec(snakemake.params.spec, settings), seed=snakemake.params.seed)
+    settings, device = snakemake.params.settings, snakemake.params.device_type
+    built = on_device(build_model(snakemake.wildcards.model, layout_spec(snakemake.params.spec, settings),
+                                  seed=snakemake.params.seed), device)
     tables = {name: read_table(snakemake.input[name]) for name in ("convs", "groups", "edges")}
     plan, execution, predictions = run_layout(built, tables, read_table(snakemake.input.sweep), settings,
-                                              snakemake.params.solver, snakemake.params.seed)
+                                              snakemake.params.solver, snakemake.params.seed, device)
     log.info("%s: plan %s time %.6g s (bound %.6g); step %.4f s planned vs %.4f s best single (%s); gradients %s",
              built.name, plan["status"], plan["time"], plan["bound"], execution["configs"]["planned"]["measured_step_s"],
              execution["configs"]["best_single"]["measured_step_s"], execution["configs"]["best_single"]["ran_as"],

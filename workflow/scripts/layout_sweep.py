@@ -8,10 +8,10 @@ from trainplan.layout.settings import timing_of
 from trainplan.logs import log_to
 
 with log_to(snakemake.log[0]) as log:
-    settings = snakemake.params.settings
+    settings, device = snakemake.params.settings, snakemake.params.device_type
     sweep = settings["sweep"]
     torch.manual_seed(snakemake.params.seed)
     shapes = sweep_shapes(sweep["shapes"], sweep["seed"], settings["batch_size"], sweep["max_macs"])
-    log.info("timing %d conv shapes in %s (%s clock, %d thread(s))", len(shapes), settings["layouts"],
+    log.info("timing %d conv shapes in %s on %s (%s clock, %d thread(s))", len(shapes), settings["layouts"], device,
              settings["clock"], settings["threads"])
-    write_table(snakemake.output.table, measure_sweep(shapes, settings["layouts"], timing_of(settings), log))
+    write_table(snakemake.output.table, measure_sweep(shapes, settings["layouts"], timing_of(settings, device=device), log))

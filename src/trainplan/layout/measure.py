@@ -5,7 +5,8 @@ conversion of its gradient). Median of ``repeats`` after ``warmup``; the machine
 ``clock: process`` (the default) times with the process's CPU time (``time.process_time``): on a shared,
 oversubscribed host it leaves out the time the process waits for a core, which wall time cannot; with one torch
 thread it equals the single-thread run time (with more threads it also counts the OpenMP workers' spin-waiting,
-so use ``threads: 1`` with it). ``clock: wall`` uses ``time.perf_counter``."""
+so use ``threads: 1`` with it). ``clock: wall`` uses ``time.perf_counter``. On a CUDA device the clock is wall time
+read after ``torch.cuda.synchronize`` (the process's CPU time does not see the GPU's work)."""
 
 from __future__ import annotations
 
@@ -29,16 +30,29 @@ FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 @dataclass(frozen=True)
 class Timing:
     """How to time: median of ``repeats`` runs after ``warmup`` runs, on ``threads`` torch threads, by ``clock``
-    (process: CPU time of the process; wall)."""
+    (process: CPU time of the process; wall), with tensors on ``device`` (cpu, or cuda with the wall clock)."""
 
     repeats: int = 5
     warmup: int = 1
     threads: int = 1
     clock: str = "process"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.clock not in ("process", "wall"):
+            raise ValueError(f"layout timing: clock '{self.clock}' is not one of process, wall")
+        if torch.device(self.device).type != "cpu" and self.clock != "wall":
+            raise ValueError(f"layout timing on device '{self.device}' needs clock 'wall': the process's CPU time "
+                             f"does not see the device's work")
 
     @property
     def now(self) -> Callable[[], float]:
-        """The clock function."""
+        """The clock function; on a CUDA device it first waits for the device's queued work."""
+        if torch.device(self.device).type == "cuda":
+            def synced() -> float:
+                torch.cuda.synchronize()
+                return time.perf_counter()
+            return synced
         return time.process_time if self.clock == "process" else time.perf_counter
 
 
@@ -47,6 +61,18 @@ def memory_format(layout: str) -> torch.memory_format:
     if layout not in FORMATS:
         raise ValueError(f"layout '{layout}' cannot be executed by PyTorch (known: {sorted(FORMATS)})")
     return FORMATS[layout]
+
+
+def device_facts(device: str) -> dict[str, Any]:
+    """What the timings ran on: the device type, and on CUDA the GPU, the CUDA and cuDNN versions and the cuDNN
+    settings in force (torch's defaults unless the caller changed them: TF32 convolutions on)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {"type": dev.type}
+    cudnn = torch.backends.cudnn
+    return {"type": "cuda", "name": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": cudnn.version(), "cudnn_allow_tf32": cudnn.allow_tf32,
+            "cudnn_benchmark": cudnn.benchmark, "cudnn_deterministic": cudnn.deterministic}
 
 
 def load_average() -> float:
@@ -85,13 +111,16 @@ def _fwd_bwd(forward: Callable[[], list[torch.Tensor]], timing: Timing) -> tuple
 
 
 def conv_time(conv: ConvInfo, layout: str, timing: Timing, input_grad: bool = True, seed: int = 0) -> tuple[float, float]:
-    """Forward and backward time of one conv's shapes with input, weight (and output) in ``layout``."""
+    """Forward and backward time of one conv's shapes with input, weight (and output) in ``layout``, on
+    ``timing.device``."""
     fmt = memory_format(layout)
-    gen = torch.Generator().manual_seed(seed)
-    dtype = getattr(torch, conv.dtype)
-    x = torch.randn(conv.in_shape, generator=gen, dtype=dtype).contiguous(memory_format=fmt).requires_grad_(input_grad)
-    w = torch.randn(conv.weight_shape, generator=gen, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
-    b = torch.zeros(conv.weight_shape[0], dtype=dtype, requires_grad=True) if conv.bias else None
+    dtype, dev = getattr(torch, conv.dtype), torch.device(timing.device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(conv.in_shape, generator=gen, dtype=dtype, device=dev).contiguous(memory_format=fmt)
+    x.requires_grad_(input_grad)
+    w = torch.randn(conv.weight_shape, generator=gen, dtype=dtype, device=dev).contiguous(memory_format=fmt)
+    w.requires_grad_()
+    b = torch.zeros(conv.weight_shape[0], dtype=dtype, device=dev, requires_grad=True) if conv.bias else None
     return _fwd_bwd(lambda: [F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups)], timing)
 
 
@@ -105,10 +134,11 @@ def conv_row(conv: ConvInfo, input_grad: bool = True) -> dict[str, Any]:
 
 
 def transform_time(shape: tuple[int, ...], src: str, dst: str, timing: Timing, dtype: torch.dtype = torch.float32) -> float:
-    """Time to convert an activation of ``shape`` from ``src`` to ``dst`` layout plus its gradient back."""
+    """Time to convert an activation of ``shape`` from ``src`` to ``dst`` layout plus its gradient back, on
+    ``timing.device``."""
     a, b = memory_format(src), memory_format(dst)
-    x = torch.randn(shape, dtype=dtype).contiguous(memory_format=a)
-    g = torch.randn(shape, dtype=dtype).contiguous(memory_format=b)
+    x = torch.randn(shape, dtype=dtype, device=timing.device).contiguous(memory_format=a)
+    g = torch.randn(shape, dtype=dtype, device=timing.device).contiguous(memory_format=b)
     return median_time(lambda: x.contiguous(memory_format=b), timing) + median_time(
         lambda: g.contiguous(memory_format=a), timing)
 
@@ -125,27 +155,28 @@ def _replayable(func: Any) -> Any:
     return func
 
 
-def group_forward(graph: ConvGraph, group: str, layout: str) -> Callable[[], list[torch.Tensor]]:
-    """A function running ``group``'s recorded ops from leaves in ``layout`` (the conv output and any operand
-    from another group); it returns the group's outputs that no later op of the group consumes."""
-    fmt = memory_format(layout)
+def group_forward(graph: ConvGraph, group: str, layout: str, device: str = "cpu") -> Callable[[], list[torch.Tensor]]:
+    """A function running ``group``'s recorded ops on ``device`` from leaves in ``layout`` (the conv output and
+    any operand from another group); it returns the group's outputs that no later op of the group consumes."""
+    fmt, dev = memory_format(layout), torch.device(device)
     ops = [op for op in graph.ops if op.group == group]
     produced: set[int] = set()  # keys made by the group's ops so far (an in-place op re-makes its input's key)
     leaves: dict[int, torch.Tensor] = {}
     for op in ops:
         for key, value in op.inputs.items():
             if key not in leaves and key not in produced:
-                leaf = value.contiguous(memory_format=fmt) if value.dim() == 4 else value
+                leaf = value.to(dev, memory_format=fmt) if value.dim() == 4 else value.to(dev)
                 leaves[key] = leaf.requires_grad_(leaf.is_floating_point())
         produced.update(op.outputs)
     funcs = [_replayable(op.func) for op in ops]
+    recorded = [tree_map(lambda a: a.to(dev) if isinstance(a, torch.Tensor) else a, (op.args, op.kwargs)) for op in ops]
 
     def forward() -> list[torch.Tensor]:
         env = dict(leaves)
         results: dict[int, torch.Tensor] = {}
         used: set[int] = set()
-        for op, func in zip(ops, funcs):
-            args, kwargs = tree_map(lambda a: env[a.key] if isinstance(a, Ref) else a, (op.args, op.kwargs))
+        for op, func, (op_args, op_kwargs) in zip(ops, funcs, recorded):
+            args, kwargs = tree_map(lambda a: env[a.key] if isinstance(a, Ref) else a, (op_args, op_kwargs))
             used.update(id(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
             out = func(*args, **kwargs)
             outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
@@ -159,15 +190,17 @@ def group_forward(graph: ConvGraph, group: str, layout: str) -> Callable[[], lis
 
 def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing) -> dict[str, pd.DataFrame]:
     """Every conv, group and edge of ``graph`` timed in every layout; three tables (convs, groups, edges). Keeps
-    freed host memory for the rest of the process (``keep_freed_memory``), as the profile does."""
+    freed host memory for the rest of the process (``keep_freed_memory``), as the profile does; garbage is
+    collected once per conv, group and edge (``gc_paused`` around all its timings)."""
     keep_freed_memory()
     torch.set_num_threads(timing.threads)
     conv_rows, group_rows, edge_rows = [], [], []
     first = {dst for (src, dst) in graph.edges if src == INPUT}
     for cid, conv in graph.convs.items():
         row = conv_row(conv, input_grad=cid not in first)
-        for lay in layouts:
-            row[f"fwd_{lay}"], row[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad=row["input_grad"])
+        with gc_paused():
+            for lay in layouts:
+                row[f"fwd_{lay}"], row[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad=row["input_grad"])
         row["load"] = load_average()
         conv_rows.append(row)
     for group in graph.groups:
@@ -175,7 +208,8 @@ def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing) -> dict[
         row = {"group": group, "n_ops": len(names), "ops": ";".join(sorted(set(names))), "error": ""}
         for lay in layouts:
             try:
-                fwd, bwd = _fwd_bwd(group_forward(graph, group, lay), timing) if names else (0.0, 0.0)
+                with gc_paused():
+                    fwd, bwd = _fwd_bwd(group_forward(graph, group, lay, timing.device), timing) if names else (0.0, 0.0)
             except (RuntimeError, TypeError, ValueError) as exc:
                 fwd = bwd = float("nan")
                 row["error"] = f"{lay}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -183,9 +217,10 @@ def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing) -> dict[
         group_rows.append(row)
     for (src, dst), shapes in graph.edges.items():
         row = {"src": src, "dst": dst, "shapes": [list(s) for s in shapes]}
-        for a in layouts:
-            for b in layouts:
-                if a != b:
-                    row[f"{a}->{b}"] = sum(transform_time(s, a, b, timing) for s in shapes)
+        with gc_paused():
+            for a in layouts:
+                for b in layouts:
+                    if a != b:
+                        row[f"{a}->{b}"] = sum(transform_time(s, a, b, timing) for s in shapes)
         edge_rows.append(row)
     return {"convs": pd.DataFrame(conv_rows), "groups": pd.DataFrame(group_rows), "edges": pd.DataFrame(edge_rows)}

@@ -18,6 +18,7 @@ def layout_spec(spec: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any
     return spec
 
 
-def timing_of(settings: dict[str, Any], repeats_key: str = "repeats") -> Timing:
-    """The Timing a settings block asks for (``repeats_key``: repeats or step_repeats)."""
-    return Timing(int(settings[repeats_key]), int(settings["warmup"]), int(settings["threads"]), settings["clock"])
+def timing_of(settings: dict[str, Any], repeats_key: str = "repeats", device: str = "cpu") -> Timing:
+    """The Timing a settings block asks for (``repeats_key``: repeats or step_repeats) on ``device``."""
+    return Timing(int(settings[repeats_key]), int(settings["warmup"]), int(settings["threads"]), settings["clock"],
+                  device)

@@ -11,6 +11,7 @@ import pandas as pd
 from trainplan.layout.adopt import choose, confirm
 from trainplan.layout.build import build_problem
 from trainplan.layout.execute import Runnable, apply_layouts, check_gradients, gradient_reference, time_steps
+from trainplan.layout.measure import device_facts
 from trainplan.layout.predict import fit, predict, score
 from trainplan.layout.settings import timing_of
 from trainplan.layout.solve import plan_time, solve_all
@@ -20,11 +21,13 @@ from trainplan.timing import keep_freed_memory
 
 
 def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.DataFrame,
-               settings: dict[str, Any], solver: dict[str, Any], seed: int) -> tuple[dict[str, Any], dict[str, Any], pd.DataFrame]:
+               settings: dict[str, Any], solver: dict[str, Any], seed: int, device: str = "cpu"
+               ) -> tuple[dict[str, Any], dict[str, Any], pd.DataFrame]:
     """Plans (exact on measured costs with every baseline, exact on predicted conv costs), their execution, the
     adopted plan (``trainplan.layout.adopt``: the exact plan only where it measured faster than the fastest single
     layout beyond noise, confirmed on fresh rounds) and the predictor's scores on this model's convs. Returns
-    (plan document, execution document, predictions).
+    (plan document, execution document, predictions). ``built`` must be on ``device`` already, where its steps
+    are timed.
     Keeps freed host memory for the rest of the process (``keep_freed_memory``), as the profile does."""
     allocator = keep_freed_memory()
     layouts = list(settings["layouts"])
@@ -50,7 +53,7 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
     exact = gradient_reference(reference.module, built.batch, built.loss_fn, float(tol["grad_atol"]))
     checks = {r.name: check_gradients(exact, r.module, built.batch, built.loss_fn,
                                       float(tol["grad_rtol"]), float(tol["grad_atol"])) for r in runs}
-    timing = timing_of(settings, "step_repeats")
+    timing = timing_of(settings, "step_repeats", device)
     steps = time_steps([reference, *runs], built.batch, built.loss_fn, timing)
     anchor_name = distinct[tuple(sorted(candidates["all_nchw"].items()))]
     anchor_t = plan_time(measured, candidates["all_nchw"])
@@ -81,7 +84,8 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
     adoption = confirm(adopted, reason, fastest_single, fresh, seed)
     held_out = score(model, convs, layouts)
     execution = {
-        "model": built.name, "clock": settings["clock"], "threads": settings["threads"], "host_allocator": allocator,
+        "model": built.name, "device": device_facts(device), "clock": settings["clock"], "threads": settings["threads"],
+        "host_allocator": allocator,
         "load_average": steps["_load"], "under_load": steps["_load"]["max"] > 1.0,
         "configs": rows,
         "speedup_vs_all_nchw": rows["all_nchw"]["measured_step_s"] / rows["planned"]["measured_step_s"],

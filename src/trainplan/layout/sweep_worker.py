@@ -12,7 +12,7 @@ import torch
 
 from trainplan.layout.graph import ConvInfo
 from trainplan.layout.measure import Timing, conv_time
-from trainplan.timing import keep_freed_memory
+from trainplan.timing import gc_paused, keep_freed_memory
 
 
 def conv_info(fields: dict) -> ConvInfo:
@@ -31,8 +31,9 @@ def main() -> None:
         conv = conv_info(fields)
         times = {}
         try:
-            for lay in job["layouts"]:
-                times[f"fwd_{lay}"], times[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad)
+            with gc_paused():  # one collection per shape
+                for lay in job["layouts"]:
+                    times[f"fwd_{lay}"], times[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad)
         except (RuntimeError, ValueError) as exc:  # torch refuses the shape: say so and go on
             times = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         print(json.dumps(times), flush=True)
