@@ -10,6 +10,7 @@
    convs, the exact count of the workflow's `io.csv`.
 
     python bench/bench_layout.py --results results --device cpu --time-limit 10
+    python bench/bench_layout.py --results RESULTS --device cuda --parts 2 3 --out bench/results/layout_cuda.md
 
 Parts 2 and 3 read the workflow's `results/layout/*/<device>/` artifacts (skipped without them).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import time
 from pathlib import Path
@@ -32,6 +34,7 @@ from trainplan.layout.solve import backtrack, cpsat, frontier_dp, frontier_width
 from trainplan.layout.summary import summary_row
 
 OUT = Path(__file__).resolve().parent / "results" / "layout.md"
+CLOCKS = {"process": "process CPU time", "wall": "wall clock"}
 
 
 def table(frame: pd.DataFrame) -> str:
@@ -79,6 +82,21 @@ def predictor(results: str, device: str, sweep_path: str | None) -> tuple[dict, 
         convs.append(c)
     pooled = score(model, pd.concat(convs, ignore_index=True), ["nchw", "nhwc"])
     return {"sweep_shapes": len(sweep), "sweep": sweep_path, **pooled}, pd.DataFrame(per_model)
+
+
+def timed_on(results: str, device: str) -> str:
+    """How the executed plans were timed (clock, threads, device), as their artifacts say."""
+    paths = sorted(glob.glob(f"{results}/layout/*/{device}/execution.json"))
+    runs = {(e["clock"], e["threads"], json.dumps(e.get("device", {"type": "cpu"}), sort_keys=True))
+            for e in map(read_json, paths)}
+    said = []
+    for clock, threads, dev in sorted(runs):
+        facts = json.loads(dev)
+        where = (f"{facts['name']}, torch {facts['torch']}, cuDNN {facts['cudnn']}, cuDNN TF32 "
+                 f"{'on' if facts['cudnn_allow_tf32'] else 'off'}, synchronised" if facts["type"] == "cuda"
+                 else f"{threads} thread(s)")
+        said.append(f"{CLOCKS.get(clock, clock)}, {where}")
+    return "; ".join(said)
 
 
 def execution(results: str, device: str) -> pd.DataFrame | None:
@@ -140,57 +158,76 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--fast-memory", type=int, nargs="+", default=[1024, 8192])
     ap.add_argument("--sweep", default=None, help="sweep table to train the predictor on (default: the workflow's)")
+    ap.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3, 4], help="which parts to run (1-4)")
+    ap.add_argument("--out", type=Path, default=OUT, help="markdown file written")
     args = ap.parse_args()
     load0 = load_average()
+    host = (f"Host load average at start: {load0:.1f} on {os.cpu_count()} cores: "
+            + ("run alone on the host." if load0 < 1.0 else "timings below were **measured under load** (the host is shared).")
+            if {1, 4} & set(args.parts) else "Nothing below is timed on the host that wrote it.")
     parts = [f"# Layout stage benchmark (seed 004)\n\nWritten by `python bench/bench_layout.py` at "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Host load average at start: {load0:.1f} on "
-             f"{os.cpu_count()} cores: "
-             + ("run alone on the host." if load0 < 1.0 else "timings below were **measured under load** (the host is shared).")
-             + " Part 3 comes from the workflow's runs, each with its own load average (`load_max`)."]
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. {host}"
+             + f" Parts 2 and 3 read the workflow's `{args.results}/layout/*/{args.device}/` artifacts; part 3 comes "
+             f"from the workflow's runs, each with its own load average (`load_max`)."]
+    for part in sorted(set(args.parts)):
+        parts.append(PARTS[part](args))
+    args.out.parent.mkdir(exist_ok=True)
+    args.out.write_text("\n\n".join(parts) + "\n")
+    print(args.out.read_text())
+
+
+def planner_part(args: argparse.Namespace) -> str:
     plan = planner(args.sizes, args.seeds, args.time_limit)
     ok = (plan.exact_status == "optimal").all() and (plan.exact_s <= args.time_limit).all()
-    parts.append(f"## 1. Exact planner vs CP-SAT vs the paper's backtracking (time limit {args.time_limit:g} s)\n\n"
-                 f"Target: proven optimal on random DAGs up to 500 nodes within {args.time_limit:g} s: "
-                 f"**{'met' if ok else 'NOT met'}** (largest exact solve {plan.exact_s.max():.3f} s). "
-                 f"`excess`: plan time over the optimum.\n\n" + table(plan))
+    return (f"## 1. Exact planner vs CP-SAT vs the paper's backtracking (time limit {args.time_limit:g} s)\n\n"
+            f"Target: proven optimal on random DAGs up to 500 nodes within {args.time_limit:g} s: "
+            f"**{'met' if ok else 'NOT met'}** (largest exact solve {plan.exact_s.max():.3f} s). "
+            f"`excess`: plan time over the optimum.\n\n" + table(plan))
+
+
+def predictor_part(args: argparse.Namespace) -> str:
     pred = predictor(args.results, args.device, args.sweep)
     if pred is None:
-        parts.append("## 2. Predictor\n\nSkipped: no workflow results (run the layout targets first).")
-    else:
-        pooled, per_model = pred
-        parts.append(f"## 2. Conv-time predictor on held-out model convs\n\nGradient-boosted trees (scikit-learn, log time "
-                     f"per multiply-add) on "
-                     f"{pooled['sweep_shapes']} random sweep shapes x 2 layouts (`{pooled['sweep']}`); scored on every model's own convs "
-                     f"(never in training). Pooled: R^2 = {pooled['r2']:.3f} (on log time {pooled['r2_log']:.3f}), "
-                     f"median relative error {pooled['median_rel_error']:.3f}, faster layout picked right "
-                     f"{pooled['layout_choice_agreement']:.0%} of convs. Target R^2 >= 0.9: "
-                     f"**{'met' if pooled['r2'] >= 0.9 else 'NOT met'}**.\n\n" + table(per_model))
+        return "## 2. Predictor\n\nSkipped: no workflow results (run the layout targets first)."
+    pooled, per_model = pred
+    return (f"## 2. Conv-time predictor on held-out model convs\n\nGradient-boosted trees (scikit-learn, log time "
+            f"per multiply-add) on "
+            f"{pooled['sweep_shapes']} random sweep shapes x 2 layouts (`{pooled['sweep']}`); scored on every model's own convs "
+            f"(never in training). Pooled: R^2 = {pooled['r2']:.3f} (on log time {pooled['r2_log']:.3f}), "
+            f"median relative error {pooled['median_rel_error']:.3f}, faster layout picked right "
+            f"{pooled['layout_choice_agreement']:.0%} of convs. Target R^2 >= 0.9: "
+            f"**{'met' if pooled['r2'] >= 0.9 else 'NOT met'}**.\n\n" + table(per_model))
+
+
+def execution_part(args: argparse.Namespace) -> str:
     ex = execution(args.results, args.device)
     if ex is None:
-        parts.append("## 3. Executed plans\n\nSkipped: no workflow results.")
-    else:
-        parts.append("## 3. Executed plans (training step, forward + backward; process CPU time, 1 thread)\n\n"
-                     "Median of the workflow's `layout.step_repeats` alternating runs per plan; beyond noise: the 95% "
-                     "paired bootstrap interval of the speedup over the measured fastest single layout lies wholly "
-                     "below (slower) or above (faster) 1. Target: mixed layouts never slower beyond noise: exact plan "
-                     f"**{'met' if not ex.slower_than_best_single.any() else 'NOT met'}** (slower on "
-                     f"{int(ex.slower_than_best_single.sum())} model(s)); the adopted plan (the exact plan only where it "
-                     f"measured faster beyond noise, re-timed on fresh rounds: `adopted_*`) "
-                     f"**{'met' if not ex.adopted_slower_than_best_single.any() else 'NOT met'}**. Target: faster on at "
-                     f"least one model: exact plan faster beyond noise on {int(ex.faster_than_best_single.sum())} "
-                     f"model(s), adopted plan on {int((ex.adopted_ci95_low > 1.0).sum())} (on fresh rounds).\n\n" + table(ex))
+        return "## 3. Executed plans\n\nSkipped: no workflow results."
+    return (f"## 3. Executed plans (training step, forward + backward; {timed_on(args.results, args.device)})\n\n"
+            "Median of the workflow's `layout.step_repeats` alternating runs per plan; beyond noise: the 95% "
+            "paired bootstrap interval of the speedup over the measured fastest single layout lies wholly "
+            "below (slower) or above (faster) 1. Target: mixed layouts never slower beyond noise: exact plan "
+            f"**{'met' if not ex.slower_than_best_single.any() else 'NOT met'}** (slower on "
+            f"{int(ex.slower_than_best_single.sum())} model(s)); the adopted plan (the exact plan only where it "
+            f"measured faster beyond noise, re-timed on fresh rounds: `adopted_*`) "
+            f"**{'met' if not ex.adopted_slower_than_best_single.any() else 'NOT met'}**. Target: faster on at "
+            f"least one model: exact plan faster beyond noise on {int(ex.faster_than_best_single.sum())} "
+            f"model(s), adopted plan on {int((ex.adopted_ci95_low > 1.0).sum())} (on fresh rounds).\n\n" + table(ex))
+
+
+def io_part(args: argparse.Namespace) -> str:
     io = io_sim(args.fast_memory)
-    parts.append("## 4. Simulated dataflow I/O over the lower bound\n\nFast memory of exactly S elements holding the "
-                 "tile's partial sums and its stream's buffer (`sim_flow`: `output/rows` the paper's output-stationary "
-                 "order, kernel slices resident and the input one row at a time; `output/taps` the patch resident and "
-                 "the kernels one tap at a time; `input/taps` a spatial tile's patches of every channel resident); the "
-                 "order, stream and tile with the least I/O; reads and writes counted by simulation. Target: within "
-                 f"1.2x of the bound: met on {int((io.sim_ratio <= 1.2).sum())} of {len(io)} rows (paper's formula "
-                 f"with its tile, no buffers or halos: {int((io.paper_ratio <= 1.2).sum())} of {len(io)}).\n\n"
-                 + table(io) + "\n\n" + models_io(args.results, args.device))
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text("\n\n".join(parts) + "\n")
-    print(OUT.read_text())
+    return ("## 4. Simulated dataflow I/O over the lower bound\n\nFast memory of exactly S elements holding the "
+            "tile's partial sums and its stream's buffer (`sim_flow`: `output/rows` the paper's output-stationary "
+            "order, kernel slices resident and the input one row at a time; `output/taps` the patch resident and "
+            "the kernels one tap at a time; `input/taps` a spatial tile's patches of every channel resident); the "
+            "order, stream and tile with the least I/O; reads and writes counted by simulation. Target: within "
+            f"1.2x of the bound: met on {int((io.sim_ratio <= 1.2).sum())} of {len(io)} rows (paper's formula "
+            f"with its tile, no buffers or halos: {int((io.paper_ratio <= 1.2).sum())} of {len(io)}).\n\n"
+            + table(io) + "\n\n" + models_io(args.results, args.device))
+
+
+PARTS = {1: planner_part, 2: predictor_part, 3: execution_part, 4: io_part}
 
 
 if __name__ == "__main__":
