@@ -155,3 +155,22 @@ def test_timing_on_a_gpu_needs_the_wall_clock():
         Timing(clock="cpu")
     assert Timing(clock="wall", device="cuda").device == "cuda"
     assert device_facts("cpu") == {"type": "cpu"}
+
+
+def test_median_time_counts_one_call_of_back_to_back_runs():
+    """With ``calls`` > 1 every timed run makes that many calls and the time is per call, not per run."""
+    import time as clock
+
+    from trainplan.layout.measure import Timing, median_time
+
+    made = []
+
+    def fn():
+        made.append(1)
+        clock.sleep(0.01)
+
+    t = median_time(fn, Timing(repeats=3, warmup=1, clock="wall", calls=3))
+    assert len(made) == 1 + 3 * 3
+    assert 0.009 < t < 0.025, t  # per call (a run of three takes >= 0.03 s)
+    with pytest.raises(ValueError, match="calls"):
+        Timing(calls=0)

@@ -6,7 +6,7 @@ rule layout_sweep:
     benchmark:
         "benchmarks/layout/sweep/{device}.tsv"
     params:
-        settings=layout_settings("sweep", "batch_size", "layouts", "repeats", "warmup", "threads", "clock"),
+        settings=layout_settings("sweep", "batch_size", "layouts", "repeats", "calls", "warmup", "threads", "clock"),
         device_type=lambda wildcards: backend_of(wildcards.device),
         seed=config["seed"],
         code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph", "layout.settings"),
@@ -31,7 +31,7 @@ rule layout_measure:
     params:
         spec=model_spec,
         seed=config["seed"],
-        settings=layout_settings("batch_size", "image_size", "layouts", "repeats", "warmup", "threads", "clock"),
+        settings=layout_settings("batch_size", "image_size", "layouts", "repeats", "calls", "warmup", "threads", "clock"),
         device_type=lambda wildcards: backend_of(wildcards.device),
         code=code_version("layout.graph", "layout.measure", "layout.build", "layout.problem", "layout.settings", "models", "zoo"),
     # Timing needs the machine to itself: take every core the run was given.

@@ -30,17 +30,21 @@ FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 @dataclass(frozen=True)
 class Timing:
     """How to time: median of ``repeats`` runs after ``warmup`` runs, on ``threads`` torch threads, by ``clock``
-    (process: CPU time of the process; wall), with tensors on ``device`` (cpu, or cuda with the wall clock)."""
+    (process: CPU time of the process; wall), with tensors on ``device`` (cpu, or cuda with the wall clock); each
+    run makes ``calls`` back-to-back calls between two clock reads and counts their mean."""
 
     repeats: int = 5
     warmup: int = 1
     threads: int = 1
     clock: str = "process"
     device: str = "cpu"
+    calls: int = 1
 
     def __post_init__(self) -> None:
         if self.clock not in ("process", "wall"):
             raise ValueError(f"layout timing: clock '{self.clock}' is not one of process, wall")
+        if self.calls < 1:
+            raise ValueError(f"layout timing: calls must be at least 1, not {self.calls}")
         if torch.device(self.device).type != "cpu" and self.clock != "wall":
             raise ValueError(f"layout timing on device '{self.device}' needs clock 'wall': the process's CPU time "
                              f"does not see the device's work")
@@ -84,7 +88,8 @@ def load_average() -> float:
 
 
 def median_time(fn: Callable[[], Any], timing: Timing) -> float:
-    """Median wall time of ``fn`` over ``timing.repeats`` runs after ``timing.warmup`` runs (GC paused)."""
+    """Median time of one call of ``fn`` over ``timing.repeats`` runs of ``timing.calls`` back-to-back calls each
+    (the run's time over its calls), after ``timing.warmup`` calls; GC paused."""
     with gc_paused():
         for _ in range(timing.warmup):
             fn()
@@ -92,8 +97,9 @@ def median_time(fn: Callable[[], Any], timing: Timing) -> float:
         now = timing.now
         for _ in range(timing.repeats):
             t0 = now()
-            fn()
-            times.append(now() - t0)
+            for _ in range(timing.calls):
+                fn()
+            times.append((now() - t0) / timing.calls)
     times.sort()
     mid = len(times) // 2
     return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])

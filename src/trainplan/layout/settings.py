@@ -19,6 +19,7 @@ def layout_spec(spec: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any
 
 
 def timing_of(settings: dict[str, Any], repeats_key: str = "repeats", device: str = "cpu") -> Timing:
-    """The Timing a settings block asks for (``repeats_key``: repeats or step_repeats) on ``device``."""
+    """The Timing a settings block asks for (``repeats_key``: repeats or step_repeats) on ``device``; ``calls``
+    where the block has it (the per-op timings), else one."""
     return Timing(int(settings[repeats_key]), int(settings["warmup"]), int(settings["threads"]), settings["clock"],
-                  device)
+                  device, int(settings.get("calls", 1)))
