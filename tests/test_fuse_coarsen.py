@@ -9,10 +9,7 @@ import torch
 from tests.test_execute import no_recompute, plan_for, reference, swap_and_recompute
 from tests.test_execute_compile import assert_same_run, both
 from trainplan.artifacts import NODE_COLUMNS, TENSOR_COLUMNS
-from trainplan.fuse.check import check_grouping
 from trainplan.fuse.coarsen import coarsen
-from trainplan.fuse.exported import graph_from_export
-from trainplan.fuse.phases import computing_ops, phase_groups
 from trainplan.fuse.plan_compare import compare_table, plan_row
 from trainplan.fuse.stage import fuse_exported
 from trainplan.fuse.support import inductor_table
@@ -21,23 +18,18 @@ from trainplan.schedule import problem_from_dict, replay
 from trainplan.stage_problem import stage_problem
 
 
-def fused(tables, scope="step"):
-    """The coarse graph of ``tables`` on the Inductor table (the `fuse` rule's groups, or the phase-wise
-    ones), with stand-in op times 1..n microseconds."""
+def fused(tables):
+    """The coarse graph of ``tables`` on the Inductor table, with stand-in op times 1..n microseconds."""
     ops = pd.DataFrame({"name": tables.nodes.name, "time_s": 1e-6 * (1 + pd.RangeIndex(len(tables.nodes))),
                         "recompute_s": 0.0, "transfer_s": 0.0})
-    if scope == "phases":
-        groups = phase_groups(tables.nodes, tables.tensors, inductor_table())["groups"]
-    else:
-        groups = fuse_exported(tables.nodes, tables.tensors, ops, inductor_table(), fx_max_nodes=0).document["groups"]
+    groups = fuse_exported(tables.nodes, tables.tensors, ops, inductor_table(), fx_max_nodes=0).document["groups"]
     return ops, groups, coarsen(tables.nodes, tables.tensors, ops, groups)
 
 
-@pytest.mark.parametrize("scope", ["step", "phases"])
 @pytest.mark.parametrize("model", ["tiny_gpt2", "small_cnn"])
-def test_every_node_is_in_one_coarse_node_and_the_tables_stay_a_graph(model, scope, request):
+def test_every_node_is_in_one_coarse_node_and_the_tables_stay_a_graph(model, request):
     _, _, _, tables = request.getfixturevalue(model)
-    ops, groups, coarse = fused(tables, scope)
+    ops, groups, coarse = fused(tables)
     multi = [g for g in groups if len(g["nodes"]) >= 2]
     assert multi and coarse.stats["groups_contracted"] == len(multi)
     assert len(coarse.nodes) == len(tables.nodes) - sum(len(g["nodes"]) for g in multi) + len(multi)
@@ -75,18 +67,14 @@ def test_a_group_with_internal_storages_holds_them_as_workspace(tiny_gpt2):
                                                tables.nodes.name.tolist(), bandwidth=1e9)["ops"])
 
 
-@pytest.mark.parametrize("scope", ["step", "phases"])
 @pytest.mark.parametrize("model", ["tiny_gpt2", "small_cnn"])
 @pytest.mark.parametrize("events_of", [no_recompute, swap_and_recompute])
-def test_plans_on_the_fused_graph_run_the_real_step(model, events_of, scope, request):
+def test_plans_on_the_fused_graph_run_the_real_step(model, events_of, request):
     """Partitioned into 2 stages on the coarse graph; the interpreter and the compiled plan give the
     unmodified step's loss and gradients bit for bit, free the same storages at the same events, and never
     hold more than the plan's replayed peak."""
-    if (model, scope, events_of) == ("small_cnn", "phases", swap_and_recompute):
-        pytest.skip("the small CNN's phase-wise graph (35 ops) has too few evictable ops for two swaps and two "
-                    "recomputes in one stage")
     _, traced, flat, tables = request.getfixturevalue(model)
-    _, _, coarse = fused(tables, scope)
+    _, _, coarse = fused(tables)
     nodes = coarse.nodes.merge(coarse.ops[["name", "time_s"]], on="name")
     graph = pipeline_graph(nodes, coarse.tensors)
     part = partition_graph(graph, range_tables(graph), 2, tolerance=0.02)
@@ -122,32 +110,3 @@ def test_plan_comparison_costs_each_compute_of_a_timed_group_at_its_fused_time()
     assert fused.problem_ops == 2 and fused.solve_s_vs_raw == pytest.approx(0.5)
     assert fused.planned_s_vs_raw == pytest.approx(1.0) and fused.graph_ops == 5
     assert pd.isna(table.set_index("graph").loc["raw", "planned_fused_kernels_s"])
-
-
-@pytest.mark.parametrize("model", ["tiny_gpt2", "small_cnn"])
-def test_phase_groups_keep_the_rule_within_each_phase_and_cross_it_forward_only(model, request):
-    """Each phase's groups, without the saved views that joined them, pass the independent checker on that
-    phase's computing ops; a joined view reads only its group's ops; every group lies in one phase; and the
-    phase-wise graph is coarser than the `fuse` rule's on the whole step."""
-    _, _, _, tables = request.getfixturevalue(model)
-    nodes, tensors = tables.nodes, tables.tensors
-    doc = phase_groups(nodes, tensors, inductor_table())
-    phase = dict(zip(nodes.name, nodes.phase))
-    rows = nodes.set_index("name")
-    outputs = set(tensors.loc[tensors.is_graph_output.astype(bool), "node"])
-    for ph in dict.fromkeys(nodes.phase):
-        kept = computing_ops(nodes[nodes.phase == ph], outputs)
-        graph = graph_from_export(kept, tensors)
-        mine = [g for g in doc["groups"] if g["phase"] == ph]
-        core = [{**g, "nodes": [n for n in g["nodes"] if n not in g["saved_views"]]} for g in mine]
-        names = set(graph.names)
-        eligible = {n for g in core for n in g["nodes"]}
-        assert eligible <= names
-        edges = [(graph.names[u], graph.names[v]) for u, v in graph.edges()]
-        assert check_grouping(graph.names, edges, eligible, core) == []
-        for g in mine:
-            assert {phase[n] for n in g["nodes"]} == {ph}
-            for view in g["saved_views"]:
-                assert rows.at[view, "is_view"] and set(rows.at[view, "input_nodes"]) & set(g["nodes"])
-    _, _, step = fused(tables, "step")
-    assert doc["stats"]["ops_coarse"] < step.stats["ops_coarse"]

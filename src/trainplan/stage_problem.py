@@ -6,8 +6,7 @@ output is its first new storage, and each further new storage of a multi-output 
 alone), taken as soon as the kernel first runs; the first op's ``workspace`` is the bytes of those further
 outputs, which the kernel holds while it runs.
 View/alias nodes (no new storage) are folded into the op that produced their base, and their time is
-added to it; a view of a fused group's output is folded into that group's op instead, since the group
-runs after its base's op and the view reads what the group made. An op whose storage a later node changes in place may be neither recomputed nor swapped.
+added to it. An op whose storage a later node changes in place may be neither recomputed nor swapped.
 Storages read by the stage but produced by another stage are boundary inputs: zero-time ops, placed
 just before their first reader, that may not be recomputed (they are received, not computed). Storages the stage hands on (read by another stage, or graph outputs such as gradients and
 the loss) are `keep`.
@@ -76,8 +75,6 @@ def stage_problem(
     boundary: dict[str, dict[str, Any]] = {}
     storage_op: dict[int, str] = {}
     fixed_used: set[int] = set()
-    op_of_node: dict[str, dict[str, Any]] = {}  # graph node -> the problem op that runs it
-    fused_ops: set[str] = set()
 
     def new_op(op_id: str, storages: list[int], *, time: float = 0.0, inputs: list[str] | None = None,
                is_boundary: bool = False) -> dict[str, Any]:
@@ -105,8 +102,6 @@ def stage_problem(
         internal = _internal_storages(row)
         if own or not out_storages or mutates or internal:
             op = new_op(name, own[:1])
-            if members != [name]:
-                fused_ops.add(name)
             # A further output is taken from the kernel's run: it reads the first output and the kernel's
             # inputs (all are held while the kernel runs) and cannot be recomputed alone: keep or swap it.
             extras = [new_op(f"{name}#{i}", [sid], inputs=[name]) for i, sid in enumerate(own[1:], start=1)]
@@ -117,14 +112,10 @@ def stage_problem(
             if internal:  # a fused group's storages that never leave it: held while it runs, freed after
                 op["internal"] = internal
                 op["workspace"] += int(row.internal_bytes)
-        else:  # a view: folded into the op holding its base storage, or into the fused group it views
+        else:  # a view: folded into the op holding its base storage
             extras = []
             base = source(out_storages[0])
             op = ops.get(base) or boundary[base]
-            groups = [op_of_node[n] for n in row.input_nodes if n in op_of_node and op_of_node[n]["id"] in fused_ops]
-            if groups and op["id"] != groups[-1]["id"] and op.get("of") != groups[-1]["id"]:
-                op = groups[-1]  # a view of its own output (or of a further output of it) stays with that output
-        op_of_node[name] = op
         op["nodes"] += members
         op["time"] += float(row.time_s)
         if any(o.startswith(RANDOM_OPS) for o in member_ops):

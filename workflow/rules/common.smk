@@ -200,17 +200,6 @@ def fuse_table_files(wildcards):
     return [study_file(spec["table"])] if "table" in spec else []
 
 
-def coarsen_groups_files(wildcards):
-    """The `fuse` rule's groups and, where measured, their fused times: what `coarsen` contracts with
-    `fuse.plan_scope: step` (none with `phases`: coarsen partitions the phases itself)."""
-    if config["fuse"]["plan_scope"] != "step":
-        return {}
-    files = {"groups": "results/fuse/{model}/{device}/{target}/groups.json".format(**wildcards)}
-    if wildcards.target in config["fuse"]["measure"]["targets"]:
-        files["measure"] = "results/fuse/{model}/{device}/{target}/measure.parquet".format(**wildcards)
-    return files
-
-
 def fuse_measure_files(wildcards):
     """Per-group fused/unfused times of the wildcard's model and target, when that target is measured."""
     if wildcards.target in config["fuse"]["measure"]["targets"]:

@@ -136,10 +136,10 @@ rule plot_fuse:
 rule coarsen:
     input:
         unpack(traced_graph_inputs),
-        unpack(coarsen_groups_files),
         profile="results/profile/{model}/{device}/ops.parquet",
         profile_summary="results/profile/{model}/{device}/summary.json",
-        table=fuse_table_files,
+        groups="results/fuse/{model}/{device}/{target}/groups.json",
+        measure=fuse_measure_files,
     output:
         nodes="results/fuse/{model}/{device}/{target}/graph/nodes.parquet",
         tensors="results/fuse/{model}/{device}/{target}/graph/tensors.parquet",
@@ -149,12 +149,7 @@ rule coarsen:
     log:
         "logs/coarsen/{model}/{device}/{target}.log",
     params:
-        scope=config["fuse"]["plan_scope"],
-        target=lambda wildcards: config["fuse"]["targets"][wildcards.target],  # the table file is an input
-        code=code_version(
-            "fuse.coarsen", "artifacts", "fuse.phases", "fuse.graph", "fuse.support", "fuse.prune", "fuse.merge",
-            "fuse.partitioner", "fuse.check", "fuse.exported",
-        ),
+        code=code_version("fuse.coarsen", "artifacts"),
     wildcard_constraints:
         model=RAW_MODEL,
         target=FUSE_TARGET,

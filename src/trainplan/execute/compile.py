@@ -268,11 +268,11 @@ class _Compiler:
     def compute(self, st: _Stage, op_id: str) -> None:
         op = st.layout.ops[op_id]
         if op.boundary:
-            foreign = self._foreign(st, op.storages)
+            own = {n.name for o in st.layout.ops.values() if not o.boundary for n in o.nodes}
             for sid in op.storages:  # viewed as every node of another stage on it (this stage reads some)
                 storage = self.channel[sid]
                 for slot in self.slots_on[sid]:
-                    if slot[0] in foreign:
+                    if slot[0] not in own:
                         self._hold(st, slot, self._call(view, storage, *slot_meta(self.layout.nodes[slot[0]], slot[1])))
         for node in op.nodes:
             self._emit(st, node, op_id, op.storages)
@@ -290,11 +290,6 @@ class _Compiler:
                 self.channel[sid] = self._call(send, st.env[next(s for s in self.slots_on[sid] if s in st.env)])
                 self.enter(stage, op.boundary)
         st.computed.add(op_id)
-
-    def _foreign(self, st: _Stage, sids: tuple[int, ...]) -> set[str]:
-        """Nodes of other stages with a view on the received storages ``sids``: the boundary op stands for them."""
-        own = {n.name for o in st.layout.ops.values() if not o.boundary for n in o.nodes}
-        return {slot[0] for sid in sids for slot in self.slots_on[sid] if slot[0] not in own}
 
     def _on(self, st: _Stage, sids: set[int]) -> list[Slot]:
         return [s for s in st.env if self.layout.storage[s] in sids]
@@ -327,7 +322,7 @@ class _Compiler:
 
     def swap_in(self, st: _Stage, op_id: str) -> None:
         op = st.layout.ops[op_id]
-        names = {n.name for n in op.nodes} | (self._foreign(st, op.storages) if op.boundary else set())
+        names = {n.name for n in op.nodes}
         for sid in op.storages:
             self._restore(st, sid, names)
             st.resident.add(sid)
