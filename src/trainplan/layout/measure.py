@@ -212,14 +212,14 @@ def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing) -> dict[
     for group in graph.groups:
         names = [op.name for op in graph.ops if op.group == group]
         row = {"group": group, "n_ops": len(names), "ops": ";".join(sorted(set(names))), "error": ""}
-        for lay in layouts:
-            try:
-                with gc_paused():
+        with gc_paused():
+            for lay in layouts:
+                try:
                     fwd, bwd = _fwd_bwd(group_forward(graph, group, lay, timing.device), timing) if names else (0.0, 0.0)
-            except (RuntimeError, TypeError, ValueError) as exc:
-                fwd = bwd = float("nan")
-                row["error"] = f"{lay}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            row[f"fwd_{lay}"], row[f"bwd_{lay}"] = fwd, bwd
+                except (RuntimeError, TypeError, ValueError) as exc:
+                    fwd = bwd = float("nan")
+                    row["error"] = f"{lay}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                row[f"fwd_{lay}"], row[f"bwd_{lay}"] = fwd, bwd
         group_rows.append(row)
     for (src, dst), shapes in graph.edges.items():
         row = {"src": src, "dst": dst, "shapes": [list(s) for s in shapes]}
