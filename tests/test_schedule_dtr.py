@@ -56,3 +56,18 @@ def test_a_large_recompute_only_graph_at_80_percent_gets_a_plan():
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
     events = dtr_plan(p, budget, allow_swap=False)
     assert events is not None and replay(p, events, budget).peak_bytes <= budget
+
+
+def test_short_chains_failing_the_plan_is_made_with_chains_of_any_length(monkeypatch):
+    """The 500-op layered DAG, seed 1, at 80%: no plan restores every gap with at most MAX_CHAIN recomputes;
+    with chains of any length one does, and it fits."""
+    import trainplan.schedule.dtr as dtr
+    p = layered_graph(500, 1)
+    budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
+    monkeypatch.setattr(dtr, "MAX_CHAIN", p.n)  # only the unbounded plans
+    unbounded = dtr_plan(p, budget, allow_swap=False)
+    monkeypatch.setattr(dtr, "MAX_CHAIN", 30)
+    assert dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, 30) is None
+    events = dtr_plan(p, budget, allow_swap=False)
+    assert events is not None and events == unbounded
+    assert replay(p, events, budget).peak_bytes <= budget

@@ -13,7 +13,7 @@ from trainplan.schedule.chain import adjoint_chain
 from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
 from trainplan.schedule.mip import model_variables, solve_mip
 from trainplan.schedule.solve import min_feasible_budget
-from trainplan.schedule.synthetic import training_graph
+from trainplan.schedule.synthetic import layered_graph, training_graph
 
 solve_module = importlib.import_module("trainplan.schedule.solve")  # the package exports the function `solve`
 
@@ -115,3 +115,26 @@ def test_deterministic_shares_do_not_depend_on_wall_time(monkeypatch, workers):
         runs.append((sorted(limits), s.bound, s.events))  # with 2 workers two runs start at once, in either order
     assert len(runs[0][0]) >= 4
     assert runs[0] == runs[1]
+
+
+def test_a_greedy_run_slower_than_its_time_cap_is_abandoned():
+    p = layered_graph(120, 0)
+    budget = int(0.85 * replay(p, no_recompute_events(p)).peak_bytes)
+    events = greedy(p, budget, allow_swap=False, policy="cost")
+    assert events is not None
+    t = replay(p, events, budget).time
+    assert greedy(p, budget, allow_swap=False, policy="cost", time_cap=t) == events  # as fast as the cap: kept
+    assert greedy(p, budget, allow_swap=False, policy="cost", time_cap=0.999 * t) is None
+
+
+def test_a_schedule_found_in_the_shortened_attempt_gets_the_rest_of_the_limit(monkeypatch):
+    """No fast schedule fits, so the budget looks infeasible and the attempt gets a share of the limit; CP-SAT
+    finds one there: the rest of the limit improves it (CP-SAT from it, then LNS), never to a worse one."""
+    p = layered_graph(80, 0)
+    p = p.with_budget(int(0.85 * replay(p, no_recompute_events(p)).peak_bytes))
+    monkeypatch.setattr(solve_module, "best_heuristic", lambda *args, **kwargs: (None, "", None))
+    s = solve(p, 8, 2, 0)
+    assert s.ok and s.extra["budget_status"] == "met" and s.budget_bytes == p.budget_bytes
+    improve = s.extra["improve_mip"]
+    assert s.time <= improve["objective_before"] + 1e-9
+    assert replay(p, s.events, p.budget_bytes).time == s.time

@@ -4,11 +4,14 @@ whose cost, recomputed from the events, is the objective it reports."""
 from __future__ import annotations
 
 import pytest
+from ortools.sat.python import cp_model
 
-from trainplan.schedule import replay
+from trainplan.schedule import replay, solve
 from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.lns import WINDOW_BLOCKS, _windows
-from trainplan.schedule.mip import objective_ticks, solve_mip, time_unit
+from trainplan.schedule.lns import WINDOW_BLOCKS, _windows, improve
+from trainplan.schedule.dtr import dtr_plan
+from trainplan.schedule.mip import (HINT_MAX_GROWTH, _add_hint, _build, _grid, byte_unit, copies_from_events, model_variables,
+                                   objective_ticks, solve_mip, time_unit)
 from trainplan.schedule.synthetic import layered_graph
 
 
@@ -33,3 +36,50 @@ def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic):
     rep = replay(p, r.events, p.budget_bytes)  # raises if invalid or over the budget
     assert rep.peak_bytes <= p.budget_bytes
     assert objective_ticks(p, r.events) * time_unit(p) == pytest.approx(lns["objective"])
+
+
+def test_a_sweep_that_improves_nothing_doubles_the_window_up_to_the_whole_order():
+    """From an optimal solution no window improves: windows of 40, 80 and then 160 >= 100 blocks (the whole
+    order) are each swept once, and the solution comes back unchanged."""
+    p = layered_graph(100, 0)  # at 90% of the plain peak, the solver proves a schedule optimal
+    p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
+    best = solve(p, 10, 2, 0)
+    assert best.status == "optimal"
+    hint_copies, cover, used = copies_from_events(p, best.events)
+    g = _grid(p, None, None, hint_copies, used, None)
+    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
+    _add_hint(p, g, model, hint_copies, cover)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers, solver.parameters.max_time_in_seconds = 2, 10
+    assert solver.Solve(model.m) == cp_model.OPTIMAL
+    objective = round(solver.ObjectiveValue())
+
+    def make_solver(seconds: float) -> cp_model.CpSolver:
+        one = cp_model.CpSolver()
+        one.parameters.num_workers, one.parameters.max_time_in_seconds = 2, seconds
+        return one
+
+    found = improve(model, g.fpos, g.base, g.horizon, list(solver.ResponseProto().solution), objective, 6.0,
+                    make_solver, deterministic=False)
+    sizes = [WINDOW_BLOCKS]
+    while sizes[-1] < p.n:
+        sizes.append(2 * sizes[-1])
+    assert sizes == [40, 80, 160]
+    assert found.improved == 0 and found.sweeps == len(sizes) and found.objective == objective
+    assert found.windows == sum(len(_windows(p.n, g.base, g.horizon, blocks)) for blocks in sizes)
+
+
+def test_a_hint_raises_only_the_ops_it_holds_longer_where_raising_every_op_would_grow_the_model():
+    """The DTR plan of the 250-op layered DAG (seed 1) at 80% holds a few ops in up to 6 periods: 6 copies for
+    every op would more than double the model, so only those ops get more than the default 2; CP-SAT from
+    that hint returns a valid schedule no slower than it."""
+    p = layered_graph(250, 1)
+    p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
+    hint = dtr_plan(p, p.budget_bytes, allow_swap=False, restarts=8)
+    held = [len(c) for c in copies_from_events(p, hint)[0]]
+    assert model_variables(p, [max(held)] * p.n) > HINT_MAX_GROWTH * model_variables(p, [2] * p.n)
+    r = solve_mip(p, p.budget_bytes, time_limit_s=3, workers=2, seed=0, hint=hint)
+    plain = solve_mip(p, p.budget_bytes, time_limit_s=0.2, workers=2, seed=0)
+    assert r.stats["copies"] == max(held) and plain.stats["copies"] == 2
+    assert plain.stats["variables"] < r.stats["variables"] <= HINT_MAX_GROWTH * plain.stats["variables"]
+    assert replay(p, r.events, p.budget_bytes).time <= replay(p, hint).time

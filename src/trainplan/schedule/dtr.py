@@ -103,13 +103,24 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
     """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
     the deadline passed). ``restarts``: that many more plans with the scores perturbed by up to
     RESTART_NOISE (seeded: the same plans on any machine, unless the deadline cuts them short); the
-    cheapest replay-valid plan is returned."""
+    cheapest replay-valid plan is returned. If no plan restores every gap with at most MAX_CHAIN
+    recomputes, one plan with chains of any length (slower: tight budgets on wide DAGs, where earlier
+    evictions leave long chains of missing ancestors)."""
     stop = dl.current() if stop is None else stop
+    best = _best_plan(problem, budget_bytes, allow_swap, restarts, seed, stop, MAX_CHAIN)
+    if best is not None or MAX_CHAIN >= problem.n or stop.passed():
+        return best
+    return _best_plan(problem, budget_bytes, allow_swap, 0, seed, stop, problem.n)
+
+
+def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: int, seed: int,
+               stop: dl.Deadline, max_chain: int) -> Events | None:
+    """The cheapest replay-valid plan of 1 + ``restarts`` with chains of at most ``max_chain`` ops."""
     rng = random.Random(seed)
     best: tuple[float, Events] | None = None
     for attempt in range(1 + restarts):
         try:
-            events = _plan(problem, budget_bytes, allow_swap, stop, rng if attempt else None)
+            events = _plan(problem, budget_bytes, allow_swap, stop, rng if attempt else None, max_chain)
         except dl.OutOfTime:
             break
         if events is None:
@@ -123,8 +134,8 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
     return None if best is None else best[1]
 
 
-def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
-          rng: random.Random | None) -> Events | None:
+def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, rng: random.Random | None,
+          max_chain: int) -> Events | None:
     gaps = _Gaps(p)
     mem, live_at = plain_memory(p, stop)
     excess = [m - budget for m in mem]
@@ -149,12 +160,15 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
         k = gaps.covering(w, step)
         return k is None or k not in evicted[w]
 
-    def chain(u: int, b: int) -> tuple[float, list[int], set[int]] | None:
+    def chain(u: int, b: int, cap: float = INF) -> tuple[float, list[int], set[int]] | None:
         """Recomputing u just before step b: (op time of u and of the ancestors that are not on the device
         then, those ancestors and u in program order, the resident tensors they read); None if an
-        ancestor cannot be recomputed, the chain exceeds MAX_CHAIN ops, or its ancestors' bytes (held while
-        step b's restores run, freed before its compute) need more room than that compute."""
+        ancestor cannot be recomputed, the chain exceeds ``max_chain`` ops or costs more than ``cap``, or its
+        ancestors' bytes (held while step b's restores run, freed before its compute) need more room than
+        that compute."""
         members, reads, todo = {u}, set(), [u]
+        cap *= 1 + 1e-9  # a running sum: prune only what is surely dearer
+        spent = p.ops[u].time
         while todo:
             v = todo.pop()
             if not p.ops[v].recompute:
@@ -165,7 +179,8 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
                 elif w not in members:
                     members.add(w)
                     todo.append(w)
-                    if len(members) > MAX_CHAIN:
+                    spent += p.ops[w].time
+                    if len(members) > max_chain or spent > cap:
                         return None
         order = sorted(members)
         extra = chain_peak(p, order)
@@ -174,13 +189,14 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
             return None
         return math.fsum(p.ops[w].time for w in members), order, reads
 
-    def cost(u: int, k: int) -> tuple[float, bool]:
+    def cost(u: int, k: int, cap: float = INF) -> tuple[float, bool]:
+        """Cheapest restore of u's gap k (its cost, whether by swap-in); INF if none costs at most ``cap``."""
         a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
         if any(a < s < b for s in needs_at[u]):  # a reader's recompute needs u inside this gap
             return INF, False
         if b >= p.n:  # a keep op's last stretch: it must be on the device at the end
             return INF, False
-        found = chain(u, b)
+        found = chain(u, b, cap)
         rc = INF if found is None else found[0]
         sw = INF
         if allow_swap and p.ops[u].swap:
@@ -205,14 +221,14 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline,
             if k is None or k in evicted[u]:
                 continue
             stop.check()
-            c, sw = cost(u, k)
-            if c == INF:
-                continue
             a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
             span = counter.prefix(min(b, p.n)) - counter.prefix(a + 1)
-            score = c / (max(1, p.ops[u].bytes) * span)
-            if rng is not None:
-                score *= 1 + RESTART_NOISE * rng.random()
+            weight = (1 + RESTART_NOISE * rng.random() if rng is not None else 1.0) / (max(1, p.ops[u].bytes) * span)
+            # branch and bound: a restore dearer than the best score so far cannot win
+            c, sw = cost(u, k, INF if best is None else best[0] / weight)
+            if c == INF:
+                continue
+            score = c * weight
             key = (score, -p.ops[u].bytes, u, k, sw)
             if best is None or key < best:
                 best = key
@@ -256,12 +272,13 @@ def chain_peak(p: Problem, members: list[int]) -> int:
     """Peak bytes beyond the restored tensor (the last member) of recomputing ``members`` in program order,
     each ancestor freed after its last reader among them, workspace included."""
     last = {w: v for v in members for w in p.inputs[v]}
+    ancestors = set(members[:-1])
     held = peak = 0
     for v in members:
         own = 0 if v == members[-1] else p.ops[v].bytes
         peak = max(peak, held + own + p.ops[v].workspace)
         held += own
-        held -= sum(p.ops[w].bytes for w in p.inputs[v] if last.get(w) == v and w in members and w != members[-1])
+        held -= sum(p.ops[w].bytes for w in p.inputs[v] if w in ancestors and last[w] == v)
     return peak
 
 

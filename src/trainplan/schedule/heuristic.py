@@ -16,6 +16,10 @@ POLICIES = ("cost", "belady")
 INF = math.inf
 
 
+class _OverTimeCap(Exception):
+    """A run's computes already take longer than its ``time_cap``."""
+
+
 class Simulator:
     """Runs ops in program order, rematerialising missing inputs and evicting to stay under a cap.
 
@@ -25,11 +29,13 @@ class Simulator:
     ``stop_at`` (a ``time.perf_counter()`` instant) abandons the run when it is passed, as does the
     current deadline (``deadline.current()``) for a run under a cap or with an ``after_step`` hook (a plain
     uncapped run is linear and always completes); the loops check it at every eviction candidate and
-    rematerialisation, so a run ends within milliseconds of it.
+    rematerialisation, so a run ends within milliseconds of it. ``time_cap`` abandons the run once its
+    computes' op time (a lower bound on the schedule's time) exceeds it: it cannot beat a schedule that fast.
     """
 
     def __init__(self, problem: Problem, budget_bytes: int | None, *, allow_swap: bool = True,
-                 allow_recompute: bool = True, policy: str = "belady", stop_at: float | None = None) -> None:
+                 allow_recompute: bool = True, policy: str = "belady", stop_at: float | None = None,
+                 time_cap: float | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.p = problem
@@ -39,6 +45,8 @@ class Simulator:
         self.resident: set[int] = set()
         self.host: set[int] = set()
         self.used = 0
+        self.time_cap = INF if time_cap is None else time_cap * (1 + 1e-9)  # a running sum: prune surely slower runs
+        self.compute_time = 0.0
         self.events: Events = []
         self.touched: list[int] = []
         # restore_cost depends only on (resident, host); every change to either clears this cache
@@ -60,6 +68,10 @@ class Simulator:
         self._restore.clear()
         self.used += self.p.ops[u].bytes
         self.touched.append(u)
+        if kind == "compute":
+            self.compute_time += self.p.ops[u].time
+            if self.compute_time > self.time_cap:
+                raise _OverTimeCap
 
     def free(self, u: int) -> None:
         self._emit("free", u)
@@ -219,7 +231,7 @@ class Simulator:
                 if after_step is not None and (i + 1 == self.p.n or self.p.ops[i + 1].of is None):
                     after_step(self, i)  # not between a kernel and its further outputs: taken at once
             return self.events if self.finish() else None
-        except dl.OutOfTime:
+        except (dl.OutOfTime, _OverTimeCap):
             return None
 
 
@@ -237,8 +249,9 @@ def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]
     return Simulator(problem, budget_bytes, policy="cost", stop_at=stop_at).run(after_step=follow)
 
 
-def greedy(problem: Problem, budget_bytes: int, *, allow_swap: bool = True,
-           allow_recompute: bool = True, policy: str = "belady", stop_at: float | None = None) -> Events | None:
-    """One greedy run under ``budget_bytes``; None if it could not stay under the cap (or ran past ``stop_at``)."""
+def greedy(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, allow_recompute: bool = True,
+           policy: str = "belady", stop_at: float | None = None, time_cap: float | None = None) -> Events | None:
+    """One greedy run under ``budget_bytes``; None if it could not stay under the cap (or ran past ``stop_at``,
+    or its computes took longer than ``time_cap``)."""
     return Simulator(problem, budget_bytes, allow_swap=allow_swap, allow_recompute=allow_recompute,
-                     policy=policy, stop_at=stop_at).run()
+                     policy=policy, stop_at=stop_at, time_cap=time_cap).run()

@@ -4,8 +4,9 @@ window of blocks, every residency period outside it fixed to the incumbent.
 The model of :mod:`trainplan.schedule.mip` is built once; each window solves a copy of it in which the
 variables of the copies (residency periods) that neither overlap the window nor could start in it are fixed
 to the incumbent's values, hinted with the incumbent (so a window never makes it worse). Windows of
-``WINDOW_BLOCKS`` first computes slide over the order by half a window; sweeps repeat until one improves
-nothing or the time is up. Every window's answer satisfies the whole model, so it is a valid schedule.
+``WINDOW_BLOCKS`` first computes slide over the order by half a window; a sweep that improves nothing doubles
+the window; sweeps repeat until one over the whole order improves nothing or the time is up. Every window's
+answer satisfies the whole model, so it is a valid schedule.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ class LnsResult:
     work_s: float  # seconds of the limit used (deterministic: from each window's deterministic clock)
 
 
-def _windows(n: int, base: list[int], horizon: int) -> list[tuple[int, int]]:
-    """Position ranges [lo, hi) of the windows: WINDOW_BLOCKS blocks, every half window."""
-    step = max(1, WINDOW_BLOCKS // 2)
+def _windows(n: int, base: list[int], horizon: int, blocks: int = WINDOW_BLOCKS) -> list[tuple[int, int]]:
+    """Position ranges [lo, hi) of the windows: ``blocks`` blocks, every half window."""
+    step = max(1, blocks // 2)
     out = []
     for a in range(0, n + 1, step):
-        b = a + WINDOW_BLOCKS
+        b = a + blocks
         out.append((base[a], horizon if b > n else base[b]))
         if b > n:
             break
@@ -111,16 +112,19 @@ def _window_model(base_model: cp_model.CpModel, model, fpos: list[int], solution
 def improve(model, fpos: list[int], base: list[int], horizon: int, solution: list[int], objective: int,
             time_limit_s: float, make_solver, deterministic: bool) -> LnsResult:
     """Window LNS from ``solution`` (objective ``objective``, in ticks) for ``time_limit_s`` seconds of the
-    limit. ``make_solver(seconds)`` returns a configured CP-SAT solver for one window. Stops at the call's
-    deadline, when the limit is used, or after a sweep that improved nothing."""
-    windows = _windows(len(fpos), base, horizon)
-    per_window = max(MIN_WINDOW_S, time_limit_s / (2 * len(windows)))
+    limit. ``make_solver(seconds)`` returns a configured CP-SAT solver for one window. A sweep that improves
+    nothing doubles the window; stops at the call's deadline, when the limit is used, or after such a sweep
+    with a window of the whole order."""
+    n = len(fpos)
+    blocks = WINDOW_BLOCKS
     used, tried, improved, sweeps = 0.0, 0, 0, 0
     best, best_obj = list(solution), objective
     call = dl.current()
     while True:
         sweeps += 1
         before = best_obj
+        windows = _windows(n, base, horizon, blocks)
+        per_window = max(MIN_WINDOW_S, (time_limit_s - used) / (2 * len(windows)))
         for lo, hi in windows:
             if time_limit_s - used < MIN_WINDOW_S or call.left() < MIN_WINDOW_S:
                 return LnsResult(best, best_obj, tried, improved, sweeps, used)
@@ -143,4 +147,6 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         log.info("lns sweep %d: objective %d -> %d (%d windows tried, %.2f s used)", sweeps, before, best_obj,
                  tried, used)
         if best_obj >= before:  # a sweep that improved nothing (the time running out returns above)
-            return LnsResult(best, best_obj, tried, improved, sweeps, used)
+            if blocks >= n:
+                return LnsResult(best, best_obj, tried, improved, sweeps, used)
+            blocks *= 2

@@ -16,7 +16,7 @@ from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.dtr import dtr_plan
 from trainplan.schedule.heuristic import POLICIES, greedy, guided
-from trainplan.schedule.mip import MipResult, SearchStop, copies_from_events, objective_ticks, solve_mip
+from trainplan.schedule.mip import HINT_MAX_GROWTH, MipResult, SearchStop, hint_growth, objective_ticks, solve_mip
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
@@ -31,7 +31,9 @@ HEURISTIC_SHARE = 0.3  # no new greedy variant starts after this share of the ti
 MIP_MIN_SHARE = 0.2  # CP-SAT runs only if this share of the time limit is left (or nothing else was found)
 NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the requested budget gets when no greedy fits
 BISECT_SHARE = 0.5  # share of what is left after a failed first attempt that the bisection probes may use
-RESTRICTED_SHARE = 0.25  # CP-SAT restricted to the relaxation's remat ops: at most this share of the limit
+RESTRICTED_SHARE = 0.25  # CP-SAT restricted to the relaxation's remat ops: at most this share of the limit,
+RESTRICTED_SHARE_WITH_INCUMBENT = 0.1  # or this share once a schedule is known (where it helps it takes < 1 s;
+# on wide DAGs at tight budgets it finds nothing and the time is better spent improving the incumbent)
 STAGED_SHARE = 0.3  # the staged bound (small problems), with one worker: at most this share of the limit (deterministic
 # with 2+ workers it runs beside CP-SAT, and both get all that is left)
 STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at most this many variables per
@@ -46,10 +48,12 @@ DEADLINE_SHARE = 0.9  # every step of a call stops by this share of its time lim
 # replay, writing the schedule and CP-SAT's stop latency (see docs/schedule.md, "Time limit")
 COMPARE_BASELINE_SHARE = 0.5  # compare(): the baselines share this part of the limit, ours gets the rest
 LNS_SHARE = 0.5  # a hinted last CP-SAT run gives this share of its time to window LNS (solve_mip's lns_share)
-HINT_MAX_COPIES = 4  # CP-SAT gets the incumbent as a hint only if no op has more residency periods in it: its
-# grid grows to fit the hint (a greedy schedule of the 100-op layered DAG at 80%: 13 copies, 47k variables
-# and no solution within a 60 s limit); beyond, CP-SAT starts on the default grid and the hint stays the
-# incumbent
+# CP-SAT gets the incumbent as a hint only if the grid grown to fit it has at most mip.HINT_MAX_GROWTH times the
+# variables (a cascading greedy schedule of the 100-op layered DAG at 80% holds one op in 13 periods: 47k
+# variables with 13 copies for every op, no solution in 60 s), and
+HINT_MAX_OVER_BOUND = 2.0  # it takes at most this many times the lower bound: from that greedy schedule (+244%)
+# CP-SAT kept +204% in 60 s, from scratch it found +6%. Otherwise CP-SAT starts on the default grid, without
+# the hint, which stays the incumbent
 GREEDY_VARIANTS = {"swap+recompute": (True, True), "recompute": (False, True), "swap": (True, False)}
 
 
@@ -64,12 +68,13 @@ def _valid(problem: Problem, events: Events | None, budget: int) -> float | None
         return None
 
 
-def cp_hint(problem: Problem, events: Events | None) -> Events | None:
-    """``events`` as a CP-SAT hint, or None where they hold some op in more than HINT_MAX_COPIES periods."""
-    if events is None:
+def cp_hint(problem: Problem, events: Events | None, bound_s: float, copies: int | None = None) -> Events | None:
+    """``events`` as a CP-SAT hint; None where they take more than HINT_MAX_OVER_BOUND times the lower bound
+    ``bound_s``, or fitting them would grow the model more than HINT_MAX_GROWTH times
+    (:func:`mip.hint_growth`)."""
+    if events is None or replay(problem, events).time > HINT_MAX_OVER_BOUND * bound_s:
         return None
-    copies, _, _ = copies_from_events(problem, events)
-    return events if max(map(len, copies), default=0) <= HINT_MAX_COPIES else None
+    return events if hint_growth(problem, events, copies) <= HINT_MAX_GROWTH else None
 
 
 def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, deadline_s: float | None = None,
@@ -107,7 +112,8 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
     for label, (allow_swap, allow_rc) in GREEDY_VARIANTS.items():
         for policy in POLICIES:
             events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
-                            stop_at=first_stop.end if best is None else min(call.end, stop_at or call.end))
+                            stop_at=first_stop.end if best is None else min(call.end, stop_at or call.end),
+                            time_cap=None if best is None else best[0])  # a run slower than the best stops
             t = _valid(problem, events, budget)
             if t is not None and (best is None or t < best[0]):
                 best = (t, events, f"greedy-{policy}-{label}")
@@ -179,6 +185,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     t0 = clock.t0
     events, name, first = best_heuristic(problem, budget, deadline_s=HEURISTIC_SHARE * time_limit_s,
                                          first_deadline_s=limit_if_no_heuristic_s)
+    full = (clock.limit_s, clock.wall_limit_s)  # restored if the shortened attempt finds a schedule
     if events is None and limit_if_no_heuristic_s is not None:
         time_limit_s = clock.limit_s = min(time_limit_s, limit_if_no_heuristic_s)
         clock.wall_limit_s = min(clock.wall_limit_s, limit_if_no_heuristic_s)
@@ -201,7 +208,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         proof = floor_proof(problem, budget) or RELAXATION_PROOF
         return set_budget_status(no_schedule(budget, "ours", time.perf_counter() - t0, f"proven infeasible ({proof})",
                                              extra), "proven_infeasible", proof)
-    share = min(RESTRICTED_SHARE * time_limit_s, clock.left())
+    share = min((RESTRICTED_SHARE if inc.events is None else RESTRICTED_SHARE_WITH_INCUMBENT) * time_limit_s,
+                clock.left())
     if relax.evict and min(share, clock.wall_left()) > MIN_STEP_S and (
             inc.events is None or objective_ticks(problem, inc.events) > relax.ticks):
         r_events, extra["restricted_mip"], work = _restricted_mip(problem, budget, relax, share, workers, seed,
@@ -224,11 +232,34 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
                         {"note": f"{min(remaining, clock.wall_left()):.1f} s left"})
     elif res is None:  # after the staged model (or instead of it), from the best schedule and bound
         res = solve_mip(problem, budget, time_limit_s=max(0.1, remaining), workers=workers, seed=seed,
-                        hint=cp_hint(problem, inc.events), copies=copies, lower_bound_ticks=best.ticks,
+                        hint=cp_hint(problem, inc.events, best.seconds, copies), copies=copies,
+                        lower_bound_ticks=best.ticks,
                         deterministic=deterministic, verbose=verbose, wall_cap_s=clock.wall_left(),
                         lns_share=LNS_SHARE)
+        clock.charge(res.work_s)
+    if (clock.limit_s, clock.wall_limit_s) != full and not proven and _valid(problem, res.events, budget) is not None:
+        res = _improve(problem, budget, res, best, clock, full, workers, seed, copies, verbose, extra)
     sched = _answer(problem, budget, inc, best, proven, res, t0, extra)
     return set_budget_status(sched, "met" if sched.ok else "not_found")
+
+
+def _improve(problem: Problem, budget: int, res: MipResult, best: Bound, clock: _Clock, full: tuple[float, float],
+             workers: int, seed: int, copies: int | None, verbose: bool, extra: dict[str, Any]) -> MipResult:
+    """After an attempt shortened because no greedy schedule fit (the budget looked infeasible), CP-SAT
+    found one: the budget is met, so the rest of the full limit goes to improving that schedule (CP-SAT
+    from it as a hint, then window LNS). The better of the two results."""
+    clock.limit_s, clock.wall_limit_s = full
+    left = min(clock.left(), clock.wall_left())
+    if left < MIP_MIN_SHARE * clock.limit_s or cp_hint(problem, res.events, best.seconds, copies) is None:
+        return res
+    more = solve_mip(problem, budget, time_limit_s=left, workers=workers, seed=seed, hint=res.events,
+                     copies=copies, lower_bound_ticks=best.ticks, deterministic=clock.deterministic,
+                     verbose=verbose, wall_cap_s=clock.wall_left(), lns_share=LNS_SHARE)
+    clock.charge(more.work_s)
+    extra["improve_mip"] = {"status": more.status, "objective_before": res.objective_s,
+                            "objective": more.objective_s, "wall_seconds": round(more.wall_s, 3)}
+    before, after = _valid(problem, res.events, budget), _valid(problem, more.events, budget)
+    return more if after is not None and after < before else res
 
 
 def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, clock: _Clock, workers: int,
@@ -239,7 +270,7 @@ def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, 
     left = clock.left()
     # with 2+ workers a deterministic CP-SAT run from the incumbent goes beside the staged model (one worker
     # each); without a usable hint CP-SAT runs after it, its workers interleaved
-    hint = cp_hint(problem, inc.events)
+    hint = cp_hint(problem, inc.events, relax.seconds, copies)
     beside = workers >= 2 and clock.deterministic and hint is not None
     share = _staged_share(problem, left, clock.limit_s, parallel=beside)
     if share is None:
