@@ -1,5 +1,6 @@
-"""Window LNS (schedule/lns.py) after a hinted CP-SAT run: never worse, and its answer is a valid schedule
-whose cost, recomputed from the events, is the objective it reports."""
+"""Window LNS (schedule/lns.py) after a hinted CP-SAT run: never worse, its answer a valid schedule whose cost,
+recomputed from the events, is the objective it reports, and its window doubled after a sweep without gain; and
+which hints CP-SAT takes, on what grid."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from ortools.sat.python import cp_model
 
 from trainplan.schedule import replay, solve
 from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.lns import WINDOW_BLOCKS, _windows, improve
 from trainplan.schedule.dtr import dtr_plan
+from trainplan.schedule.lns import WINDOW_BLOCKS, _windows, improve
 from trainplan.schedule.mip import (HINT_MAX_GROWTH, _add_hint, _build, _grid, byte_unit, copies_from_events, model_variables,
                                    objective_ticks, solve_mip, time_unit)
+from trainplan.schedule.solve import HINT_MAX_OVER_BOUND, cp_hint
 from trainplan.schedule.synthetic import layered_graph
 
 
@@ -83,3 +85,14 @@ def test_a_hint_raises_only_the_ops_it_holds_longer_where_raising_every_op_would
     assert r.stats["copies"] == max(held) and plain.stats["copies"] == 2
     assert plain.stats["variables"] < r.stats["variables"] <= HINT_MAX_GROWTH * plain.stats["variables"]
     assert replay(p, r.events, p.budget_bytes).time <= replay(p, hint).time
+
+
+def test_a_hint_far_above_the_bound_is_refused():
+    """CP-SAT stays near its hint: one taking more than HINT_MAX_OVER_BOUND x the lower bound is not given."""
+    p = layered_graph(250, 1)
+    p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
+    hint = dtr_plan(p, p.budget_bytes, allow_swap=False, restarts=8)
+    t = replay(p, hint).time
+    assert cp_hint(p, hint, t / HINT_MAX_OVER_BOUND) == hint
+    assert cp_hint(p, hint, 0.99 * t / HINT_MAX_OVER_BOUND) is None
+    assert cp_hint(p, None, t) is None

@@ -31,9 +31,7 @@ HEURISTIC_SHARE = 0.3  # no new greedy variant starts after this share of the ti
 MIP_MIN_SHARE = 0.2  # CP-SAT runs only if this share of the time limit is left (or nothing else was found)
 NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the requested budget gets when no greedy fits
 BISECT_SHARE = 0.5  # share of what is left after a failed first attempt that the bisection probes may use
-RESTRICTED_SHARE = 0.25  # CP-SAT restricted to the relaxation's remat ops: at most this share of the limit,
-RESTRICTED_SHARE_WITH_INCUMBENT = 0.1  # or this share once a schedule is known (where it helps it takes < 1 s;
-# on wide DAGs at tight budgets it finds nothing and the time is better spent improving the incumbent)
+RESTRICTED_SHARE = 0.25  # CP-SAT restricted to the relaxation's remat ops: at most this share of the limit
 STAGED_SHARE = 0.3  # the staged bound (small problems), with one worker: at most this share of the limit (deterministic
 # with 2+ workers it runs beside CP-SAT, and both get all that is left)
 STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at most this many variables per
@@ -208,8 +206,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         proof = floor_proof(problem, budget) or RELAXATION_PROOF
         return set_budget_status(no_schedule(budget, "ours", time.perf_counter() - t0, f"proven infeasible ({proof})",
                                              extra), "proven_infeasible", proof)
-    share = min((RESTRICTED_SHARE if inc.events is None else RESTRICTED_SHARE_WITH_INCUMBENT) * time_limit_s,
-                clock.left())
+    share = min(RESTRICTED_SHARE * time_limit_s, clock.left())
     if relax.evict and min(share, clock.wall_left()) > MIN_STEP_S and (
             inc.events is None or objective_ticks(problem, inc.events) > relax.ticks):
         r_events, extra["restricted_mip"], work = _restricted_mip(problem, budget, relax, share, workers, seed,
