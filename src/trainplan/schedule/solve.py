@@ -46,12 +46,10 @@ DEADLINE_SHARE = 0.9  # every step of a call stops by this share of its time lim
 # replay, writing the schedule and CP-SAT's stop latency (see docs/schedule.md, "Time limit")
 COMPARE_BASELINE_SHARE = 0.5  # compare(): the baselines share this part of the limit, ours gets the rest
 LNS_SHARE = 0.5  # a hinted last CP-SAT run gives this share of its time to window LNS (solve_mip's lns_share)
-# CP-SAT gets the incumbent as a hint only if the grid grown to fit it has at most mip.HINT_MAX_GROWTH times the
-# variables (a cascading greedy schedule of the 100-op layered DAG at 80% holds one op in 13 periods: 47k
-# variables with 13 copies for every op, no solution in 60 s), and
-HINT_MAX_OVER_BOUND = 2.0  # it takes at most this many times the lower bound: from that greedy schedule (+244%)
-# CP-SAT kept +204% in 60 s, from scratch it found +6%. Otherwise CP-SAT starts on the default grid, without
-# the hint, which stays the incumbent
+HINT_MAX_OVER_BOUND = 2.0  # CP-SAT gets the incumbent as a hint only if it takes at most this many times the
+# lower bound (and its grid grows at most mip.HINT_MAX_GROWTH times): from a +244% greedy schedule of the 100-op
+# layered DAG at 80% CP-SAT kept +204% in 60 s, from scratch it found +6%. Otherwise CP-SAT starts on the
+# default grid, without the hint, which stays the incumbent
 GREEDY_VARIANTS = {"swap+recompute": (True, True), "recompute": (False, True), "swap": (True, False)}
 
 
@@ -234,17 +232,20 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
                         deterministic=deterministic, verbose=verbose, wall_cap_s=clock.wall_left(),
                         lns_share=LNS_SHARE)
         clock.charge(res.work_s)
-    if (clock.limit_s, clock.wall_limit_s) != full and not proven and _valid(problem, res.events, budget) is not None:
-        res = _improve(problem, budget, res, best, clock, full, workers, seed, copies, verbose, extra)
+    shortened = (clock.limit_s, clock.wall_limit_s) != full
+    found = _valid(problem, res.events, budget) if shortened and not proven else None
+    if found is not None:
+        res = _improve(problem, budget, res, found, best, clock, full, workers, seed, copies, verbose, extra)
     sched = _answer(problem, budget, inc, best, proven, res, t0, extra)
     return set_budget_status(sched, "met" if sched.ok else "not_found")
 
 
-def _improve(problem: Problem, budget: int, res: MipResult, best: Bound, clock: _Clock, full: tuple[float, float],
-             workers: int, seed: int, copies: int | None, verbose: bool, extra: dict[str, Any]) -> MipResult:
+def _improve(problem: Problem, budget: int, res: MipResult, res_time: float, best: Bound, clock: _Clock,
+             full: tuple[float, float], workers: int, seed: int, copies: int | None, verbose: bool,
+             extra: dict[str, Any]) -> MipResult:
     """After an attempt shortened because no greedy schedule fit (the budget looked infeasible), CP-SAT
-    found one: the budget is met, so the rest of the full limit goes to improving that schedule (CP-SAT
-    from it as a hint, then window LNS). The better of the two results."""
+    found one (replayed time ``res_time``): the budget is met, so the rest of the full limit goes to
+    improving that schedule (CP-SAT from it as a hint, then window LNS). The better of the two results."""
     clock.limit_s, clock.wall_limit_s = full
     left = min(clock.left(), clock.wall_left())
     if left < MIP_MIN_SHARE * clock.limit_s or cp_hint(problem, res.events, best.seconds, copies) is None:
@@ -255,8 +256,8 @@ def _improve(problem: Problem, budget: int, res: MipResult, best: Bound, clock: 
     clock.charge(more.work_s)
     extra["improve_mip"] = {"status": more.status, "objective_before": res.objective_s,
                             "objective": more.objective_s, "wall_seconds": round(more.wall_s, 3)}
-    before, after = _valid(problem, res.events, budget), _valid(problem, more.events, budget)
-    return more if after is not None and after < before else res
+    after = _valid(problem, more.events, budget)
+    return more if after is not None and after < res_time else res
 
 
 def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, clock: _Clock, workers: int,
