@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from trainplan.align.execute import naive_pad, pad_view
 from trainplan.align.problem import Problem, naive_numel
-
-
-def median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from trainplan.align.speed import OpClock
 
 
 def padding_times(bound: dict[str, Any], problem: Problem, padded: dict[str, int] | None, q: int,
@@ -31,13 +17,13 @@ def padding_times(bound: dict[str, Any], problem: Problem, padded: dict[str, int
 
     ``padded`` None (no neutral layout) means ours is the naive padding.
     """
-    ours = naive = 0.0
+    clock, ours, naive = OpClock(repeats, warmup), 0.0, 0.0
     for t in problem.tensors:
         x = bound.get(t.role)
         if not isinstance(x, torch.Tensor):
             continue
         if naive_numel(t.shape, q) > t.numel():
-            naive += median_time(lambda: naive_pad(x, q), repeats, warmup)
+            naive += clock.time(lambda: naive_pad(x, q), x.device)
         if padded is not None and any(a in padded for a in t.view):
-            ours += median_time(lambda: pad_view(x, t, problem, padded), repeats, warmup)
+            ours += clock.time(lambda: pad_view(x, t, problem, padded), x.device)
     return (naive if padded is None else ours), naive

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ def pad_view(x: torch.Tensor, t: TensorView, problem: Problem, padded: dict[str,
     target = [padded.get(a, s) for a, s in zip(t.view, sizes)]
     if target == sizes:
         return y
-    out = torch.empty(target, dtype=y.dtype)
+    out = torch.empty(target, dtype=y.dtype, device=y.device)
     out[tuple(slice(0, s) for s in sizes)] = y
     for i, a in enumerate(t.view):
         if target[i] > sizes[i]:
@@ -57,7 +58,10 @@ def unpad_view(y: torch.Tensor, sizes: list[int], shape: tuple[int, ...]) -> tor
     return y[tuple(slice(0, s) for s in sizes)].reshape(shape)
 
 
-def _call(target: Any, kwargs: dict[str, Any]) -> Any:
+Call = Callable[[Any, dict[str, Any]], Any]
+
+
+def emulated_call(target: Any, kwargs: dict[str, Any]) -> Any:
     """Run the op; matmul-family ops in fp16 with fp32 accumulation, as the overflow stage runs them."""
     if str(getattr(target, "overloadpacket", "")) in EMULATED_FP16 and any(
             isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in kwargs.values()):
@@ -65,11 +69,16 @@ def _call(target: Any, kwargs: dict[str, Any]) -> Any:
     return target(**kwargs)
 
 
+def native_call(target: Any, kwargs: dict[str, Any]) -> Any:
+    """Run the op with the device's own kernels (fp16 matmuls on tensor cores on a GPU)."""
+    return target(**kwargs)
+
+
 class _Run:
     """One padded run: the op's bound arguments, its views and the planned sizes."""
 
-    def __init__(self, target: Any, bound: dict[str, Any], problem: Problem, padded: dict[str, int]) -> None:
-        self.target, self.bound, self.problem, self.padded = target, dict(bound), problem, padded
+    def __init__(self, target: Any, bound: dict[str, Any], problem: Problem, padded: dict[str, int], call: Call) -> None:
+        self.target, self.bound, self.problem, self.padded, self.call = target, dict(bound), problem, padded, call
         self.views = {t.role: t for t in problem.tensors}
 
     def size(self, axis: str, padded: bool = True) -> int:
@@ -96,7 +105,7 @@ def _elementwise(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
         if isinstance(v, torch.Tensor) and v.dim() > 0 or (isinstance(v, torch.Tensor) and math.prod(shape) > 1):
             flat = v.expand(shape).reshape(-1)
             args[name] = torch.cat([flat, flat.new_zeros(n_pad - n)]) if n_pad > n else flat
-    value = _call(run.target, args)
+    value = run.call(run.target, args)
     return tree_map(lambda y: y[:n].reshape(shape) if isinstance(y, torch.Tensor) else y, value)
 
 
@@ -109,7 +118,7 @@ def _softmax(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
     for role in _tensor_roles(run):
         args[role] = run.padded_arg(role, exec_shape)
     args["dim"] = 1
-    y = _call(run.target, args)
+    y = run.call(run.target, args)
     return unpad_view(y, [run.size("R", False), run.size("M", False)] if len(exec_shape) == 2
                       else [run.size("R", False), shape[d], math.prod(shape[d + 1:])], out_shapes[0])
 
@@ -118,7 +127,7 @@ def _matmul(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
     args = dict(run.bound)
     for role in _tensor_roles(run):
         args[role] = run.padded_arg(role)
-    y = _call(run.target, args)
+    y = run.call(run.target, args)
     out_view = next(t.view for t in run.problem.tensors if t.role == "out0")
     return run.out(y, out_view, out_shapes[0])
 
@@ -133,17 +142,17 @@ def _pool(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
     if backward:
         probe = torch.ops.aten.max_pool2d_with_indices.default(args["self"], *[run.bound[k] for k in ("kernel_size", "stride", "padding", "dilation", "ceil_mode")])[0]
         g = args["grad_output"]
-        go = torch.zeros(probe.shape, dtype=g.dtype)
+        go = torch.zeros(probe.shape, dtype=g.dtype, device=g.device)
         go[: g.shape[0], :, : g.shape[2], : g.shape[3]] = g
         args["grad_output"] = go
         if "indices" in args:
             idx = args["indices"]
-            full = torch.zeros(probe.shape, dtype=idx.dtype)
+            full = torch.zeros(probe.shape, dtype=idx.dtype, device=idx.device)
             full[: idx.shape[0], :, : idx.shape[2], : idx.shape[3]] = idx // w * w_p + idx % w
             args["indices"] = full
-        y = run.target(**args)
+        y = run.call(run.target, args)
         return y[:n, :, :, :w]
-    value = run.target(**args)
+    value = run.call(run.target, args)
     outs = list(value) if isinstance(value, (tuple, list)) else [value]
     ho, wo = out_shapes[0][2], out_shapes[0][3]
     res = [o[:n, :, :ho, :wo] for o in outs]
@@ -186,15 +195,17 @@ def _batch_norm(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
     masked = "HW" in run.padded and run.problem.axes["HW"].kind == "spatial"
     if masked:
         n, hw = run.size("N"), run.size("HW", False)
-        mask = torch.zeros(run.size("HW"))
+        mask = torch.zeros(run.size("HW"), device=args["input"].device)
         mask[:hw] = 1
         if backward:
-            value = _masked_bn_backward(args["grad_out"], args["input"], args.get("weight"), args["save_mean"],
-                                        args["save_invstd"], n * hw, mask[None, None, :])
+            value = run.call(_masked_bn_backward, dict(g=args["grad_out"], x=args["input"], weight=args.get("weight"),
+                                                       mean=args["save_mean"], invstd=args["save_invstd"], count=n * hw,
+                                                       mask=mask[None, None, :]))
         else:
-            value = _masked_bn(args["input"], args.get("weight"), args.get("bias"), args["eps"], n * hw)
+            value = run.call(_masked_bn, dict(x=args["input"], weight=args.get("weight"), bias=args.get("bias"),
+                                              eps=args["eps"], count=n * hw))
     else:
-        value = run.target(**args)
+        value = run.call(run.target, args)
     res = []
     for i, y in enumerate(value if isinstance(value, (tuple, list)) else [value]):
         role = f"out{i}"
@@ -210,7 +221,7 @@ def _reduction(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
     args = {**run.bound, "self": run.padded_arg("self")}
     if "dim" in args or any(a.name == "dim" for a in run.target._schema.arguments):
         args.update(dim=[1], keepdim=False)
-    y = run.target(**args)
+    y = run.call(run.target, args)
     if name == "mean" and "R" in run.padded:
         y = y * (run.size("R") / run.size("R", False))
     return unpad_view(y, [run.size("A", False), run.size("C", False)], out_shapes[0])
@@ -226,16 +237,16 @@ def _attention(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
             args[role] = run.padded_arg(role, (b, h, lp, dp))
     if isinstance(args.get("attn_mask"), torch.Tensor):
         m = args["attn_mask"]
-        mp = torch.zeros((*m.shape[:2], lp, lp), dtype=m.dtype)
+        mp = torch.zeros((*m.shape[:2], lp, lp), dtype=m.dtype, device=m.device)
         mp[..., :, length:] = -math.inf
         mp[..., :length, :length] = m
         args["attn_mask"] = mp
     if isinstance(args.get("logsumexp"), torch.Tensor):
         lse = args["logsumexp"]
-        args["logsumexp"] = torch.cat([lse, torch.full((b, h, lp - length), math.inf, dtype=lse.dtype)], dim=2)
+        args["logsumexp"] = torch.cat([lse, torch.full((b, h, lp - length), math.inf, dtype=lse.dtype, device=lse.device)], dim=2)
     if args.get("scale") is None:
         args["scale"] = 1.0 / math.sqrt(d)
-    value = run.target(**args)
+    value = run.call(run.target, args)
     res = [y[:, :, :length, :d] if y.dim() == 4 else y[:, :, :length] for y in value]
     return tuple(res)
 
@@ -251,7 +262,7 @@ def _convolution(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
              [v.shape[0], run.size("Cin" if role == "input" else "Cout"), *v.shape[2:]]))
     if backward and args.get("bias_sizes") is not None:
         args["bias_sizes"] = [run.size("Cout")]
-    value = _call(run.target, args)
+    value = run.call(run.target, args)
     if not backward:
         return value[:, : run.size("Cout", False)]
     cin, cout = run.size("Cin", False), run.size("Cout", False)
@@ -265,12 +276,12 @@ def _embedding(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
     e = run.size("E", False)
     if "weight" in args:
         args["weight"] = run.padded_arg("weight")
-        return run.target(**args)[..., :e]
+        return run.call(run.target, args)[..., :e]
     g = args["grad_output"]
     args["grad_output"] = run.padded_arg("grad_output").reshape(*g.shape[:-1], run.size("E"))
     if "V" in run.padded:
         args["num_weights"] = run.size("V")
-    return run.target(**args)[: run.size("V", False), :e]
+    return run.call(run.target, args)[: run.size("V", False), :e]
 
 
 def _concat(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
@@ -282,7 +293,7 @@ def _concat(run: _Run, out_shapes: list[tuple[int, ...]]) -> Any:
         role = f"tensors.{i}"
         y = pad_view(t, run.views[role], run.problem, run.padded) if role in run.views else t.reshape(run.size("A", False), -1)
         padded.append(y.reshape(a_p, *t.shape[d:]))
-    y = run.target(padded, 1)
+    y = run.call(run.target, {"tensors": padded, "dim": 1})
     return y[: run.size("A", False)].reshape(out_shapes[0])
 
 
@@ -291,9 +302,13 @@ RUNNERS = {"elementwise": _elementwise, "softmax": _softmax, "matmul": _matmul, 
            "convolution": _convolution, "embedding": _embedding, "concat": _concat}
 
 
-def run_padded(target: Any, bound: dict[str, Any], problem: Problem, padded: dict[str, int], out_shapes: list[tuple[int, ...]]) -> Any:
-    """The op's outputs computed on its padded tensors and unpadded (``bound``: arguments by schema name)."""
-    return RUNNERS[problem.cls](_Run(target, bound, problem, padded), out_shapes)
+def run_padded(target: Any, bound: dict[str, Any], problem: Problem, padded: dict[str, int], out_shapes: list[tuple[int, ...]],
+               call: Call = emulated_call) -> Any:
+    """The op's outputs computed on its padded tensors and unpadded (``bound``: arguments by schema name).
+
+    ``call(fn, kwargs)`` runs the computation on the padded tensors (the aten op, or the masked batch norm).
+    """
+    return RUNNERS[problem.cls](_Run(target, bound, problem, padded, call), out_shapes)
 
 
 @dataclass(frozen=True)

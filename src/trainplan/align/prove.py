@@ -4,11 +4,15 @@
 half-precision op it also runs the op padded (``execute.run_padded``) and compares with the unpadded
 result (first occurrence of each distinct op, shapes and arguments). With ``feed_padded`` the padded
 result (unpadded back) is what flows on, so the step's loss and gradients come from padded ops only.
-With ``timing`` (repeats, warm-up) it also times the padding copies, ours vs naive, on the real inputs.
+With ``timing`` (repeats, warm-up) it also times the padding copies, ours vs naive, on the real inputs; with
+``speed`` (an ``OpClock``) each distinct padded op is also timed plain, on its aligned shapes and padded
+(``speed.op_speed``). ``emulate_matmul`` False runs fp16 matmuls on the device's own kernels (on a GPU, for
+its speed) instead of with fp32 accumulation.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from dataclasses import asdict, dataclass
@@ -19,11 +23,13 @@ from torch.utils._pytree import tree_map
 
 from trainplan.align.classes import build_problem
 from trainplan.align.cost import padding_times
-from trainplan.align.execute import compare, run_padded
+from trainplan.align.execute import compare, emulated_call, native_call, run_padded
 from trainplan.align.graph import HALF_DTYPES, op_spec
 from trainplan.align.plan import strategy_name
 from trainplan.align.problem import solve
+from trainplan.align.speed import OpClock, op_speed
 from trainplan.align.units import element_size, quantum
+from trainplan.timing import gc_paused
 from trainplan.precision.interpreter import PrecisionInterpreter, _cast_args, _kept_args
 
 
@@ -45,6 +51,9 @@ class OpProof:
     check_s: float
     pad_s_ours: float
     pad_s_naive: float
+    plain_s: float = math.nan
+    aligned_s: float = math.nan
+    padded_run_s: float = math.nan
 
 
 def _signature(spec: Any) -> str:
@@ -63,9 +72,11 @@ class PaddedInterpreter(PrecisionInterpreter):
     """Precision interpreter that also runs every half-precision op padded and records the comparison."""
 
     def __init__(self, gm: torch.fx.GraphModule, dtypes: dict[str, torch.dtype], granularity: int, *,
-                 feed_padded: bool, timing: tuple[int, int] | None = None) -> None:
-        super().__init__(gm, dtypes, emulate_matmul=True)
-        self.granularity, self.feed_padded, self.timing = granularity, feed_padded, timing
+                 feed_padded: bool, timing: tuple[int, int] | None = None, emulate_matmul: bool = True,
+                 speed: OpClock | None = None) -> None:
+        super().__init__(gm, dtypes, emulate_matmul=emulate_matmul)
+        self.granularity, self.feed_padded, self.timing, self.speed = granularity, feed_padded, timing, speed
+        self.call = emulated_call if emulate_matmul else native_call
         self.proofs: dict[str, OpProof] = {}
         self.padded_ops = 0
 
@@ -97,7 +108,10 @@ class PaddedInterpreter(PrecisionInterpreter):
             return value
         start = time.perf_counter()
         out_shapes = [tuple(v.shape) for v in _tensors(value) if isinstance(v, torch.Tensor)]
-        result = run_padded(n.target, bound, problem, solution.padded, out_shapes)
+        if proof.occurrences == 1 and self.speed is not None:
+            t = op_speed(n.target, bound, problem, solution.padded, out_shapes, self.speed)
+            proof.plain_s, proof.aligned_s, proof.padded_run_s = t.plain_s, t.aligned_s, t.padded_run_s
+        result = run_padded(n.target, bound, problem, solution.padded, out_shapes, call=self.call)
         self.padded_ops += 1
         if proof.occurrences == 1:
             c = compare(result, value)
@@ -117,8 +131,10 @@ def proof_rows(interp: PaddedInterpreter) -> list[dict[str, Any]]:
 
 
 def run_padded_step(gm: torch.fx.GraphModule, flat: list[torch.Tensor], dtypes: dict[str, torch.dtype],
-                    granularity: int, *, feed_padded: bool = True, timing: tuple[int, int] | None = None) -> tuple[Any, PaddedInterpreter]:
+                    granularity: int, *, feed_padded: bool = True, timing: tuple[int, int] | None = None,
+                    emulate_matmul: bool = True, speed: OpClock | None = None) -> tuple[Any, PaddedInterpreter]:
     """One training step with every half-precision op padded as planned; returns ``(loss, *grads)`` and the interpreter."""
-    with torch.no_grad():
-        interp = PaddedInterpreter(gm, dtypes, granularity, feed_padded=feed_padded, timing=timing)
+    with torch.no_grad(), gc_paused():  # one collection for the step, not one per timed op
+        interp = PaddedInterpreter(gm, dtypes, granularity, feed_padded=feed_padded, timing=timing,
+                                   emulate_matmul=emulate_matmul, speed=speed)
         return interp.run(*flat), interp

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
 from trainplan.layout.graph import INPUT, ConvGraph, ConvInfo, Ref
-from trainplan.timing import gc_paused, keep_freed_memory
+from trainplan.timing import gc_paused, keep_freed_memory, median_seconds, synced_clock
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
@@ -53,10 +53,7 @@ class Timing:
     def now(self) -> Callable[[], float]:
         """The clock function; on a CUDA device it first waits for the device's queued work."""
         if torch.device(self.device).type == "cuda":
-            def synced() -> float:
-                torch.cuda.synchronize()
-                return time.perf_counter()
-            return synced
+            return synced_clock(self.device)
         return time.process_time if self.clock == "process" else time.perf_counter
 
 
@@ -90,19 +87,7 @@ def load_average() -> float:
 def median_time(fn: Callable[[], Any], timing: Timing) -> float:
     """Median time of one call of ``fn`` over ``timing.repeats`` runs of ``timing.calls`` back-to-back calls each
     (the run's time over its calls), after ``timing.warmup`` calls; GC paused."""
-    with gc_paused():
-        for _ in range(timing.warmup):
-            fn()
-        times = []
-        now = timing.now
-        for _ in range(timing.repeats):
-            t0 = now()
-            for _ in range(timing.calls):
-                fn()
-            times.append((now() - t0) / timing.calls)
-    times.sort()
-    mid = len(times) // 2
-    return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+    return median_seconds(fn, timing.now, timing.repeats, timing.warmup, timing.calls)
 
 
 def _fwd_bwd(forward: Callable[[], list[torch.Tensor]], timing: Timing) -> tuple[float, float]:
