@@ -10,8 +10,10 @@ import torch
 from trainplan.align.classes import OpSpec
 from trainplan.precision.interpreter import FP32_ARGS
 
-#: Outputs a half-precision kernel keeps in fp32 (the flash-attention logsumexp): op -> output indices.
-FP32_OUTPUTS = {"aten._scaled_dot_product_flash_attention_for_cpu.default": (1,)}
+#: Outputs a half-precision kernel keeps in fp32 (the attention kernels' logsumexp): op -> output indices.
+FP32_OUTPUTS = {"aten._scaled_dot_product_flash_attention_for_cpu.default": (1,),
+                "aten._scaled_dot_product_efficient_attention.default": (1,),
+                "aten._scaled_dot_product_flash_attention.default": (1,)}
 HALF_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 

@@ -17,7 +17,9 @@ _CASTABLE = (torch.float16, torch.float32)
 INJECT_MODES = ("internal", "output")
 # Arguments a kernel needs in fp32 whatever the op's precision (the fp16 flash-attention kernels keep
 # their logsumexp in fp32): op overload -> positional indices left uncast.
-FP32_ARGS = {"aten._scaled_dot_product_flash_attention_for_cpu_backward.default": (5,)}
+FP32_ARGS = {"aten._scaled_dot_product_flash_attention_for_cpu_backward.default": (5,),
+             "aten._scaled_dot_product_efficient_attention_backward.default": (6,),
+             "aten._scaled_dot_product_flash_attention_backward.default": (5,)}
 # Matmul-family ops whose fp16 run may be emulated as accelerators run them: fp16 inputs, fp32
 # accumulation, output rounded to fp16 (CPU fp16 GEMM is 20-250x slower than fp32 on the dev machines).
 EMULATED_FP16 = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.convolution_backward"}
