@@ -126,7 +126,8 @@ def main() -> None:
     cfg = merged_config(args.configfile)
     clock = OpClock(args.repeats, args.warmup, args.calls)
     rows = [r for m in args.models for r in model_rows(m, cfg, device, args.granularities, clock)]
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(rows, columns=list(rows[0]) if rows else ["model", "inputs", "granularity_bytes", "op", "cls", "strategy",
+                         "occurrences", "plain_s", "aligned_s", "padded_run_s", "identical", "within_tolerance"])
     head = pd.DataFrame(lm_head_rows(cfg, device, clock, args.vocab_sizes) if args.vocab_sizes != [0] else [])
     out = args.out or str(ROOT / f"bench/results/align_speed_{device.type}")
     table.to_csv(f"{out}.csv", index=False)

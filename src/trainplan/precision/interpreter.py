@@ -19,7 +19,9 @@ INJECT_MODES = ("internal", "output")
 # their logsumexp in fp32): op overload -> positional indices left uncast.
 FP32_ARGS = {"aten._scaled_dot_product_flash_attention_for_cpu_backward.default": (5,),
              "aten._scaled_dot_product_efficient_attention_backward.default": (6,),
-             "aten._scaled_dot_product_flash_attention_backward.default": (5,)}
+             "aten._scaled_dot_product_flash_attention_backward.default": (5,),
+             "aten.cudnn_batch_norm.default": (1, 2, 3, 4),
+             "aten.cudnn_batch_norm_backward.default": (2, 3, 4, 5, 6)}
 # Matmul-family ops whose fp16 run may be emulated as accelerators run them: fp16 inputs, fp32
 # accumulation, output rounded to fp16 (CPU fp16 GEMM is 20-250x slower than fp32 on the dev machines).
 EMULATED_FP16 = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.convolution", "aten.convolution_backward"}
