@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -174,3 +175,31 @@ def test_median_time_counts_one_call_of_back_to_back_runs():
     assert 0.009 < t < 0.025, t  # per call (a run of three takes >= 0.03 s)
     with pytest.raises(ValueError, match="calls"):
         Timing(calls=0)
+
+
+class _BiasBeforeNorm(torch.nn.Module):
+    """A conv whose bias feeds a batch norm: the bias's exact gradient is 0, its float32 gradient round-off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, bias=True)
+        self.norm = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+def test_float32_check_is_per_parameter_so_round_off_on_a_zero_gradient_passes():
+    torch.manual_seed(0)
+    module, batch = _BiasBeforeNorm(), {"x": torch.randn(4, 3, 12, 12)}
+    loss_fn = lambda out: out.square().mean()  # noqa: E731
+    ref = gradient_reference(module, batch, loss_fn, atol=0.0)
+    assert ref.float32_errors["conv.bias"] > 0, "the float32 bias gradient should be round-off, not exactly 0"
+    same = check_gradients(ref, copy.deepcopy(module), batch, loss_fn, rtol=1e-4, atol=0.0)
+    assert same["ok"] and same["float32_ratio"] <= 1 / 3 + 1e-9, same
+    wrong = copy.deepcopy(module)
+    with torch.no_grad():
+        wrong.head.weight.mul_(1.01)
+    bad = check_gradients(ref, wrong, batch, loss_fn, rtol=1e-4, atol=0.0)
+    assert not bad["ok"] and bad["float32_ratio"] > 1, bad
