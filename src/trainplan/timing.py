@@ -1,18 +1,13 @@
-"""Timing hygiene shared by the stages that time: no cyclic garbage collection inside a timed run, host memory
-that a freed tensor leaves behind kept for the next one (no page faults in steady state), and a clock that
-waits for a GPU's queued work."""
+"""Timing hygiene shared by the profile and the validation: no cyclic garbage collection inside a timed run,
+and host memory that a freed tensor leaves behind kept for the next one (no page faults in steady state)."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-
-import torch
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc <malloc.h>
 
@@ -56,29 +51,3 @@ def keep_freed_memory() -> str:
     if mallopt(M_MMAP_MAX, 0) != 1 or mallopt(M_TRIM_THRESHOLD, 2**31 - 1) != 1:
         return "unchanged: mallopt refused"
     return "glibc malloc keeps freed memory (M_MMAP_MAX 0, M_TRIM_THRESHOLD 2^31-1)"
-
-
-def synced_clock(device: torch.device | str) -> Callable[[], float]:
-    """``time.perf_counter``, read on a CUDA ``device`` only after the device's queued work has finished (its
-    kernels run asynchronously: an unsynchronised read times their launch, not their work)."""
-    if torch.device(device).type == "cuda":
-        def synced() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
-        return synced
-    return time.perf_counter
-
-
-def median_seconds(fn: Callable[[], object], now: Callable[[], float], repeats: int, warmup: int, calls: int = 1) -> float:
-    """Median seconds per call of ``fn`` over ``repeats`` runs of ``calls`` back-to-back calls each (a run's time
-    over its calls), after ``warmup`` calls; clock ``now``; GC paused throughout."""
-    with gc_paused():
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(repeats):
-            start = now()
-            for _ in range(calls):
-                fn()
-            times.append((now() - start) / calls)
-    return statistics.median(times)

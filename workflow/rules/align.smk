@@ -48,7 +48,7 @@ rule align_prove:
         repeats=ALIGN["repeats"],
         warmup=ALIGN["warmup"],
         code=code_version("models", "trace", "precision.assign", "precision.interpreter", *ALIGN_CODE,
-                          "align.execute", "align.prove", "align.cost"),
+                          "align.execute", "align.prove", "align.cost", "align.speed", "clock", "timing"),
     # Timing the padding copies needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:

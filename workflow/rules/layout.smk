@@ -9,7 +9,7 @@ rule layout_sweep:
         settings=layout_settings("sweep", "batch_size", "layouts", "repeats", "calls", "warmup", "threads", "clock"),
         device_type=lambda wildcards: backend_of(wildcards.device),
         seed=config["seed"],
-        code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph", "layout.settings", "timing"),
+        code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph", "layout.settings", "timing", "clock"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -33,7 +33,7 @@ rule layout_measure:
         seed=config["seed"],
         settings=layout_settings("batch_size", "image_size", "layouts", "repeats", "calls", "warmup", "threads", "clock"),
         device_type=lambda wildcards: backend_of(wildcards.device),
-        code=code_version("layout.graph", "layout.measure", "layout.build", "layout.problem", "layout.settings", "models", "zoo", "timing"),
+        code=code_version("layout.graph", "layout.measure", "layout.build", "layout.problem", "layout.settings", "models", "zoo", "timing", "clock"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -62,7 +62,7 @@ rule layout:
         solver=config["solver"],
         code=code_version(
             "layout.study", "layout.adopt", "layout.settings", "stats", "layout.solve", "layout.build", "layout.problem", "layout.execute", "layout.predict",
-            "layout.measure", "models", "zoo", "timing",
+            "layout.measure", "models", "zoo", "timing", "clock",
         ),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_map
 
 from trainplan.align.execute import native_call, run_padded
 from trainplan.align.problem import Problem
-from trainplan.timing import median_seconds, synced_clock
+from trainplan.clock import median_seconds, synced_clock
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
+from trainplan.clock import median_seconds, synced_clock
 from trainplan.layout.graph import INPUT, ConvGraph, ConvInfo, Ref
-from trainplan.timing import gc_paused, keep_freed_memory, median_seconds, synced_clock
+from trainplan.timing import gc_paused, keep_freed_memory
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
