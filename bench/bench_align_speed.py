@@ -56,18 +56,20 @@ def device_name(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
-def model_rows(model: str, cfg: dict[str, Any], device: torch.device, granularities: list[int], clock: OpClock) -> list[dict[str, Any]]:
+def model_rows(model: str, cfg: dict[str, Any], device: torch.device, granularities: list[int], clock: OpClock,
+               matmul_rule: str) -> list[dict[str, Any]]:
     spec = cfg["models"][model]
     traced, flat = trace_training_step(on_device(build_model(model, spec, seed=cfg["seed"]), device))
     dtypes = assign_precision(traced.gm, load_policy(ROOT / cfg["overflow"]["policy"]), traced.loss_node).dtype
     rows = []
     for g in granularities:
         start = time.perf_counter()
-        _, interp = run_padded_step(traced.gm, flat, dtypes, g, emulate_matmul=False, speed=clock)
+        _, interp = run_padded_step(traced.gm, flat, dtypes, g, emulate_matmul=False, speed=clock, matmul_rule=matmul_rule)
         print(f"{model} g={g}: {interp.padded_ops} padded op runs in {time.perf_counter() - start:.1f} s", flush=True)
         for r in proof_rows(interp):
             if r["padded"]:
-                rows.append({"model": model, "inputs": str(spec.get("inputs", {})), "granularity_bytes": g, **r})
+                rows.append({"model": model, "inputs": str(spec.get("inputs", {})), "granularity_bytes": g,
+                             "matmul_rule": matmul_rule, **r})
     return rows
 
 
@@ -100,7 +102,7 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per model and granularity: the padded ops' step time plain, on aligned shapes, padded on their own."""
     t = table.assign(step_plain_s=table.plain_s * table.occurrences, step_aligned_s=table.aligned_s * table.occurrences,
                      step_padded_run_s=table.padded_run_s * table.occurrences)
-    s = t.groupby(["model", "inputs", "granularity_bytes"]).agg(
+    s = t.groupby(["model", "inputs", "matmul_rule", "granularity_bytes"]).agg(
         distinct_ops=("op", "size"), op_runs=("occurrences", "sum"), all_checks_pass=("within_tolerance", "all"),
         step_plain_s=("step_plain_s", "sum"), step_aligned_s=("step_aligned_s", "sum"),
         step_padded_run_s=("step_padded_run_s", "sum")).reset_index()
@@ -115,6 +117,7 @@ def main() -> None:
     ap.add_argument("--configfile", nargs="+", default=[str(ROOT / "config/config.yaml")])
     ap.add_argument("--models", nargs="+", default=["gpt2", "resnet50"])
     ap.add_argument("--granularities", nargs="+", type=int, default=[16, 128])
+    ap.add_argument("--matmul-rules", nargs="+", choices=["dma", "tensor_core"], default=["dma", "tensor_core"])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--calls", type=int, default=10)
@@ -125,9 +128,10 @@ def main() -> None:
     device = torch.device(args.device)
     cfg = merged_config(args.configfile)
     clock = OpClock(args.repeats, args.warmup, args.calls)
-    rows = [r for m in args.models for r in model_rows(m, cfg, device, args.granularities, clock)]
+    rows = [r for m in args.models for rule in args.matmul_rules
+            for r in model_rows(m, cfg, device, args.granularities, clock, rule)]
     table = pd.DataFrame(rows, columns=list(rows[0]) if rows else ["model", "inputs", "granularity_bytes", "op", "cls", "strategy",
-                         "occurrences", "plain_s", "aligned_s", "padded_run_s", "identical", "within_tolerance"])
+                         "occurrences", "plain_s", "aligned_s", "padded_run_s", "identical", "within_tolerance", "matmul_rule"])
     head = pd.DataFrame(lm_head_rows(cfg, device, clock, args.vocab_sizes) if args.vocab_sizes != [0] else [])
     out = args.out or str(ROOT / f"bench/results/align_speed_{device.type}")
     table.to_csv(f"{out}.csv", index=False)
@@ -135,7 +139,7 @@ def main() -> None:
     s = summary(table)
     ops = table.assign(step_plain_s=table.plain_s * table.occurrences).sort_values("step_plain_s", ascending=False)
     ops = ops.assign(aligned_speedup=ops.plain_s / ops.aligned_s, padded_run_speedup=ops.plain_s / ops.padded_run_s)
-    cols = ["model", "granularity_bytes", "op", "cls", "strategy", "occurrences", "plain_s", "aligned_s", "padded_run_s",
+    cols = ["model", "matmul_rule", "granularity_bytes", "op", "cls", "strategy", "occurrences", "plain_s", "aligned_s", "padded_run_s",
             "aligned_speedup", "padded_run_speedup", "identical", "within_tolerance"]
     text = (f"# fp16 alignment padding: op speed on {device.type}\n\n"
             f"Written by `bench/bench_align_speed.py` at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on "
@@ -147,7 +151,7 @@ def main() -> None:
             f"`step_*`: summed over the op's occurrences in one training step.\n\n"
             f"## Per model\n\n{s.to_markdown(index=False, floatfmt='.4g')}\n\n"
             f"## Ops, largest step share first (at most 15 per model and granularity)\n\n"
-            f"{ops.groupby(['model', 'granularity_bytes']).head(15)[cols].to_markdown(index=False, floatfmt='.4g')}\n\n"
+            f"{ops.groupby(['model', 'matmul_rule', 'granularity_bytes']).head(15)[cols].to_markdown(index=False, floatfmt='.4g')}\n\n"
             f"## GPT-2's LM head at vocabulary sizes (fp16 matmuls: forward, grad input, grad weight)\n\n"
             f"{head.astype({c: str for c in ('vocab', 'tokens', 'width')}).to_markdown(index=False, floatfmt='.4g') if len(head) else 'not run'}\n")
     Path(f"{out}.md").write_text(text)

@@ -15,7 +15,7 @@ H = torch.float16
 aten = torch.ops.aten
 
 
-def _run(op: str, bound: dict, outputs: dict, args: dict, g: int = 4, expect: str | None = None):
+def _run(op: str, bound: dict, outputs: dict, args: dict, g: int = 4, expect: str | None = None, matmul_rule: str = "dma"):
     """Plan the op on the bound tensors' shapes, run it padded and plain, compare."""
     target = resolve(op, "")
     inputs = {}
@@ -25,7 +25,7 @@ def _run(op: str, bound: dict, outputs: dict, args: dict, g: int = 4, expect: st
         elif isinstance(v, list) and v and isinstance(v[0], torch.Tensor):
             inputs.update({f"{k}.{i}": tuple(t.shape) for i, t in enumerate(v)})
     spec = OpSpec("t", op, "float16", inputs, outputs, args)
-    problem = build_problem(spec)
+    problem = build_problem(spec, matmul_rule)
     sol = solve(problem, 2 if g == 4 else g // 2)
     assert sol.padded, f"{op}: nothing padded, the test shape must need a pad"
     if expect is not None:
@@ -73,6 +73,20 @@ def test_matmul_strategies(m, k, n, expect):
     else:
         c, _, _ = _run("aten.mm.default", {"self": a, "mat2": b}, {"out0": (m, n)}, {}, expect=expect)
     assert c.within_tolerance
+
+
+@pytest.mark.parametrize("op", ["aten.mm.default", "aten.addmm.default", "aten.bmm.default"])
+def test_tensor_core_rule_pads_every_matmul_dimension_and_keeps_the_result(op):
+    """g = 16 (q = 8): 5 x 7 @ 7 x 9 gets M, K and N padded to 8, 8, 16; the real block is the plain product."""
+    m, k, n = 5, 7, 9
+    if op == "aten.bmm.default":
+        bound, out = {"self": rnd(2, m, k), "mat2": rnd(2, k, n, seed=1)}, (2, m, n)
+    elif op == "aten.addmm.default":
+        bound, out = {"self": rnd(n, seed=2), "mat1": rnd(m, k), "mat2": rnd(k, n, seed=1)}, (m, n)
+    else:
+        bound, out = {"self": rnd(m, k), "mat2": rnd(k, n, seed=1)}, (m, n)
+    c, _, sol = _run(op, bound, {"out0": out}, {}, g=16, matmul_rule="tensor_core")
+    assert sol.padded == {"M": 8, "K": 8, "N": 16} and c.within_tolerance
 
 
 def test_bmm_rows_per_batch():

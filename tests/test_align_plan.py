@@ -9,6 +9,7 @@ import random
 import pytest
 
 from trainplan.align import OpSpec, plan_op
+from trainplan.align.units import AlignError
 from trainplan.cli import main
 
 
@@ -38,10 +39,10 @@ def naive(shape, q):
     return math.prod(ru(d, q) for d in shape) - math.prod(shape)
 
 
-def run_cli(tmp_path, ops, granularity=4):
+def run_cli(tmp_path, ops, granularity=4, *extra):
     src, out = tmp_path / "ops.json", tmp_path / "plan.json"
     src.write_text(json.dumps({"ops": ops}))
-    rc = main(["align", str(src), "-o", str(out), "--granularity", str(granularity)])
+    rc = main(["align", str(src), "-o", str(out), "--granularity", str(granularity), *extra])
     return rc, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -116,6 +117,28 @@ def test_matmul_plans_all_operands_jointly():
     for t in p["tensors"]:
         v = t["padded_view"]
         assert math.prod(v) % 2 == 0 and (len(v) == 1 or v[-1] % 2 == 0 or v[-2] % 2 == 0)
+
+
+def test_tensor_core_rule_pads_a_vocabulary_the_dma_rule_leaves_alone(tmp_path):
+    """GPT-2's LM head, 256 tokens x 768 @ 768 x 50257 at g = 16 (q = 8): the rows are aligned, so the seed's rule
+    pads nothing; the tensor-core rule pads N to 50264 in the weight and the output, and nothing else."""
+    lm_head = {"id": "lm_head", "op": "aten.mm.default", "shape": [256, 768], "dtype": "float16",
+               "inputs": {"mat2": [768, 50257]}, "outputs": {"out0": [256, 50257]}}
+    rc, plan = run_cli(tmp_path, [lm_head], 16)
+    assert rc == 0 and plan["matmul_rule"] == "dma" and plan["ops"][0]["strategy"] == "aligned"
+    rc, plan = run_cli(tmp_path, [lm_head], 16, "--matmul-rule", "tensor_core")
+    op = plan["ops"][0]
+    assert rc == 0 and plan["matmul_rule"] == "tensor_core" and op["strategy"] == "output columns"
+    assert {a: v["padded"] for a, v in op["pad_layout"].items()} == {"N": 50264}
+    assert {t["role"]: t["pad_elements"] for t in op["tensors"]} == {"self": 0, "mat2": 768 * 7, "out0": 256 * 7}
+    # every dimension of every operand a multiple of 8 after the plan
+    assert all(d % 8 == 0 for t in op["tensors"] for d in t["padded_view"])
+
+
+def test_an_unknown_matmul_rule_is_named():
+    spec = OpSpec("fc", "aten.mm.default", "float16", {"self": (4, 4), "mat2": (4, 4)}, {"out0": (4, 4)})
+    with pytest.raises(AlignError, match="matmul rule 'tensor' is not one of dma, tensor_core"):
+        plan_op(spec, 4, "tensor")
 
 
 def test_every_class_never_above_naive():

@@ -33,3 +33,21 @@ def test_padded_step_matches_unpadded(name, spec):
         assert step["within_fp16_roundoff"], step
     classes = set(rows[rows.padded].cls)
     assert classes >= ({"matmul", "attention"} if name == "odd_gpt2" else {"batch_norm", "convolution"}), classes
+
+
+def test_tensor_core_rule_pads_more_matmuls_and_the_step_still_matches():
+    """Under the tensor-core rule every matmul dimension is aligned: more bytes than the seed's rule, never more
+    than naive in total, every matmul tensor aligned on every axis, and the padded step within fp16 round-off."""
+    traced, flat = trace_training_step(build_model("odd_gpt2", ODD_GPT2, seed=0))
+    dtypes = assign_precision(traced.gm, default_policy(), traced.loss_node).dtype
+    fp32 = run_step(traced.gm, flat, fp32_dtypes(traced.gm))
+    dma, _ = plan_model(traced.gm, dtypes, 16)
+    tc, _ = plan_model(traced.gm, dtypes, 16, matmul_rule="tensor_core")
+    pad = {name: {p["id"]: p["pad_bytes"] for p in plans if p["class"] == "matmul"} for name, plans in (("dma", dma), ("tc", tc))}
+    assert sum(pad["tc"].values()) > sum(pad["dma"].values())
+    assert sum(p["pad_bytes"] for p in tc) <= sum(p["naive_pad_bytes"] for p in tc)
+    for p in tc:
+        if p["class"] == "matmul":
+            assert all(d % 8 == 0 for t in p["tensors"] if len(t["padded_view"]) > 1 for d in t["padded_view"][-2:]), p["id"]
+    rows, step = prove_model(traced.gm, flat, dtypes, 16, "odd_gpt2", fp32_ref=fp32, matmul_rule="tensor_core")
+    assert step["matmul_rule"] == "tensor_core" and rows.within_tolerance.all() and step["within_fp16_roundoff"], step

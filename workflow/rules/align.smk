@@ -21,6 +21,7 @@ rule align:
         seed=config["seed"],
         granularity=ALIGN["granularity_bytes"],
         dtypes=ALIGN["dtypes"],
+        matmul_rule=ALIGN["matmul_rule"],
         code=code_version("models", "trace", "precision.assign", "precision.policy", *ALIGN_CODE),
     threads: 1
     conda:
@@ -44,6 +45,7 @@ rule align_prove:
         seed=config["seed"],
         granularity=ALIGN["granularity_bytes"],
         granularities=ALIGN["prove_granularities"],
+        matmul_rule=ALIGN["matmul_rule"],
         prove_inputs=lambda w: ALIGN["prove_inputs"].get(w.model, {}),
         repeats=ALIGN["repeats"],
         warmup=ALIGN["warmup"],

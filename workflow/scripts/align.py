@@ -14,10 +14,11 @@ with log_to(snakemake.log[0]) as log:
     traced, _ = trace_training_step(build_model(model, p.spec, seed=p.seed))
     policy = load_policy(snakemake.input.policy)
     dtypes = assign_precision(traced.gm, policy, traced.loss_node).dtype
-    plans, table = plan_model(traced.gm, dtypes, p.granularity, tuple(p.dtypes))
-    summary = model_summary(model, plans, p.granularity, str(snakemake.input.policy))
+    plans, table = plan_model(traced.gm, dtypes, p.granularity, tuple(p.dtypes), p.matmul_rule)
+    summary = model_summary(model, plans, p.granularity, str(snakemake.input.policy), p.matmul_rule)
     log.info("model %s: %d half-precision ops, padded %d B (naive %d B), %.1f%% tensors aligned before",
              model, summary["ops"], summary["pad_bytes"], summary["naive_pad_bytes"], 100 * summary["share_aligned_before"])
-    write_json(snakemake.output.plan, {"model": model, "granularity_bytes": p.granularity, "ops": plans, "totals": totals(plans)})
+    write_json(snakemake.output.plan, {"model": model, "granularity_bytes": p.granularity, "matmul_rule": p.matmul_rule,
+                                       "ops": plans, "totals": totals(plans)})
     write_table(snakemake.output.ops, table)
     write_json(snakemake.output.summary, summary)

@@ -27,7 +27,7 @@ with log_to(snakemake.log[0]) as log:
         fp32 = run_step(traced.gm, flat, fp32_dtypes(traced.gm))
         for g in p.granularities:
             timing = (p.repeats, p.warmup) if (label == "model" and g == p.granularity) else None
-            rows, step = prove_model(traced.gm, flat, dtypes, g, label, timing=timing, fp32_ref=fp32)
+            rows, step = prove_model(traced.gm, flat, dtypes, g, label, timing=timing, fp32_ref=fp32, matmul_rule=p.matmul_rule)
             log.info("%s %s g=%d: %d distinct ops, %d padded, %d identical, %d within tolerance; loss diff %.3g "
                      "(fp16 vs fp32 %.3g), grad rel diff %.3g", model, label, g, step["distinct_ops"],
                      step["distinct_ops_padded"], step["distinct_ops_identical"], step["distinct_ops_within_tolerance"],

@@ -158,11 +158,16 @@ def _check(spec: OpSpec, role: str, got: int, want: int, what: str) -> None:
         raise AlignError(f"op '{spec.id}' ({spec.op}): tensor '{role}' has {what} {got}, expected {want}")
 
 
+#: Matmul rules: the seed's DMA rule (each operand's row count or row length a multiple of q) and the
+#: tensor-core rule (every dimension M, K, N a multiple of q, as fp16 tensor-core GEMMs want).
+MATMUL_RULES = ("dma", "tensor_core")
+
+
 class _Builder:
     """Collects axes and tensor views; an axis seen twice must have the same size."""
 
-    def __init__(self, spec: OpSpec, cls: str) -> None:
-        self.spec, self.cls = spec, cls
+    def __init__(self, spec: OpSpec, cls: str, matmul_rule: str = "dma") -> None:
+        self.spec, self.cls, self.matmul_rule = spec, cls, matmul_rule
         self.axes: dict[str, Axis] = {}
         self.tensors: list[TensorView] = []
 
@@ -255,28 +260,29 @@ def _matmul(spec: OpSpec, target: Any, b: _Builder) -> Problem:
         b.axis("M", a[-2], "rows", reason=rows)
     b.axis("K", a[-1], "columns", reason=inner)
     mk = lead + ("M", "K")
-    b.tensor(left, a, mk, EITHER, (("M",), ("K",)), {"M": "0", "K": "0"})
+    rule = EITHER if b.matmul_rule == "dma" else ALL  # tensor_core: every named axis of each operand
+    b.tensor(left, a, mk, rule, (("M",), ("K",)), {"M": "0", "K": "0"})
     w = spec.inputs.get(right)
     if w is not None:
         if name == "linear":
             _need_rank(spec, right, w, (2,))
             b.axis("N", w[0], "output columns", reason=cols)
             b.axis("K", w[1], "columns")
-            b.tensor(right, w, ("N", "K"), EITHER, (("N",), ("K",)), {"N": "0", "K": "0"})
+            b.tensor(right, w, ("N", "K"), rule, (("N",), ("K",)), {"N": "0", "K": "0"})
         else:
             _need_rank(spec, right, w, (3,) if batched else (2,))
             if batched:
                 b.axis("B", w[0], "batch", padable=False)
             b.axis("K", w[-2], "columns")
             b.axis("N", w[-1], "output columns", reason=cols)
-            b.tensor(right, w, lead + ("K", "N"), EITHER, (("K",), ("N",)), {"K": "0", "N": "0"})
+            b.tensor(right, w, lead + ("K", "N"), rule, (("K",), ("N",)), {"K": "0", "N": "0"})
     for role, s in [(r, s) for r, s in spec.inputs.items() if r not in (left, right)] + list(spec.outputs.items()):
         if "N" not in b.axes:
             b.axis("N", s[-1], "output columns", reason=cols)
         if math.prod(s) == b.axes["N"].size:  # a bias row
             b.tensor(role, s, ("N",), FLAT, values={"N": "0"})
         else:
-            b.tensor(role, s, lead + ("M", "N"), EITHER, (("M",), ("N",)), {"M": "0", "N": "0"})
+            b.tensor(role, s, lead + ("M", "N"), rule, (("M",), ("N",)), {"M": "0", "N": "0"})
     return b.problem()
 
 
@@ -466,9 +472,12 @@ BUILDERS: dict[str, Callable[[OpSpec, Any, _Builder], Problem]] = {
 }
 
 
-def build_problem(spec: OpSpec) -> Problem:
-    """The padding problem of one op; an unknown op or a shape that does not fit it raises AlignError."""
+def build_problem(spec: OpSpec, matmul_rule: str = "dma") -> Problem:
+    """The padding problem of one op (matmuls under ``matmul_rule``, one of MATMUL_RULES); an unknown op or
+    rule, or a shape that does not fit the op, raises AlignError."""
     where = f"op '{spec.id}': "
+    if matmul_rule not in MATMUL_RULES:
+        raise AlignError(f"{where}matmul rule '{matmul_rule}' is not one of {', '.join(MATMUL_RULES)}")
     target = resolve(spec.op, where)
     cls = classify(target)
     prim = primary_arg(target)
@@ -478,4 +487,4 @@ def build_problem(spec: OpSpec) -> Problem:
         if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
             raise AlignError(f"{where}({spec.op}) tensor '{role}': bad shape {list(shape) if isinstance(shape, tuple) else shape!r} "
                              "(a list of positive integers)")
-    return BUILDERS[cls](spec, target, _Builder(spec, cls))
+    return BUILDERS[cls](spec, target, _Builder(spec, cls, matmul_rule))

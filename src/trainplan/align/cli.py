@@ -12,6 +12,8 @@ def add_parser(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace]
     ap.add_argument("ops", help="OPS.json: {\"ops\": [{\"id\", \"op\", \"shape\", \"dtype\", \"dim\"?}]} (docs/align.md)")
     ap.add_argument("-o", "--output", required=True, help="PLAN.json to write")
     ap.add_argument("--granularity", type=int, default=4, help="DMA granularity in bytes (seed: 4)")
+    ap.add_argument("--matmul-rule", choices=["dma", "tensor_core"], default="dma",
+                    help="matmuls: dma (seed: rows or columns aligned) or tensor_core (M, K and N aligned)")
     return run
 
 
@@ -19,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     """Plan every op, then write the plan (nothing is written when an op is bad)."""
     from trainplan.align.ops_file import plan_ops, read_ops, write_plan
 
-    plan = plan_ops(read_ops(args.ops), args.granularity)
+    plan = plan_ops(read_ops(args.ops), args.granularity, args.matmul_rule)
     write_plan(args.output, plan)
     t = plan["totals"]
     print(f"{args.output}: {t['ops']} ops, padded {t['pad_bytes']} B (naive {t['naive_pad_bytes']} B), "

@@ -59,10 +59,11 @@ def read_ops(path: str | Path) -> list[OpSpec]:
     return ops
 
 
-def plan_ops(ops: list[OpSpec], granularity: int) -> dict[str, Any]:
-    """PLAN.json content: granularity, per-op plans and their totals (every op planned before anything is written)."""
-    plans = [plan_op(spec, granularity) for spec in ops]
-    return {"granularity_bytes": granularity, "ops": plans, "totals": totals(plans)}
+def plan_ops(ops: list[OpSpec], granularity: int, matmul_rule: str = "dma") -> dict[str, Any]:
+    """PLAN.json content: granularity, matmul rule, per-op plans and their totals (every op planned before
+    anything is written)."""
+    plans = [plan_op(spec, granularity, matmul_rule) for spec in ops]
+    return {"granularity_bytes": granularity, "matmul_rule": matmul_rule, "ops": plans, "totals": totals(plans)}
 
 
 def write_plan(path: str | Path, plan: dict[str, Any]) -> None:

@@ -17,16 +17,17 @@ def strategy_name(problem: Problem, padded: dict[str, int]) -> str:
     return "+".join(dict.fromkeys(problem.axes[a].kind for a in padded))
 
 
-def plan_op(spec: OpSpec, granularity: int) -> dict[str, Any]:
+def plan_op(spec: OpSpec, granularity: int, matmul_rule: str = "dma") -> dict[str, Any]:
     """The padding plan of one op: class, strategy, layout and values, padded vs naive elements and bytes.
 
     ``pad_elements`` / ``naive_pad_elements`` add up every half-precision tensor of the op that the spec
     gives (the primary one alone in a one-shape OPS.json entry). A class with no neutral layout for this
-    op (``note``) falls back to naive padding, marked ``strategy: naive``.
+    op (``note``) falls back to naive padding, marked ``strategy: naive``. ``matmul_rule``: ``dma`` (the
+    seed: rows or columns aligned) or ``tensor_core`` (every matmul dimension aligned).
     """
     elsize = element_size(spec.dtype, f"op '{spec.id}': ")
     q = quantum(granularity, elsize)
-    problem = build_problem(spec)
+    problem = build_problem(spec, matmul_rule)
     solution = solve(problem, q)
     naive = sum(naive_numel(t.shape, q) - t.numel() for t in problem.tensors)
     last_dim = sum(last_dim_numel(t.shape, q) - t.numel() for t in problem.tensors)

@@ -73,9 +73,10 @@ class PaddedInterpreter(PrecisionInterpreter):
 
     def __init__(self, gm: torch.fx.GraphModule, dtypes: dict[str, torch.dtype], granularity: int, *,
                  feed_padded: bool, timing: tuple[int, int] | None = None, emulate_matmul: bool = True,
-                 speed: OpClock | None = None) -> None:
+                 speed: OpClock | None = None, matmul_rule: str = "dma") -> None:
         super().__init__(gm, dtypes, emulate_matmul=emulate_matmul)
         self.granularity, self.feed_padded, self.timing, self.speed = granularity, feed_padded, timing, speed
+        self.matmul_rule = matmul_rule
         self.call = emulated_call if emulate_matmul else native_call
         self.proofs: dict[str, OpProof] = {}
         self.padded_ops = 0
@@ -85,7 +86,7 @@ class PaddedInterpreter(PrecisionInterpreter):
         if n.op != "call_function" or dtype not in HALF_DTYPES or n.target is operator.getitem:
             return super().run_node(n)
         spec = op_spec(n, dtype)
-        problem = build_problem(spec)
+        problem = build_problem(spec, self.matmul_rule)
         if problem.cls == "view" or not problem.tensors:
             return super().run_node(n)
         q = quantum(self.granularity, element_size(spec.dtype))
@@ -132,9 +133,10 @@ def proof_rows(interp: PaddedInterpreter) -> list[dict[str, Any]]:
 
 def run_padded_step(gm: torch.fx.GraphModule, flat: list[torch.Tensor], dtypes: dict[str, torch.dtype],
                     granularity: int, *, feed_padded: bool = True, timing: tuple[int, int] | None = None,
-                    emulate_matmul: bool = True, speed: OpClock | None = None) -> tuple[Any, PaddedInterpreter]:
+                    emulate_matmul: bool = True, speed: OpClock | None = None, matmul_rule: str = "dma",
+                    ) -> tuple[Any, PaddedInterpreter]:
     """One training step with every half-precision op padded as planned; returns ``(loss, *grads)`` and the interpreter."""
     with torch.no_grad(), gc_paused():  # one collection for the step, not one per timed op
         interp = PaddedInterpreter(gm, dtypes, granularity, feed_padded=feed_padded, timing=timing,
-                                   emulate_matmul=emulate_matmul, speed=speed)
+                                   emulate_matmul=emulate_matmul, speed=speed, matmul_rule=matmul_rule)
         return interp.run(*flat), interp

@@ -18,20 +18,21 @@ OP_COLUMNS = ["id", "op", "class", "strategy", "pad_value", "bytes", "pad_bytes"
 
 
 def plan_model(gm: torch.fx.GraphModule, dtypes: dict[str, torch.dtype], granularity: int,
-               half_dtypes: tuple[str, ...] = ("float16", "bfloat16")) -> tuple[list[dict[str, Any]], pd.DataFrame]:
+               half_dtypes: tuple[str, ...] = ("float16", "bfloat16"), matmul_rule: str = "dma",
+               ) -> tuple[list[dict[str, Any]], pd.DataFrame]:
     """Plans of every op that runs in one of ``half_dtypes``, and a per-op table (columns ``OP_COLUMNS``)."""
-    plans = [plan_op(spec, granularity) for _, spec in half_ops(gm, dtypes) if spec.dtype in half_dtypes]
+    plans = [plan_op(spec, granularity, matmul_rule) for _, spec in half_ops(gm, dtypes) if spec.dtype in half_dtypes]
     rows = [{**{k: p[k] for k in OP_COLUMNS if k in p}, "padded_shape": str(p["padded_shape"]),
              "tensors": len(p["tensors"]), "tensors_aligned_before": sum(t["aligned_before"] for t in p["tensors"])}
             for p in plans]
     return plans, pd.DataFrame(rows, columns=OP_COLUMNS)
 
 
-def model_summary(model: str, plans: list[dict[str, Any]], granularity: int, policy: str) -> dict[str, Any]:
+def model_summary(model: str, plans: list[dict[str, Any]], granularity: int, policy: str, matmul_rule: str = "dma") -> dict[str, Any]:
     """Totals of one model: bytes added by ours vs naive, share of tensors already aligned, fallbacks."""
     t = totals(plans)
     per_op_never_more = all(p["pad_bytes"] <= p["naive_pad_bytes"] for p in plans)
-    return {"model": model, "granularity_bytes": granularity, "policy": policy, **t,
+    return {"model": model, "granularity_bytes": granularity, "matmul_rule": matmul_rule, "policy": policy, **t,
             "never_more_than_naive_per_op": per_op_never_more,
             "fewer_than_naive_in_total": t["pad_bytes"] < t["naive_pad_bytes"]}
 
@@ -53,7 +54,7 @@ def _grad_diffs(out: Any, ref: Any) -> tuple[float, list[tuple[float, float]], l
 
 def prove_model(gm: torch.fx.GraphModule, flat: list[torch.Tensor], dtypes: dict[str, torch.dtype],
                 granularity: int, label: str, timing: tuple[int, int] | None = None,
-                fp32_ref: Any = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+                fp32_ref: Any = None, matmul_rule: str = "dma") -> tuple[pd.DataFrame, dict[str, Any]]:
     """Padded step vs the unpadded step at the same precision: per-op proofs and loss/gradient differences.
 
     ``fp32_ref``: the all-fp32 step's outputs; the unpadded mixed-precision step's distance from it is the
@@ -63,14 +64,14 @@ def prove_model(gm: torch.fx.GraphModule, flat: list[torch.Tensor], dtypes: dict
     ref = run_step(gm, flat, dtypes)
     plain_s = time.perf_counter() - start
     start = time.perf_counter()
-    out, interp = run_padded_step(gm, flat, dtypes, granularity, timing=timing)
+    out, interp = run_padded_step(gm, flat, dtypes, granularity, timing=timing, matmul_rule=matmul_rule)
     padded_s = time.perf_counter() - start
     loss_diff, grads, rel = _grad_diffs(out, ref)
     rows = pd.DataFrame(proof_rows(interp))
     rows.insert(0, "granularity_bytes", granularity)
     rows.insert(0, "run", label)
     step = {
-        "run": label, "granularity_bytes": granularity,
+        "run": label, "granularity_bytes": granularity, "matmul_rule": matmul_rule,
         "loss_unpadded": float(ref[0]), "loss_padded": float(out[0]), "loss_abs_diff": loss_diff,
         "gradients": len(grads), "gradients_identical": sum(d == 0 for d, _ in grads),
         "gradient_max_abs_diff": max((d for d, _ in grads), default=0.0),
