@@ -29,8 +29,8 @@ from trainplan.align.plan import strategy_name
 from trainplan.align.problem import solve
 from trainplan.align.speed import OpClock, op_speed
 from trainplan.align.units import element_size, quantum
-from trainplan.timing import gc_paused
 from trainplan.precision.interpreter import PrecisionInterpreter, _cast_args, _kept_args
+from trainplan.timing import gc_paused
 
 
 @dataclass

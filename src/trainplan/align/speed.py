@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from trainplan.align.execute import native_call, run_padded
 from trainplan.align.problem import Problem
@@ -56,7 +56,7 @@ def _copy(bound: dict[str, Any]) -> dict[str, Any]:
 
 
 def _device(bound: dict[str, Any]) -> torch.device:
-    for leaf in torch.utils._pytree.tree_leaves(bound):
+    for leaf in tree_leaves(bound):
         if isinstance(leaf, torch.Tensor):
             return leaf.device
     return torch.device("cpu")
