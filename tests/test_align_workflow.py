@@ -68,3 +68,24 @@ def test_cached_and_granularity_reruns_plan(run, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     jobs = {m.group(1) for line in (out.stdout + out.stderr).splitlines() if (m := re.fullmatch(r"(\w+)\s+\d+", line.strip()))}
     assert {"align", "align_prove", "align_report"} <= jobs and "export" not in jobs
+
+
+def test_the_tensor_core_rule_replans_and_pads_more(run, tmp_path):
+    """align.matmul_rule: tensor_core reruns the plan and the proof; at g = 128 (q = 64) tiny GPT-2's 32 tokens
+    are the only unaligned matmul dimension, which the seed's rule leaves alone (the 64-wide rows are aligned)
+    and the tensor-core rule pads; the padded steps stay within fp16 round-off. (Runs last: it alters the study.)"""
+    workdir, config = run
+    summaries = {}
+    for rule in ("dma", "tensor_core"):
+        cfg = yaml.safe_load(config.read_text())
+        cfg["align"].update(granularity_bytes=128, prove_granularities=[128], matmul_rule=rule)
+        changed = tmp_path / f"{rule}.yaml"
+        changed.write_text(yaml.safe_dump(cfg))
+        out = snakemake(workdir, changed, "results/align/tiny_gpt2/summary.json", "results/align/tiny_gpt2/steps.json")
+        assert out.returncode == 0, out.stderr[-2000:]
+        summaries[rule] = json.loads((workdir / "results/align/tiny_gpt2/summary.json").read_text())
+        steps = json.loads((workdir / "results/align/tiny_gpt2/steps.json").read_text())["steps"]
+        assert summaries[rule]["matmul_rule"] == rule
+        assert all(s["matmul_rule"] == rule and s["within_fp16_roundoff"] for s in steps), steps
+    assert summaries["tensor_core"]["pad_bytes"] > summaries["dma"]["pad_bytes"]
+    assert summaries["tensor_core"]["tensors_aligned_after"] == summaries["tensor_core"]["tensors"]
