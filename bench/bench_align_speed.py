@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 import yaml
 
+from trainplan.align.classes import MATMUL_RULES
 from trainplan.align.prove import proof_rows, run_padded_step
 from trainplan.align.speed import OpClock
 from trainplan.models import build_model, on_device
@@ -117,7 +118,7 @@ def main() -> None:
     ap.add_argument("--configfile", nargs="+", default=[str(ROOT / "config/config.yaml")])
     ap.add_argument("--models", nargs="+", default=["gpt2", "resnet50"])
     ap.add_argument("--granularities", nargs="+", type=int, default=[16, 128])
-    ap.add_argument("--matmul-rules", nargs="+", choices=["dma", "tensor_core"], default=["dma", "tensor_core"])
+    ap.add_argument("--matmul-rules", nargs="+", choices=MATMUL_RULES, default=list(MATMUL_RULES))
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--calls", type=int, default=10)

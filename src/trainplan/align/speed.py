@@ -78,4 +78,3 @@ def op_speed(target: Any, bound: dict[str, Any], problem: Problem, padded: dict[
     run_args = _copy(bound)
     padded_run = clock.time(lambda: run_padded(target, run_args, problem, padded, out_shapes, call=native_call), device)
     return OpSpeed(plain, sum(kernels), padded_run)
-
