@@ -479,6 +479,10 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         if n > 200:  # probing and symmetry detection dominate presolve on big models; the hint gives a solution
             solver.parameters.cp_model_probing_level = 0
             solver.parameters.symmetry_level = 0
+            # building max_lp's LP (cuts of the cumulative) took ~1 s of wall time and ~1 ms of deterministic
+            # time in each LNS window of a 500-op layered DAG: the deterministic limit never saw it, and windows
+            # ran 1 s each instead of 0.05-0.3 s
+            solver.parameters.ignore_subsolvers.append("max_lp")
         return solver
 
     solver = make_solver(first_s)
