@@ -1,8 +1,10 @@
-"""Window LNS (schedule/lns.py) after a hinted CP-SAT run: never worse, its answer a valid schedule whose cost,
-recomputed from the events, is the objective it reports, and its window doubled after a sweep without gain; and
-which hints CP-SAT takes, on what grid."""
+"""Window and op-neighbourhood LNS (schedule/lns.py) after a hinted CP-SAT run: never worse, its answer a valid
+schedule whose cost, recomputed from the events, is the objective it reports, its window doubled after a sweep
+without gain, its op neighbourhoods built around rematerialised ops; and which hints CP-SAT takes, on what grid."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 from ortools.sat.python import cp_model
@@ -10,9 +12,9 @@ from ortools.sat.python import cp_model
 from trainplan.schedule import replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.dtr import dtr_plan
-from trainplan.schedule.lns import WINDOW_BLOCKS, _windows, improve
-from trainplan.schedule.mip import (HINT_MAX_GROWTH, _add_hint, _build, _grid, byte_unit, copies_from_events, model_variables,
-                                   objective_ticks, solve_mip, time_unit)
+from trainplan.schedule.lns import OP_SET, WINDOW_BLOCKS, _op_set, _rematerialised, _windows, improve
+from trainplan.schedule.mip import (HINT_MAX_GROWTH, _add_hint, _build, _decode, _grid, _Values, byte_unit,
+                                   copies_from_events, model_variables, objective_ticks, solve_mip, time_unit)
 from trainplan.schedule.solve import HINT_MAX_OVER_BOUND, cp_hint
 from trainplan.schedule.synthetic import layered_graph
 
@@ -33,7 +35,7 @@ def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic):
     r = solve_mip(p, p.budget_bytes, time_limit_s=8, workers=2, seed=0, deterministic=deterministic,
                   hint=first.events, lns_share=0.5)
     lns = r.stats["lns"]
-    assert r.events is not None and lns is not None and lns["windows"] > 0
+    assert r.events is not None and lns is not None and lns["windows"] > 0 and lns["op_sets"] > 0
     assert lns["objective"] <= lns["objective_before"] and r.objective_s == lns["objective"] <= first.objective_s
     rep = replay(p, r.events, p.budget_bytes)  # raises if invalid or over the budget
     assert rep.peak_bytes <= p.budget_bytes
@@ -69,6 +71,31 @@ def test_a_sweep_that_improves_nothing_doubles_the_window_up_to_the_whole_order(
     assert sizes == [40, 80, 160]
     assert found.improved == 0 and found.sweeps == len(sizes) and found.objective == objective
     assert found.windows == sum(len(_windows(p.n, g.base, g.horizon, blocks)) for blocks in sizes)
+
+
+def test_an_op_neighbourhood_is_a_rematerialised_op_its_inputs_and_the_rematerialised_ops_nearest_in_time():
+    p = layered_graph(100, 0)
+    p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
+    hint = dtr_plan(p, p.budget_bytes, allow_swap=False)
+    hint_copies, cover, used = copies_from_events(p, hint)
+    g = _grid(p, None, None, hint_copies, used, None)
+    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
+    _add_hint(p, g, model, hint_copies, cover)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds, solver.parameters.num_workers = 5, 2
+    assert solver.Solve(model.m) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    solution = list(solver.ResponseProto().solution)
+    remat = _rematerialised(model, solution)
+    # rematerialised: computed more than once in the decoded events (recompute only: no swap-ins)
+    computes = Counter(oid for kind, oid in _decode(p, _Values(solution), g.horizon, model) if kind == "compute")
+    assert remat and remat == [u for u, op in enumerate(p.ops) if computes[op.id] > 1]
+    for seed_op in remat[:5]:
+        ops = _op_set(model, p.inputs, solution, seed_op)
+        assert seed_op in ops and len(ops) <= OP_SET
+        assert set(p.inputs[seed_op][:OP_SET - 1]) <= ops
+        others = ops - {seed_op, *p.inputs[seed_op]}
+        assert others <= set(remat)  # the rest are rematerialised ops, as many as fit
+        assert len(ops) == OP_SET or others == set(remat) - {seed_op, *p.inputs[seed_op]}
 
 
 def test_a_hint_raises_only_the_ops_it_holds_longer_where_raising_every_op_would_grow_the_model():

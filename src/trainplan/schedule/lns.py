@@ -1,17 +1,21 @@
-"""Large-neighbourhood search on windows of the program order: CP-SAT re-solves the schedule inside a
-window of blocks, every residency period outside it fixed to the incumbent.
+"""Large-neighbourhood search on the schedule: CP-SAT re-solves a neighbourhood of the incumbent (a window
+of the program order, or a set of ops), every residency period outside it fixed to the incumbent.
 
-The model of :mod:`trainplan.schedule.mip` is built once; each window solves a copy of it in which the
-variables of the copies (residency periods) that neither overlap the window nor could start in it are fixed
-to the incumbent's values, hinted with the incumbent (so a window never makes it worse). Windows of
-``WINDOW_BLOCKS`` first computes slide over the order by half a window; a sweep that improves nothing doubles
-the window; sweeps repeat until one over the whole order improves nothing or the time is up. Every window's
-answer satisfies the whole model, so it is a valid schedule.
+The model of :mod:`trainplan.schedule.mip` is built once; each neighbourhood solves a copy of it in which the
+variables of the copies (residency periods) outside it are fixed to the incumbent's values, hinted with the
+incumbent (so it never makes it worse). Windows of ``WINDOW_BLOCKS`` first computes slide over the order by
+half a window; a sweep that improves nothing doubles the window. After each sweep, *op neighbourhoods* free
+every copy of up to ``OP_SET`` ops over the whole order (a rematerialised op, its inputs, and the
+rematerialised ops nearest its recomputes in time), so a tensor kept in one place can pay for a recompute far
+away, which no window holds: as many as the sweep had windows (at least ``2 x OP_IDLE``), ending after
+``OP_IDLE`` in a row without a gain. Sweeps repeat until one over the whole order and its op neighbourhoods
+improve nothing, or the time is up. Every answer satisfies the whole model, so it is a valid schedule.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass
 
@@ -23,6 +27,8 @@ log = logging.getLogger(__name__)
 
 WINDOW_BLOCKS = 40  # first computes per window (the sub-model frees about this many ops' periods)
 MIN_WINDOW_S = 0.05  # a window starts only with at least this much of the limit left
+OP_SET = 40  # ops freed per op neighbourhood
+OP_IDLE = 10  # a round of op neighbourhoods ends after this many in a row improve nothing
 
 
 @dataclass
@@ -34,6 +40,8 @@ class LnsResult:
     windows: int
     improved: int
     sweeps: int
+    op_sets: int  # op neighbourhoods tried
+    op_improved: int
     work_s: float  # seconds of the limit used (deterministic: from each window's deterministic clock)
 
 
@@ -74,13 +82,44 @@ def _fix(proto, var, value: int) -> None:
     _set_domain(proto, var, value, value)
 
 
-def _window_model(base_model: cp_model.CpModel, model, fpos: list[int], solution: list[int], lo: int,
-                  hi: int) -> tuple[cp_model.CpModel, int]:
-    """A copy of the model with everything outside the window fixed and the incumbent as hint; the count of
-    free copies (0: nothing to re-solve)."""
+def _op_free(model, ops: set[int]) -> list[list[bool]]:
+    """Per op and copy, whether an op neighbourhood may change it: every copy of the ops in ``ops``."""
+    return [[u in ops] * len(starts) for u, starts in enumerate(model.s)]
+
+
+def _op_set(model, inputs: list[list[int]], solution: list[int], seed_op: int) -> set[int]:
+    """``seed_op``, its inputs, then the rematerialised ops whose copies overlap the seed's copies in time
+    (nearest first), up to OP_SET ops."""
+    def periods(u: int) -> list[tuple[int, int]]:
+        return [(solution[model.s[u][k].Index()] if k else -1, solution[model.e[u][k].Index()])
+                for k in range(len(model.s[u])) if k == 0 or solution[model.pres[u][k].Index()] == 1]
+
+    chosen = {seed_op, *inputs[seed_op][:OP_SET - 1]}
+    spans = periods(seed_op)[1:]  # the seed's rematerialised periods
+    near = []
+    for u in _rematerialised(model, solution):
+        if u in chosen:
+            continue
+        dist = min((max(0, a - e, s - b) for s, e in periods(u) for a, b in spans), default=None)
+        if dist is not None:
+            near.append((dist, u))
+    for _, u in sorted(near)[:max(0, OP_SET - len(chosen))]:
+        chosen.add(u)
+    return chosen
+
+
+def _rematerialised(model, solution: list[int]) -> list[int]:
+    """Ops with a present copy beyond the first (recomputed or swapped in) in ``solution``."""
+    return [u for u, starts in enumerate(model.s)
+            if any(solution[model.pres[u][k].Index()] == 1 for k in range(1, len(starts)))]
+
+
+def _sub_model(base_model: cp_model.CpModel, model, free: list[list[bool]], solution: list[int], lo: int,
+               hi: int) -> tuple[cp_model.CpModel, int]:
+    """A copy of the model with every copy not ``free`` fixed to the incumbent, absent free copies allowed to
+    start only in [lo, hi), and the incumbent as hint; the count of free copies (0: nothing to re-solve)."""
     sub = base_model.Clone()
     proto = sub.Proto()
-    free = _free_copies(model, fpos, solution, lo, hi)
     n_free = 0
     for u, row in enumerate(free):
         for k, is_free in enumerate(row):
@@ -89,7 +128,7 @@ def _window_model(base_model: cp_model.CpModel, model, fpos: list[int], solution
             if not is_free:
                 for v in ints + lits:
                     _fix(proto, v, solution[v.Index()])
-            elif k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in the window
+            elif k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in [lo, hi)
                 dom = list(proto.variables[model.s[u][k].Index()].domain)
                 start_lo, start_hi = max(lo, dom[0]), min(hi - 1, dom[-1])
                 if start_lo > start_hi:
@@ -110,43 +149,82 @@ def _window_model(base_model: cp_model.CpModel, model, fpos: list[int], solution
 
 
 def improve(model, fpos: list[int], base: list[int], horizon: int, solution: list[int], objective: int,
-            time_limit_s: float, make_solver, deterministic: bool) -> LnsResult:
+            time_limit_s: float, make_solver, deterministic: bool, inputs: list[list[int]] | None = None,
+            seed: int = 0, stop=None, load_s: float = 0.0) -> LnsResult:
     """Window LNS from ``solution`` (objective ``objective``, in ticks) for ``time_limit_s`` seconds of the
-    limit. ``make_solver(seconds)`` returns a configured CP-SAT solver for one window. A sweep that improves
-    nothing doubles the window; stops at the call's deadline, when the limit is used, or after such a sweep
-    with a window of the whole order."""
+    limit. ``make_solver(seconds)`` returns a configured CP-SAT solver for one neighbourhood. A sweep that
+    improves nothing doubles the window; each sweep is followed by op neighbourhoods if ``inputs`` (each op's
+    input ops) is given, drawn with ``seed``. Stops after a sweep over the whole order in which nothing
+    improved, at the call's deadline (or less than ``load_s``, the model's load time, before it), when the limit
+    is used, or when ``stop`` (a mip.SearchStop) is requested."""
     n = len(fpos)
     blocks = WINDOW_BLOCKS
-    used, tried, improved, sweeps = 0.0, 0, 0, 0
-    best, best_obj = list(solution), objective
+    state = {"used": 0.0, "best": list(solution), "obj": objective}
+    tried, improved, sweeps, op_sets, op_improved = 0, 0, 0, 0, 0
     call = dl.current()
+
+    def out_of_time() -> bool:
+        return (time_limit_s - state["used"] < MIN_WINDOW_S or call.left() < load_s + MIN_WINDOW_S
+                or (stop is not None and stop.requested))
+
+    def result() -> LnsResult:
+        return LnsResult(state["best"], state["obj"], tried, improved, sweeps, op_sets, op_improved, state["used"])
+
+    def attempt(free: list[list[bool]], lo: int, hi: int, seconds: float) -> bool | None:
+        """Re-solve one neighbourhood; whether it improved the incumbent (None: nothing free)."""
+        sub, n_free = _sub_model(model.m, model, free, state["best"], lo, hi)
+        if not n_free:
+            return None
+        step = min(seconds, time_limit_s - state["used"])
+        solver = make_solver(step)
+        if stop is not None:
+            stop.attach(solver)
+        t0 = time.perf_counter()
+        code = solver.Solve(sub)
+        if deterministic:
+            limit = solver.parameters.max_deterministic_time
+            state["used"] += step * min(1.0, solver.ResponseProto().deterministic_time / limit) if limit > 0 else step
+        else:
+            state["used"] += time.perf_counter() - t0
+        if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) and round(solver.ObjectiveValue()) < state["obj"]:
+            state["best"], state["obj"] = list(solver.ResponseProto().solution), round(solver.ObjectiveValue())
+            return True
+        return False
+
+    def op_round(attempts: int, seconds: float) -> bool:
+        """Up to ``attempts`` op neighbourhoods, ending after OP_IDLE in a row without a gain; whether any gained."""
+        nonlocal op_sets, op_improved
+        gained, idle = False, 0
+        for _ in range(attempts):
+            seeds = _rematerialised(model, state["best"])
+            if idle >= OP_IDLE or not seeds or out_of_time():
+                break
+            gain = attempt(_op_free(model, _op_set(model, inputs, state["best"], rng.choice(seeds))), 0, horizon,
+                           seconds)
+            op_sets += gain is not None
+            op_improved += bool(gain)
+            gained, idle = gained or bool(gain), 0 if gain else idle + 1
+        return gained
+
+    rng = random.Random(seed)
     while True:
         sweeps += 1
-        before = best_obj
+        before = state["obj"]
         windows = _windows(n, base, horizon, blocks)
-        per_window = max(MIN_WINDOW_S, (time_limit_s - used) / (2 * len(windows)))
+        per_window = max(MIN_WINDOW_S, (time_limit_s - state["used"]) / (2 * len(windows)))
         for lo, hi in windows:
-            if time_limit_s - used < MIN_WINDOW_S or call.left() < MIN_WINDOW_S:
-                return LnsResult(best, best_obj, tried, improved, sweeps, used)
-            sub, n_free = _window_model(model.m, model, fpos, best, lo, hi)
-            if not n_free:
-                continue
-            step = min(per_window, time_limit_s - used)
-            solver = make_solver(step)
-            t0 = time.perf_counter()
-            code = solver.Solve(sub)
-            tried += 1
-            if deterministic:
-                limit = solver.parameters.max_deterministic_time
-                used += step * min(1.0, solver.ResponseProto().deterministic_time / limit) if limit > 0 else step
-            else:
-                used += time.perf_counter() - t0
-            if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) and round(solver.ObjectiveValue()) < best_obj:
-                best, best_obj = list(solver.ResponseProto().solution), round(solver.ObjectiveValue())
-                improved += 1
-        log.info("lns sweep %d: objective %d -> %d (%d windows tried, %.2f s used)", sweeps, before, best_obj,
-                 tried, used)
-        if best_obj >= before:  # a sweep that improved nothing (the time running out returns above)
-            if blocks >= n:
-                return LnsResult(best, best_obj, tried, improved, sweeps, used)
+            if out_of_time():
+                return result()
+            gain = attempt(_free_copies(model, fpos, state["best"], lo, hi), lo, hi, per_window)
+            tried += gain is not None
+            improved += bool(gain)
+        windows_gained = state["obj"] < before
+        ops_gained = inputs is not None and op_round(max(len(windows), 2 * OP_IDLE), per_window)
+        log.info("lns sweep %d: objective %d -> %d (%d windows, %d op neighbourhoods tried, %.2f s used)", sweeps,
+                 before, state["obj"], tried, op_sets, state["used"])
+        if out_of_time():
+            return result()
+        if not windows_gained:
+            if blocks >= n and not ops_gained:
+                return result()
             blocks *= 2

@@ -468,10 +468,16 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     # the limit; from scratch the search keeps the whole limit (split, it found less on the 100-op layered DAGs)
     first_s = time_limit_s * (1.0 - lns_share) if hint_copies is not None else time_limit_s
 
+    load_s = variables * LOAD_SECONDS_PER_VARIABLE  # loading the model and its hint, before any search
+
     def make_solver(seconds: float) -> cp_model.CpSolver:
-        solver = configure(seconds, workers, seed, deterministic, verbose,
-                           wall_cap_s=wall_cap(time_limit_s, deterministic, wall_cap_s) - (time.perf_counter() - t0),
+        wall_left = wall_cap(time_limit_s, deterministic, wall_cap_s) - (time.perf_counter() - t0)
+        solver = configure(seconds, workers, seed, deterministic, verbose, wall_cap_s=wall_left,
                            det_per_second=det_per_second(variables), interleave=True)
+        # a wall cap that ends while the model and its complete hint load leaves nothing to search: allow for
+        # the load (CP-SAT 9.15 aborted the process twice, in a 2000-op LNS run near the deadline)
+        solver.parameters.max_time_in_seconds = max(0.05, min(solver.parameters.max_time_in_seconds + load_s,
+                                                              wall_left))
         if hint_copies is not None and not deterministic and n > LNS_ONLY_ABOVE:
             # the hint is a complete solution and proofs come from the relaxation bound, so every worker
             # improves it: on 100-op graphs this proved 26 of 32 runs within 9.5 s, the default portfolio 21
@@ -500,10 +506,12 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     values: Any = solver
     if lns_share > 0 and code == cp_model.FEASIBLE and not stopped and time_limit_s - work > lns.MIN_WINDOW_S:
         found = lns.improve(model, g.fpos, g.base, g.horizon, list(solver.ResponseProto().solution),
-                            round(solver.ObjectiveValue()), time_limit_s - work, make_solver, deterministic)
+                            round(solver.ObjectiveValue()), time_limit_s - work, make_solver, deterministic,
+                            inputs=p.inputs, seed=seed, stop=stop, load_s=load_s)
         work += found.work_s
         values = _Values(found.solution)
         lns_stats = {"windows": found.windows, "improved": found.improved, "sweeps": found.sweeps,
+                     "op_sets": found.op_sets, "op_improved": found.op_improved,
                      "objective_before": solver.ObjectiveValue() * tu, "objective": found.objective * tu}
     else:
         lns_stats = None
@@ -513,7 +521,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
              "build_seconds": round(build_s, 3), "variables": len(m.Proto().variables),
              "constraints": len(m.Proto().constraints), "solutions": cb.count, "deterministic": deterministic,
              "deterministic_seconds": round(solver.ResponseProto().deterministic_time, 3),
-             "stopped": stopped, "lns": lns_stats}
+             "stopped": stop is not None and stop.requested, "lns": lns_stats}
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         obj = solver.ObjectiveValue() * tu if lns_stats is None else lns_stats["objective"]
         bnd = solver.BestObjectiveBound() * tu

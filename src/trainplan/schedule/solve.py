@@ -283,7 +283,7 @@ def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, 
         mip = pool.submit(solve_mip, problem, budget, time_limit_s=share, workers=1, seed=seed,
                           hint=hint, copies=copies, lower_bound_ticks=relax.ticks,
                           deterministic=clock.deterministic, verbose=verbose, stop=stop,
-                          wall_cap_s=clock.wall_left()) if beside else None
+                          wall_cap_s=clock.wall_left(), lns_share=LNS_SHARE) if beside else None
         staged, s_events, s_time = _staged(problem, budget, share, seed, clock.deterministic,
                                            objective_ticks(problem, inc.events), clock.wall_left(), extra)
         best = staged if staged.ticks > relax.ticks else relax
