@@ -59,15 +59,64 @@ def test_a_large_recompute_only_graph_at_80_percent_gets_a_plan():
 
 
 def test_short_chains_failing_the_plan_is_made_with_chains_of_any_length(monkeypatch):
-    """The 500-op layered DAG, seed 1, at 80%: no plan restores every gap with at most MAX_CHAIN recomputes;
-    with chains of any length one does, and it fits."""
+    """The 250-op layered DAG, seed 1, at 80%: no plan restores every gap with at most 8 recomputes (early or
+    late restores); with chains of any length one does, and it fits."""
     import trainplan.schedule.dtr as dtr
-    p = layered_graph(500, 1)
+    p = layered_graph(250, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
     monkeypatch.setattr(dtr, "MAX_CHAIN", p.n)  # only the unbounded plans
     unbounded = dtr_plan(p, budget, allow_swap=False)
-    monkeypatch.setattr(dtr, "MAX_CHAIN", 30)
-    assert dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, 30) is None
+    monkeypatch.setattr(dtr, "MAX_CHAIN", 8)
+    assert dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, 8) is None
+    assert max(len(c) for c in dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, p.n)[1].chains.values()) > 8
     events = dtr_plan(p, budget, allow_swap=False)
     assert events is not None and events == unbounded
     assert replay(p, events, budget).peak_bytes <= budget
+
+
+def _layered(n: int, seed: int, frac: float = 0.8):
+    p = layered_graph(n, seed)
+    return p, int(frac * replay(p, no_recompute_events(p)).peak_bytes)
+
+
+def test_early_restores_recompute_before_the_next_reader_and_cost_less():
+    """500 ops, seed 1, at 80%: restoring an evicted tensor right after the last over-budget step of its gap
+    (where fewer of its ancestors are gone) instead of just before its next reader; the plan is valid and
+    cheaper than the plan restoring only before readers."""
+    import trainplan.schedule.dtr as dtr
+    p, budget = _layered(500, 1)
+    early = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True)
+    late = dtr._plan(p, budget, False, dtr.dl.NEVER, None, p.n, early=False)
+    restores = [(u, k, c) for u in range(p.n) for k, c in early.evicted[u].items()]
+    assert any(c < early.gaps.stops[u][k + 1] for u, k, c in restores)
+    assert all(c == late.gaps.stops[u][k + 1] for u in range(p.n) for k, c in late.evicted[u].items())
+    t_early = replay(p, early.events(), budget).time
+    assert t_early == early.time() < replay(p, late.events(), budget).time
+
+
+def test_keeping_every_evicted_gap_gives_back_the_plain_order():
+    """evict and keep are inverses: a plan with every gap kept again has the plain order's excess, no
+    reserved reads, no transient bytes and the plain order's over-budget count."""
+    import trainplan.schedule.dtr as dtr
+    p, budget = _layered(300, 2)
+    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True)
+    fresh = dtr._Plan(p, budget, False, dtr.dl.NEVER, dtr.MAX_CHAIN, True)
+    assert plan.paid and plan.excess != fresh.excess
+    for u, k in sorted(plan.paid):
+        plan.keep(u, k)
+    assert plan.excess == fresh.excess and plan.transient == fresh.transient
+    assert all(not needs for needs in plan.needs_at) and not plan.chains and not plan.reads
+    assert plan.counter.tree == fresh.counter.tree and plan.events() == fresh.events()
+
+
+def test_ruin_and_recreate_improves_the_plan_and_is_reproducible():
+    import random
+
+    import trainplan.schedule.dtr as dtr
+    p, budget = _layered(500, 1)
+    t0, plan = dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, dtr.MAX_CHAIN)
+    t1, better = dtr.refine_plan(plan.copy(), t0, 60, random.Random(3), dtr.dl.NEVER)
+    assert t1 < t0 and plan.time() == t0  # the plan it started from is untouched
+    assert replay(p, better.events(), budget).time == t1
+    assert dtr.refine_plan(plan.copy(), t0, 60, random.Random(3), dtr.dl.NEVER)[1].events() == better.events()
+    assert dtr_plan(p, budget, allow_swap=False, refine=60, seed=3) is not None

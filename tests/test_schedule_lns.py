@@ -123,3 +123,26 @@ def test_a_hint_far_above_the_bound_is_refused():
     assert cp_hint(p, hint, t / HINT_MAX_OVER_BOUND) == hint
     assert cp_hint(p, hint, 0.99 * t / HINT_MAX_OVER_BOUND) is None
     assert cp_hint(p, None, t) is None
+
+
+def test_a_schedule_optimal_only_within_its_grid_grows_the_grid():
+    """The 100-op layered DAG, seed 0, at 90%: hinted with the DTR-style plan, CP-SAT proves a schedule optimal
+    on the hint's grid (2 copies per op) above the lower bound; one copy and one slot more find a cheaper one,
+    a valid schedule whose replayed time is its objective, and a grid that gains nothing ends the growth."""
+    from trainplan.schedule.bounds import relaxation_bound
+    from trainplan.schedule.solve import _grow_grid
+    p = layered_graph(100, 0)
+    budget = int(0.9 * replay(p, no_recompute_events(p)).peak_bytes)
+    p = p.with_budget(budget)
+    hint = dtr_plan(p, budget, allow_swap=False)
+    bound = relaxation_bound(p, budget, time_limit_s=5, workers=1)
+    first = solve_mip(p, budget, time_limit_s=5, workers=2, hint=hint, lower_bound_ticks=bound.ticks, lns_share=0.5)
+    assert first.status == "OPTIMAL" and objective_ticks(p, first.events) > bound.ticks
+    grown = _grow_grid(p, budget, first, bound.ticks, 30.0, 60.0, 2, 0, True, False)
+    runs = grown.stats["grown"]
+    assert runs[0]["copies"] == first.stats["copies"] + 1 and runs[0]["slots"] == first.stats["slots"] + 1
+    assert objective_ticks(p, grown.events) < objective_ticks(p, first.events)
+    assert replay(p, grown.events, budget).time == pytest.approx(grown.objective_s, rel=1e-9)
+    assert grown.work_s > first.work_s  # every run is charged
+    objectives = [first.objective_s] + [r["objective"] for r in runs]
+    assert all(b < a for a, b in zip(objectives[:-2], objectives[1:-1]))  # it grew again only after a gain

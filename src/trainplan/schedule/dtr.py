@@ -1,17 +1,20 @@
 """A DTR-style static eviction plan for wide DAGs (Kirisame et al., "Dynamic Tensor Rematerialization",
-ICLR 2021), replayed into the event format.
+ICLR 2021), replayed into the event format, and improved by ruin and recreate.
 
 DTR evicts the resident tensor with the least h(t) = e*(t) / (size(t) x staleness(t)), e* being the
 cost of rematerialising t with its evicted neighbourhood. A static schedule knows the program, so this
 planner works on the plain program order's live intervals instead of a clock: each tensor's life is cut
-into gaps between consecutive first-compute readers, and a gap is evicted (the tensor freed after the
-gap's first reader and restored just before the next) only where that restore costs exactly one op: a
-recompute whose inputs are all resident then (alive in the plain order and not evicted across that
-point), so e* = the op's time and no recompute cascades; or, where the op may swap, one swap-in (plus
-the tensor's first swap-out). While some first compute is over the budget, the gap with the least
-cost / (size x over-budget steps it spans) among the tensors live there is evicted: DTR's score with
-staleness read as the stretch of over-budget steps the eviction relieves. The plan's events are then
-replayed (trainplan.schedule.replay decides validity and peak). Every loop checks the call's deadline.
+into gaps between consecutive first-compute readers, and a gap is evicted: the tensor is freed after the
+gap's first reader and restored by a swap-in (plus its first swap-out) or by recomputing it with the
+ancestors that are not on the device then (at most MAX_CHAIN ops, each freed after its last reader there).
+The restore comes just before the next reader, or earlier, right after the last step of the gap still over
+the budget or right after the step being relieved, where fewer ancestors are gone (a late restore relieves
+more steps, an early one costs less). While some first compute is over the budget, the gap and restore step
+with the least cost / (size x over-budget steps relieved) among the tensors live there is evicted: DTR's
+score with staleness read as the stretch of over-budget steps the eviction relieves. Gaps later evictions
+made unnecessary are kept again. :func:`refine_plan` then ruins and recreates parts of the plan. The plan's
+events are replayed (trainplan.schedule.replay decides validity and peak). Every loop checks the call's
+deadline.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from trainplan.schedule.replay import ScheduleError, replay, take_outputs_at_onc
 
 MAX_CHAIN = 30  # at most this many ops recomputed to restore one gap (the tensor and missing ancestors)
 RESTART_NOISE = 0.5  # a restart multiplies each score by a uniform factor in [1, 1 + this]
+RUIN_GAPS = 4  # a ruin-and-recreate move keeps again at most this many evicted gaps
+REFINE_IDLE = 200  # ruin and recreate ends after this many moves in a row without a gain
 
 
 class _Counter:
@@ -99,73 +104,137 @@ def plain_memory(p: Problem, stop: dl.Deadline = dl.NEVER) -> tuple[list[int], l
 
 
 def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, restarts: int = 0, seed: int = 0,
-             stop: dl.Deadline | None = None) -> Events | None:
+             refine: int = 0, stop: dl.Deadline | None = None,
+             refine_stop: dl.Deadline | None = None) -> Events | None:
     """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
     the deadline passed). ``restarts``: that many more plans with the scores perturbed by up to
     RESTART_NOISE (seeded: the same plans on any machine, unless the deadline cuts them short); the
-    cheapest replay-valid plan is returned. If no plan restores every gap with at most MAX_CHAIN
+    cheapest replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
     recomputes, one plan with chains of any length (slower: tight budgets on wide DAGs, where earlier
-    evictions leave long chains of missing ancestors)."""
+    evictions leave long chains of missing ancestors). ``refine``: at most that many ruin-and-recreate moves
+    on the kept plan (:func:`refine_plan`), until ``refine_stop`` (default: ``stop``)."""
     stop = dl.current() if stop is None else stop
     best = _best_plan(problem, budget_bytes, allow_swap, restarts, seed, stop, MAX_CHAIN)
-    if best is not None or MAX_CHAIN >= problem.n or stop.passed():
-        return best
-    return _best_plan(problem, budget_bytes, allow_swap, 0, seed, stop, problem.n)
+    if best is None and MAX_CHAIN < problem.n and not stop.passed():
+        best = _best_plan(problem, budget_bytes, allow_swap, 0, seed, stop, problem.n)
+    if best is None:
+        return None
+    if refine:
+        best = refine_plan(best[1], best[0], refine, random.Random(seed), stop if refine_stop is None else refine_stop)
+    return best[1].events()
 
 
 def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: int, seed: int,
-               stop: dl.Deadline, max_chain: int) -> Events | None:
-    """The cheapest replay-valid plan of 1 + ``restarts`` with chains of at most ``max_chain`` ops."""
+               stop: dl.Deadline, max_chain: int) -> tuple[float, _Plan] | None:
+    """The cheapest replay-valid plan of 1 + ``restarts`` with chains of at most ``max_chain`` ops, and its
+    replayed time."""
     rng = random.Random(seed)
-    best: tuple[float, Events] | None = None
-    for attempt in range(1 + restarts):
+    best: tuple[float, _Plan] | None = None
+    # attempts alternate early and late restores; the first two unperturbed; with no restart, a late plan
+    # only if the early one fails
+    for attempt in range(max(1 + restarts, 1 if restarts else 2)):
+        if attempt == 1 and not restarts and best is not None:
+            break
         try:
-            events = _plan(problem, budget_bytes, allow_swap, stop, rng if attempt else None, max_chain)
+            plan = _plan(problem, budget_bytes, allow_swap, stop, rng if attempt > 1 else None, max_chain,
+                         early=attempt % 2 == 0)
         except dl.OutOfTime:
             break
-        if events is None:
-            continue
+        t = None if plan is None else plan.time()
+        if t is not None and (best is None or t < best[0]):
+            best = (t, plan)
+    return best
+
+
+def refine_plan(plan: _Plan, time_s: float, moves: int, rng: random.Random,
+                stop: dl.Deadline) -> tuple[float, _Plan]:
+    """Ruin and recreate (Schrimpf et al. 2000) on an eviction plan, ``moves`` times or until ``stop``: keep
+    again a random evicted gap and up to RUIN_GAPS - 1 others evicted over the same steps, relieve the steps
+    over the budget again with perturbed scores (the first gap not evicted again), thin; the new plan
+    replaces the old one if its replayed time is no higher. The best plan and its replayed time."""
+    best, best_t = plan, time_s
+    idle = 0
+    for _ in range(moves):
+        if stop.passed() or not best.paid or idle >= REFINE_IDLE:
+            break
+        idle += 1
+        seed_gap = rng.choice(sorted(best.paid))
+        a, c = best.gaps.stops[seed_gap[0]][seed_gap[1]], best.evicted[seed_gap[0]][seed_gap[1]]
+        near = [g for g in sorted(best.paid) if g != seed_gap
+                and best.gaps.stops[g[0]][g[1]] < c and best.evicted[g[0]][g[1]] > a]
+        ruin = [seed_gap, *rng.sample(near, min(len(near), rng.randint(0, RUIN_GAPS - 1)))]
+        cand = best.copy()
+        cand.stop = stop
+        for u, k in ruin:
+            cand.keep(u, k)
         try:
-            t = replay(problem, events, budget_bytes).time
-        except ScheduleError:  # the plan's memory model is conservative: not expected, but checked
-            continue
-        if best is None or t < best[0]:
-            best = (t, events)
-    return None if best is None else best[1]
+            if not cand.relieve(rng, banned=frozenset([seed_gap])):
+                continue
+            cand.thin()
+        except dl.OutOfTime:
+            break
+        t = cand.time()
+        if t is not None and t <= best_t:
+            idle = 0 if t < best_t else idle
+            best, best_t = cand, t
+    return best_t, best
 
 
-def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, rng: random.Random | None,
-          max_chain: int) -> Events | None:
-    gaps = _Gaps(p)
-    mem, live_at = plain_memory(p, stop)
-    excess = [m - budget for m in mem]
-    evicted: list[set[int]] = [set() for _ in range(p.n)]  # gap indices evicted, per tensor
-    swapped = [False] * p.n  # tensor swapped out once (later swap-ins cost one transfer)
-    by_swap: dict[tuple[int, int], bool] = {}
-    needs_at: list[list[int]] = [[] for _ in range(p.n)]  # steps where u must be resident to recompute a reader
-    chains: dict[tuple[int, int], list[int]] = {}  # ops recomputed (in order) to restore a gap
-    paid: dict[tuple[int, int], float] = {}  # each evicted gap's restore cost
-    extra: dict[tuple[int, int], int] = {}  # bytes of a restore's missing ancestors, held at its step
-    transient = [0] * p.n  # peak bytes of the recomputes before step s beyond the restored tensors
+class _Plan:
+    """One eviction plan under construction: the plain order's memory less the evicted gaps, and per evicted
+    gap how it is restored. Gaps are evicted and kept again (``evict``/``keep``) with every derived table
+    updated, so a plan can be relieved, thinned and partly undone (:func:`refine_plan`)."""
 
-    def restoring(s: int) -> int:
+    def __init__(self, p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, max_chain: int,
+                 early: bool) -> None:
+        self.p, self.budget, self.allow_swap, self.stop, self.max_chain = p, budget, allow_swap, stop, max_chain
+        self.early = early  # restores may come before the next reader (:meth:`restore_steps`)
+        self.gaps = _Gaps(p)
+        mem, self.live_at = plain_memory(p, stop)
+        self.excess = [m - budget for m in mem]
+        self.evicted: list[dict[int, int]] = [{} for _ in range(p.n)]  # per tensor: evicted gap -> restore step
+        self.swaps = [0] * p.n  # gaps of u restored by swap-in (after the first, a swap-in costs one transfer)
+        self.by_swap: dict[tuple[int, int], bool] = {}
+        self.needs_at: list[list[int]] = [[] for _ in range(p.n)]  # steps where u must be resident to recompute
+        self.chains: dict[tuple[int, int], list[int]] = {}  # ops recomputed (in order) to restore a gap
+        self.reads: dict[tuple[int, int], set[int]] = {}  # the resident tensors a gap's chain reads
+        self.paid: dict[tuple[int, int], float] = {}  # each evicted gap's restore cost
+        self.extra: dict[tuple[int, int], int] = {}  # bytes of a restore's missing ancestors, held at its step
+        self.transient = [0] * p.n  # peak bytes of the recomputes before step s beyond the restored tensors
+        self.counter = _Counter([e > 0 for e in self.excess])
+
+    def copy(self) -> _Plan:
+        """An independent copy (the problem and the plain order's tables are shared)."""
+        new = object.__new__(_Plan)
+        new.__dict__.update(self.__dict__)
+        new.excess, new.swaps, new.transient = list(self.excess), list(self.swaps), list(self.transient)
+        new.evicted = [dict(e) for e in self.evicted]
+        new.needs_at = [list(s) for s in self.needs_at]
+        new.by_swap, new.chains, new.reads = dict(self.by_swap), dict(self.chains), dict(self.reads)
+        new.paid, new.extra = dict(self.paid), dict(self.extra)
+        new.counter = _Counter([])
+        new.counter.tree = list(self.counter.tree)
+        return new
+
+    def restoring(self, s: int) -> int:
         """Excess bytes while step s's restores run: what stays resident before its compute and the peak of
         the recomputes that restore (ancestors freed after their last reader there)."""
-        return excess[s] - p.ops[s].bytes - p.ops[s].workspace + transient[s]
+        return self.excess[s] - self.p.ops[s].bytes - self.p.ops[s].workspace + self.transient[s]
 
-    def resident_at(w: int, step: int) -> bool:
+    def resident_at(self, w: int, step: int) -> bool:
         """w is on the device at ``step`` under the plan (before any restore there)."""
-        if gaps.last[w] < step or w >= step:
+        if self.gaps.last[w] < step or w >= step:
             return False
-        k = gaps.covering(w, step)
-        return k is None or k not in evicted[w]
+        k = self.gaps.covering(w, step)
+        return k is None or k not in self.evicted[w] or step > self.evicted[w][k]
 
-    def chain(u: int, b: int, cap: float = INF) -> tuple[float, list[int], set[int]] | None:
+    def chain(self, u: int, b: int, cap: float = INF) -> tuple[float, list[int], set[int]] | None:
         """Recomputing u just before step b: (op time of u and of the ancestors that are not on the device
         then, those ancestors and u in program order, the resident tensors they read); None if an
         ancestor cannot be recomputed, the chain exceeds ``max_chain`` ops or costs more than ``cap``, or its
         ancestors' bytes (held while step b's restores run, freed before its compute) need more room than
         that compute."""
+        p = self.p
         members, reads, todo = {u}, set(), [u]
         cap *= 1 + 1e-9  # a running sum: prune only what is surely dearer
         spent = p.ops[u].time
@@ -174,98 +243,187 @@ def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, rng: ran
             if not p.ops[v].recompute:
                 return None
             for w in p.inputs[v]:
-                if resident_at(w, b):
+                if self.resident_at(w, b):
                     reads.add(w)
                 elif w not in members:
                     members.add(w)
                     todo.append(w)
                     spent += p.ops[w].time
-                    if len(members) > max_chain or spent > cap:
+                    if len(members) > self.max_chain or spent > cap:
                         return None
         order = sorted(members)
-        extra = chain_peak(p, order)
         # the ancestors are freed before step b's compute: they may use the room that compute needs, never more
-        if restoring(b) + extra > max(excess[b], 0):
+        if self.restoring(b) + chain_peak(p, order) > max(self.excess[b], 0):
             return None
         return math.fsum(p.ops[w].time for w in members), order, reads
 
-    def cost(u: int, k: int, cap: float = INF) -> tuple[float, bool]:
-        """Cheapest restore of u's gap k (its cost, whether by swap-in); INF if none costs at most ``cap``."""
-        a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
-        if any(a < s < b for s in needs_at[u]):  # a reader's recompute needs u inside this gap
+    def cost(self, u: int, k: int, c: int, cap: float = INF) -> tuple[float, bool]:
+        """Cheapest restore of u's gap k at step ``c`` (its cost, whether by swap-in); INF if none costs at
+        most ``cap``."""
+        p = self.p
+        a, b = self.gaps.stops[u][k], self.gaps.stops[u][k + 1]
+        if any(a < s < c for s in self.needs_at[u]):  # a reader's recompute needs u before the restore
             return INF, False
         if b >= p.n:  # a keep op's last stretch: it must be on the device at the end
             return INF, False
-        found = chain(u, b, cap)
+        found = self.chain(u, c, cap)
         rc = INF if found is None else found[0]
         sw = INF
-        if allow_swap and p.ops[u].swap:
-            sw = p.transfer_time(u) * (1 if swapped[u] else 2)
+        if self.allow_swap and p.ops[u].swap:
+            sw = p.transfer_time(u) * (1 if self.swaps[u] else 2)
         return (sw, True) if sw < rc else (rc, False)
 
-    over = [s for s in range(p.n) if excess[s] > 0]
-    counter = _Counter([e > 0 for e in excess])
-    heap = [(-excess[s], s) for s in over]  # worst step first
-    heapq.heapify(heap)
-    while heap:
-        stop.check()
-        neg, s = heapq.heappop(heap)
-        if excess[s] <= 0:
-            continue
-        if -neg != excess[s]:
-            heapq.heappush(heap, (-excess[s], s))
-            continue
-        best: tuple[float, int, int, int, bool] | None = None
-        for u in live_at[s]:
-            k = gaps.covering(u, s)
-            if k is None or k in evicted[u]:
-                continue
-            stop.check()
-            a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
-            span = counter.prefix(min(b, p.n)) - counter.prefix(a + 1)
-            weight = (1 + RESTART_NOISE * rng.random() if rng is not None else 1.0) / (max(1, p.ops[u].bytes) * span)
-            # branch and bound: a restore dearer than the best score so far cannot win
-            c, sw = cost(u, k, INF if best is None else best[0] / weight)
-            if c == INF:
-                continue
-            score = c * weight
-            key = (score, -p.ops[u].bytes, u, k, sw)
-            if best is None or key < best:
-                best = key
-        if best is None:
-            return None  # nothing evictable relieves this step without a cascade
-        _, _, u, k, sw = best
-        paid[(u, k)] = cost(u, k)[0]
-        evicted[u].add(k)
-        by_swap[(u, k)] = sw
-        swapped[u] = swapped[u] or sw
-        a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
+    def restore_steps(self, u: int, k: int, s: int) -> list[int]:
+        """Where u's gap k, which holds the over-budget step s, may be restored: before its next reader, or
+        earlier (when fewer of its ancestors are gone) right after the last step of the gap still over the
+        budget, or right after s."""
+        b = self.gaps.stops[u][k + 1]
+        steps = [b]
+        if not self.early:
+            return steps
+        last = self.last_over(b)
+        for c in (last + 1, s + 1):
+            if s < c < b and c not in steps:
+                steps.append(c)
+        return steps
+
+    def last_over(self, b: int) -> int:
+        """The last step before b over the budget (-1 if none)."""
+        total = self.counter.prefix(b)
+        if total == 0:
+            return -1
+        lo, hi = 0, b  # prefix(lo) < total <= prefix(hi): the step is hi - 1 at the end
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.counter.prefix(mid) < total:
+                lo = mid
+            else:
+                hi = mid
+        return hi - 1
+
+    def _shift(self, u: int, k: int, sign: int) -> None:
+        """Add (sign -1: evicted) or give back (+1) u's bytes on the steps where its gap k is evicted."""
+        a, c = self.gaps.stops[u][k], self.evicted[u][k]
+        size = self.p.ops[u].bytes
+        for t in range(a + 1, min(c, self.p.n)):
+            before = self.excess[t] > 0
+            self.excess[t] += sign * size
+            if before != (self.excess[t] > 0):
+                self.counter.add(t, 1 if self.excess[t] > 0 else -1)
+
+    def evict(self, u: int, k: int, c: int) -> None:
+        """Evict u's gap k until step ``c``, restored there the cheapest way (its cost must be finite)."""
+        cost, sw = self.cost(u, k, c)
+        if sw:
+            c = self.gaps.stops[u][k + 1]  # a swap-in costs the same anywhere: as late as possible
+        self.paid[(u, k)] = cost
+        self.evicted[u][k] = c
+        self.by_swap[(u, k)] = sw
+        self.swaps[u] += sw
         if not sw:
-            found = chain(u, b)
+            b = c
+            found = self.chain(u, b)
             assert found is not None
             _, members, reads = found
-            chains[(u, k)] = members
+            self.chains[(u, k)], self.reads[(u, k)] = members, reads
             for w in reads:
-                needs_at[w].append(b)
-            extra[(u, k)] = chain_peak(p, members)
-            transient[b] += extra[(u, k)]  # held while restoring, freed before b's compute
-        for t in range(a + 1, min(b, p.n)):
-            if excess[t] > 0 >= excess[t] - p.ops[u].bytes:
-                counter.add(t, -1)
-            excess[t] -= p.ops[u].bytes
-        if excess[s] > 0:
-            heapq.heappush(heap, (-excess[s], s))
-    # keep again the gaps later evictions made unnecessary (every step they span has room), costliest first
-    for (u, k), _ in sorted(paid.items(), key=lambda item: -item[1]):
-        stop.check()
-        a, b = gaps.stops[u][k], gaps.stops[u][k + 1]
-        size = p.ops[u].bytes
-        if all(max(excess[t], restoring(t)) + size <= 0 for t in range(a + 1, min(b, p.n))):
-            evicted[u].discard(k)
-            for t in range(a + 1, min(b, p.n)):
-                excess[t] += size
-            transient[b] -= extra.get((u, k), 0)
-    return _events(p, gaps, evicted, by_swap, chains)
+                self.needs_at[w].append(b)
+            self.extra[(u, k)] = chain_peak(self.p, members)
+            self.transient[b] += self.extra[(u, k)]  # held while restoring, freed before b's compute
+        self._shift(u, k, -1)
+
+    def keep(self, u: int, k: int) -> None:
+        """Keep u's evicted gap k on the device again."""
+        b = self.evicted[u][k]
+        self._shift(u, k, +1)
+        del self.evicted[u][k]
+        del self.paid[(u, k)]
+        self.swaps[u] -= self.by_swap.pop((u, k))
+        if (u, k) in self.chains:
+            del self.chains[(u, k)]
+            for w in self.reads.pop((u, k)):
+                self.needs_at[w].remove(b)
+            self.transient[b] -= self.extra.pop((u, k))
+
+    def relieve(self, rng: random.Random | None, banned: frozenset[tuple[int, int]] = frozenset()) -> bool:
+        """Evict gaps until no first compute is over the budget, worst step first, each time the gap with the
+        least cost / (size x over-budget steps it spans) among those live there (``rng``: scores perturbed by
+        up to RESTART_NOISE; ``banned`` gaps are not evicted); False if some step cannot be relieved."""
+        p, excess = self.p, self.excess
+        heap = [(-excess[s], s) for s in range(p.n) if excess[s] > 0]  # worst step first
+        heapq.heapify(heap)
+        while heap:
+            self.stop.check()
+            neg, s = heapq.heappop(heap)
+            if excess[s] <= 0:
+                continue
+            if -neg != excess[s]:
+                heapq.heappush(heap, (-excess[s], s))
+                continue
+            candidates = []  # (a lower bound on the score, weight, gap, restore step)
+            for u in self.live_at[s]:
+                k = self.gaps.covering(u, s)
+                if k is None or k in self.evicted[u] or (u, k) in banned:
+                    continue
+                a = self.gaps.stops[u][k]
+                noise = 1 + RESTART_NOISE * rng.random() if rng is not None else 1.0
+                swap_in = p.transfer_time(u) if self.allow_swap and p.ops[u].swap else INF
+                for c in self.restore_steps(u, k, s):
+                    # a restore costs at least u's compute and its inputs' that are gone then, or a swap-in
+                    least = min(swap_in, p.ops[u].time + sum(p.ops[w].time for w in p.inputs[u]
+                                                             if not self.resident_at(w, c)))
+                    span = self.counter.prefix(min(c, p.n)) - self.counter.prefix(a + 1)
+                    weight = noise / (max(1, p.ops[u].bytes) * span)
+                    candidates.append((least * weight, weight, u, k, c))
+            candidates.sort()
+            best: tuple[float, int, int, int, int] | None = None
+            for least, weight, u, k, c in candidates:
+                if best is not None and least > best[0]:
+                    break  # branch and bound: no candidate left can beat the best score so far
+                self.stop.check()
+                cost, _ = self.cost(u, k, c, INF if best is None else best[0] / weight)
+                if cost == INF:
+                    continue
+                key = (cost * weight, -p.ops[u].bytes, u, k, c)
+                if best is None or key < best:
+                    best = key
+            if best is None:
+                return False  # nothing evictable relieves this step without a cascade
+            self.evict(best[2], best[3], best[4])
+            if excess[s] > 0:
+                heapq.heappush(heap, (-excess[s], s))
+        return True
+
+    def thin(self) -> None:
+        """Keep again the gaps later evictions made unnecessary (every step they span has room), costliest first."""
+        for (u, k), _ in sorted(self.paid.items(), key=lambda item: -item[1]):
+            self.stop.check()
+            a, c = self.gaps.stops[u][k], self.evicted[u][k]
+            size = self.p.ops[u].bytes
+            if all(max(self.excess[t], self.restoring(t)) + size <= 0 for t in range(a + 1, min(c, self.p.n))):
+                self.keep(u, k)
+
+    def events(self) -> Events:
+        """The plan as events (:func:`_events`)."""
+        return _events(self.p, self.gaps, self.evicted, self.by_swap, self.chains)
+
+    def time(self) -> float | None:
+        """The plan's replayed time, or None if its events break the budget (the plan's memory model is
+        conservative: not expected, but checked)."""
+        try:
+            return replay(self.p, self.events(), self.budget).time
+        except ScheduleError:
+            return None
+
+
+def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, rng: random.Random | None,
+          max_chain: int, early: bool) -> _Plan | None:
+    """A relieved and thinned plan (``rng``: perturbed scores), or None if some step cannot be relieved."""
+    plan = _Plan(p, budget, allow_swap, stop, max_chain, early)
+    if not plan.relieve(rng):
+        return None
+    plan.thin()
+    return plan
 
 
 def chain_peak(p: Problem, members: list[int]) -> int:
@@ -282,7 +440,7 @@ def chain_peak(p: Problem, members: list[int]) -> int:
     return peak
 
 
-def _events(p: Problem, gaps: _Gaps, evicted: list[set[int]], by_swap: dict[tuple[int, int], bool],
+def _events(p: Problem, gaps: _Gaps, evicted: list[dict[int, int]], by_swap: dict[tuple[int, int], bool],
             chains: dict[tuple[int, int], list[int]]) -> Events:
     """The plan as events: restores before each first compute, frees after it (a tensor after its last
     reader, or at the start of an evicted gap, swapped out first when the gap is restored by swap-in)."""
@@ -290,9 +448,9 @@ def _events(p: Problem, gaps: _Gaps, evicted: list[set[int]], by_swap: dict[tupl
     free_after: list[list[tuple[int, int]]] = [[] for _ in range(p.n)]
     for u in range(p.n):
         stops = gaps.stops[u]
-        for k in evicted[u]:
+        for k, c in evicted[u].items():
             free_after[stops[k]].append((u, k))
-            restore_at[stops[k + 1]].append((u, k))
+            restore_at[c].append((u, k))
         if u not in p.keep_idx:
             free_after[stops[-1]].append((u, -1))
     events: Events = []

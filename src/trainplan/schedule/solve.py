@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainplan.schedule import baselines
@@ -40,9 +40,13 @@ STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at 
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
 DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
+REFINE_SHARE = 0.5  # ruin and recreate on the DTR-style plan: at most this share of the heuristics' time,
+REFINE_OPS_PER_SECOND = 40000  # and at most that share x this rate / n moves (one move takes about n / this
+# seconds here on layered DAGs of 500-1000 ops): a function of the limit and the size only
 GUIDED_SHARE = 0.2  # the relaxation-guided greedy run is abandoned after this share of the limit, or after
 GUIDED_MAX_S = 2.0  # this many seconds: it ends in 0.04 s on 1000-op training graphs, and on 500-op layered DAGs
 # found nothing in 12 s of a 60 s limit (never better than the best fast schedule there or at 100-1000 ops)
+GROW_MIN_S = 1.0  # CP-SAT optimal within its grid runs again on a larger grid if this many seconds are left
 MIN_STEP_S = 0.05  # a step (relaxation, CP-SAT run) starts only with at least this much wall time left
 PROBE_SHARE = 0.05  # CP-SAT budget of one bisection probe (greedy found nothing), as a share of the limit
 MAX_MIP_PROBES = 4  # at most this many bisection probes fall back to CP-SAT (a fixed count: deterministic)
@@ -99,8 +103,11 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
             return best[1], best[2], first
     for allow_swap in (True, False):  # the DTR-style plan: fast, and good on wide graphs
         restarts = 0 if deadline_s is None else min(DTR_MAX_RESTARTS, int(deadline_s * DTR_OPS_PER_SECOND / problem.n))
-        events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts,
-                          stop=first_stop if best is None else call)
+        refine = 0 if deadline_s is None else int(REFINE_SHARE * deadline_s * REFINE_OPS_PER_SECOND / problem.n)
+        stop = first_stop if best is None else call
+        events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts, refine=refine,
+                          stop=stop, refine_stop=stop.earlier(None if deadline_s is None
+                                                              else t0 + REFINE_SHARE * deadline_s))
         t = _valid(problem, events, budget)
         if t is not None and (best is None or t < best[0]):
             best = (t, events, "dtr-plan" if allow_swap else "dtr-plan-recompute")
@@ -235,6 +242,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
                         lower_bound_ticks=best.ticks,
                         deterministic=deterministic, verbose=verbose, wall_cap_s=clock.wall_left(),
                         lns_share=LNS_SHARE)
+        res = _grow_grid(problem, budget, res, best.ticks, max(0.1, remaining), clock.wall_left(), workers, seed,
+                         deterministic, verbose)
         clock.charge(res.work_s)
     shortened = (clock.limit_s, clock.wall_limit_s) != full
     found = _valid(problem, res.events, budget) if shortened and not proven else None
@@ -242,6 +251,38 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         res = _improve(problem, budget, res, found, best, clock, full, workers, seed, copies, verbose, extra)
     sched = _answer(problem, budget, inc, best, proven, res, t0, extra)
     return set_budget_status(sched, "met" if sched.ok else "not_found")
+
+
+def _grow_grid(problem: Problem, budget: int, res: MipResult, bound_ticks: int, time_s: float, wall_s: float,
+               workers: int, seed: int, deterministic: bool, verbose: bool,
+               stop: SearchStop | None = None) -> MipResult:
+    """While CP-SAT proves its schedule optimal only within its grid (C copies per op, K remat slots per block:
+    a good hint sizes the grid to itself) above the lower bound ``bound_ticks``, and at least GROW_MIN_S of
+    ``time_s`` (wall: ``wall_s``) is left: once more on a grid one copy and one slot larger, hinted with that
+    schedule; until a larger grid gains nothing. The last result that is no worse, its ``work_s`` covering
+    every run (``stats["grown"]`` lists the larger grids' runs)."""
+    t0, used, runs = time.perf_counter(), res.work_s, []
+    while (res.status == "OPTIMAL" and res.events is not None and objective_ticks(problem, res.events) > bound_ticks
+           and min(time_s - used, wall_s - (time.perf_counter() - t0)) >= GROW_MIN_S
+           and not (stop is not None and stop.requested)):
+        copies, slots = res.stats["copies"] + 1, res.stats["slots"] + 1
+        more = solve_mip(problem, budget, time_limit_s=time_s - used, workers=workers, seed=seed, hint=res.events,
+                         copies=copies, slots=slots, lower_bound_ticks=bound_ticks, deterministic=deterministic,
+                         verbose=verbose, wall_cap_s=wall_s - (time.perf_counter() - t0), stop=stop,
+                         lns_share=LNS_SHARE)
+        used += more.work_s
+        runs.append({"copies": copies, "slots": slots, "status": more.status, "objective": more.objective_s,
+                     "wall_seconds": round(more.wall_s, 3)})
+        if more.events is None or _valid(problem, more.events, budget) is None \
+                or objective_ticks(problem, more.events) > objective_ticks(problem, res.events):
+            break
+        gained = objective_ticks(problem, more.events) < objective_ticks(problem, res.events)
+        res = more
+        if not gained:  # the larger grid holds nothing better: a still larger one rarely does
+            break
+    if not runs:
+        return res
+    return replace(res, work_s=used, stats={**res.stats, "grown": runs})
 
 
 def _improve(problem: Problem, budget: int, res: MipResult, res_time: float, best: Bound, clock: _Clock,
@@ -280,10 +321,8 @@ def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, 
     res = None
     stop = SearchStop()
     with ThreadPoolExecutor(1) as pool:
-        mip = pool.submit(solve_mip, problem, budget, time_limit_s=share, workers=1, seed=seed,
-                          hint=hint, copies=copies, lower_bound_ticks=relax.ticks,
-                          deterministic=clock.deterministic, verbose=verbose, stop=stop,
-                          wall_cap_s=clock.wall_left(), lns_share=LNS_SHARE) if beside else None
+        mip = pool.submit(_mip_grown, problem, budget, share, seed, hint, copies, relax.ticks, clock.deterministic,
+                          verbose, stop, clock.wall_left()) if beside else None
         staged, s_events, s_time = _staged(problem, budget, share, seed, clock.deterministic,
                                            objective_ticks(problem, inc.events), clock.wall_left(), extra)
         best = staged if staged.ticks > relax.ticks else relax
@@ -297,6 +336,18 @@ def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, 
     # and then no step follows)
     clock.charge(max(staged.work_s, 0.0 if res is None else res.work_s))
     return best, res
+
+
+def _mip_grown(problem: Problem, budget: int, time_s: float, seed: int, hint: Events, copies: int | None,
+               bound_ticks: int, deterministic: bool, verbose: bool, stop: SearchStop, wall_s: float) -> MipResult:
+    """CP-SAT with one worker from ``hint`` for ``time_s``, its grid grown while it ends optimal within it
+    (:func:`_grow_grid`); ``stop`` ends it."""
+    t0 = time.perf_counter()
+    res = solve_mip(problem, budget, time_limit_s=time_s, workers=1, seed=seed, hint=hint, copies=copies,
+                    lower_bound_ticks=bound_ticks, deterministic=deterministic, verbose=verbose, stop=stop,
+                    wall_cap_s=wall_s, lns_share=LNS_SHARE)
+    return _grow_grid(problem, budget, res, bound_ticks, time_s, wall_s - (time.perf_counter() - t0), 1, seed,
+                      deterministic, verbose, stop)
 
 
 def _answer(problem: Problem, budget: int, inc: _Incumbent, best: Bound, proven: bool, res: MipResult, t0: float,
