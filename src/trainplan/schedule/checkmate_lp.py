@@ -31,7 +31,10 @@ THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # Checkmate's determ
 RANDOM_ROUNDS = 50  # randomized roundings after the sweep, while time is left
 LP_SHARE = 0.7  # of the time limit: building and solving the LP; the rest (at least) rounds
 STAGE_OVERHEAD = 50  # a stage's fixed cost in the build loop, in units of one op of its triangle (measured ~35)
-CONVERT_SHARE = 0.7  # building the sparse matrix after the stage loop, as a share of the loop (measured 0.7)
+CONVERT_SECONDS_PER_NONZERO = 1e-7  # building the sparse matrix after the stage loop, which nothing interrupts:
+# measured 0.8-1.0e-8 s per nonzero up to 6.5M nonzeros (500-op layered DAG), 3.8e-8 at 27M and 5.3e-8 at 109M
+# (1000 and 2000 ops, the memory's bandwidth), alone on the idle host; once 2.3x that in a bench run (a 2000-op
+# LP's build took 12.7 s of a 9 s limit when this was a share of the loop's time)
 BUILD_SHARE = 0.5  # of the LP's share: the stage loop of the build; the sparse matrix and PDLP get the rest
 PDLP_SETUP_S_PER_NONZERO = 4e-7  # PDLP's setup outside its own time limit (copy, presolve, scaling): measured
 # 0.6 s at 1.9M nonzeros and 2.5 s at 7.5M on this 2-core host under load; PDLP is not started without it
@@ -96,7 +99,8 @@ class _Lp:
 def build_lp(problem: Problem, budget_bytes: int, deadline: float) -> _Lp | None:
     """The LP relaxation of Checkmate's MILP at ``budget_bytes`` (memory in units of the cap, time in units
     of the compute time), built a stage at a time with numpy; None if the build is projected to pass
-    ``deadline`` (projected at every stage from the first tenth on) or passes it (checked at every stage)."""
+    ``deadline`` (projected at every stage from the first tenth on: the loop by its stages' cost, the sparse
+    matrix by the nonzeros) or passes it (checked at every stage and before the matrix is built)."""
     if time.perf_counter() > deadline:
         return None
     p, n = problem, problem.n
@@ -125,10 +129,12 @@ def build_lp(problem: Problem, budget_bytes: int, deadline: float) -> _Lp | None
     vals: list[np.ndarray] = []
     lo: list[np.ndarray] = []
     hi: list[np.ndarray] = []
-    nrow = 0
+    nrow = nnz = 0
     f_off = f_base
 
     def add(r: np.ndarray, c: np.ndarray, v: np.ndarray | float) -> None:
+        nonlocal nnz
+        nnz += len(c)
         rows.append(r)
         cols.append(c)
         vals.append(np.broadcast_to(np.asarray(v, dtype=float), c.shape))
@@ -143,12 +149,12 @@ def build_lp(problem: Problem, budget_bytes: int, deadline: float) -> _Lp | None
 
     start = time.perf_counter()
     for t in range(n):
-        # stage t costs ~STAGE_OVERHEAD + t; the sparse matrix after the loop ~CONVERT_SHARE of the loop: give
-        # up as soon as the projected build passes the deadline
+        # stage t costs ~STAGE_OVERHEAD + t, its nonzeros grow with t: give up as soon as the projected build
+        # (the loop and the sparse matrix) passes the deadline
         spent = time.perf_counter() - start
         done, total = (STAGE_OVERHEAD * x + x * x / 2 for x in (t, n))
-        if start + spent > deadline or (
-                t >= n // 10 and start + spent * total / max(done, 1.0) * (1 + CONVERT_SHARE) > deadline):
+        if start + spent > deadline or (t >= n // 10 and start + (spent + CONVERT_SECONDS_PER_NONZERO * nnz)
+                                        * total / max(done, 1.0) > deadline):
             return None
         ks = np.arange(t + 1)
         R = t * (t + 1) // 2 + ks  # R(t, k), k = 0..t
@@ -206,7 +212,7 @@ def build_lp(problem: Problem, budget_bytes: int, deadline: float) -> _Lp | None
             add(r, S1[ei[e]], 1.0)
             add(r[pe[sel]], R[pj[sel]], 1.0)
     assert f_off == m_base and n_edges == cnt[-1]
-    if time.perf_counter() > deadline:
+    if time.perf_counter() + CONVERT_SECONDS_PER_NONZERO * nnz > deadline:
         return None
     matrix = sp.csc_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                            shape=(nrow, nvar))

@@ -126,8 +126,8 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
 
 def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: int, seed: int,
                stop: dl.Deadline, max_chain: int) -> tuple[float, _Plan] | None:
-    """The cheapest replay-valid plan of 1 + ``restarts`` with chains of at most ``max_chain`` ops, and its
-    replayed time."""
+    """The cheapest replay-valid plan of 1 + ``restarts`` (alternating early and late restores) with chains of
+    at most ``max_chain`` ops, and its replayed time."""
     rng = random.Random(seed)
     best: tuple[float, _Plan] | None = None
     # attempts alternate early and late restores; the first two unperturbed; with no restart, a late plan
@@ -146,13 +146,14 @@ def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: 
     return best
 
 
-def refine_plan(plan: _Plan, time_s: float, moves: int, rng: random.Random,
+def refine_plan(plan: _Plan, plan_time: float, moves: int, rng: random.Random,
                 stop: dl.Deadline) -> tuple[float, _Plan]:
     """Ruin and recreate (Schrimpf et al. 2000) on an eviction plan, ``moves`` times or until ``stop``: keep
     again a random evicted gap and up to RUIN_GAPS - 1 others evicted over the same steps, relieve the steps
     over the budget again with perturbed scores (the first gap not evicted again), thin; the new plan
-    replaces the old one if its replayed time is no higher. The best plan and its replayed time."""
-    best, best_t = plan, time_s
+    replaces the old one if its replayed time is no higher; ends after REFINE_IDLE moves in a row without a
+    gain. ``plan_time``: the plan's replayed time. The best plan's replayed time and the plan."""
+    best, best_t = plan, plan_time
     idle = 0
     for _ in range(moves):
         if stop.passed() or not best.paid or idle >= REFINE_IDLE:
