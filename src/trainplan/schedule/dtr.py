@@ -19,6 +19,7 @@ deadline.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 import random
@@ -130,9 +131,9 @@ def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: 
     at most ``max_chain`` ops, and its replayed time."""
     rng = random.Random(seed)
     best: tuple[float, _Plan] | None = None
-    # attempts alternate early and late restores; the first two unperturbed; with no restart, a late plan
-    # only if the early one fails
-    for attempt in range(max(1 + restarts, 1 if restarts else 2)):
+    # attempts alternate early and late restores, the first two unperturbed; with no restart, the late plan
+    # is made only if the early one fails
+    for attempt in range(1 + restarts if restarts else 2):
         if attempt == 1 and not restarts and best is not None:
             break
         try:
@@ -159,9 +160,10 @@ def refine_plan(plan: _Plan, plan_time: float, moves: int, rng: random.Random,
         if stop.passed() or not best.paid or idle >= REFINE_IDLE:
             break
         idle += 1
-        seed_gap = rng.choice(sorted(best.paid))
+        gaps = sorted(best.paid)
+        seed_gap = rng.choice(gaps)
         a, c = best.gaps.stops[seed_gap[0]][seed_gap[1]], best.evicted[seed_gap[0]][seed_gap[1]]
-        near = [g for g in sorted(best.paid) if g != seed_gap
+        near = [g for g in gaps if g != seed_gap
                 and best.gaps.stops[g[0]][g[1]] < c and best.evicted[g[0]][g[1]] > a]
         ruin = [seed_gap, *rng.sample(near, min(len(near), rng.randint(0, RUIN_GAPS - 1)))]
         cand = best.copy()
@@ -206,14 +208,13 @@ class _Plan:
 
     def copy(self) -> _Plan:
         """An independent copy (the problem and the plain order's tables are shared)."""
-        new = object.__new__(_Plan)
-        new.__dict__.update(self.__dict__)
+        new = copy.copy(self)
         new.excess, new.swaps, new.transient = list(self.excess), list(self.swaps), list(self.transient)
         new.evicted = [dict(e) for e in self.evicted]
         new.needs_at = [list(s) for s in self.needs_at]
         new.by_swap, new.chains, new.reads = dict(self.by_swap), dict(self.chains), dict(self.reads)
         new.paid, new.extra = dict(self.paid), dict(self.extra)
-        new.counter = _Counter([])
+        new.counter = copy.copy(self.counter)
         new.counter.tree = list(self.counter.tree)
         return new
 

@@ -262,7 +262,8 @@ def _grow_grid(problem: Problem, budget: int, res: MipResult, bound_ticks: int, 
     schedule; until a larger grid gains nothing. The last result that is no worse, its ``work_s`` covering
     every run (``stats["grown"]`` lists the larger grids' runs)."""
     t0, used, runs = time.perf_counter(), res.work_s, []
-    while (res.status == "OPTIMAL" and res.events is not None and objective_ticks(problem, res.events) > bound_ticks
+    ticks = None if res.events is None else objective_ticks(problem, res.events)
+    while (res.status == "OPTIMAL" and ticks is not None and ticks > bound_ticks
            and min(time_s - used, wall_s - (time.perf_counter() - t0)) >= GROW_MIN_S
            and not (stop is not None and stop.requested)):
         copies, slots = res.stats["copies"] + 1, res.stats["slots"] + 1
@@ -273,11 +274,10 @@ def _grow_grid(problem: Problem, budget: int, res: MipResult, bound_ticks: int, 
         used += more.work_s
         runs.append({"copies": copies, "slots": slots, "status": more.status, "objective": more.objective_s,
                      "wall_seconds": round(more.wall_s, 3)})
-        if more.events is None or _valid(problem, more.events, budget) is None \
-                or objective_ticks(problem, more.events) > objective_ticks(problem, res.events):
+        more_ticks = None if _valid(problem, more.events, budget) is None else objective_ticks(problem, more.events)
+        if more_ticks is None or more_ticks > ticks:
             break
-        gained = objective_ticks(problem, more.events) < objective_ticks(problem, res.events)
-        res = more
+        res, gained, ticks = more, more_ticks < ticks, more_ticks
         if not gained:  # the larger grid holds nothing better: a still larger one rarely does
             break
     if not runs:
