@@ -48,10 +48,10 @@ def test_restricted_model_rematerialises_only_the_named_ops():
         solve_mip(p, p.budget_bytes, hint=best_heuristic(p, p.budget_bytes)[0], remat_ops=ops)
 
 
-@pytest.mark.parametrize("seed, fraction", [(0, 0.7), (3, 0.5)])
+@pytest.mark.parametrize("seed, fraction", [(0, 0.7), (3, 0.6)])
 def test_100_op_graph_is_proven_optimal_by_the_restricted_model(seed, fraction):
     """The restricted model meets the relaxation bound, so the schedule is optimal among all schedules
-    (CP-SAT's full model is skipped); before it, these cases ended 0.03-0.05% above the bound at 10 s."""
+    (CP-SAT's full model is skipped)."""
     p = at(training_graph(100, seed), fraction)
     s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False)
     assert s.status == "optimal" and s.extra["heuristic"] == "relaxation-restricted-mip"

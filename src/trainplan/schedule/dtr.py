@@ -13,8 +13,10 @@ more steps, an early one costs less). While some first compute is over the budge
 with the least cost / (size x over-budget steps relieved) among the tensors live there is evicted: DTR's
 score with staleness read as the stretch of over-budget steps the eviction relieves. Gaps later evictions
 made unnecessary are kept again. :func:`refine_plan` then ruins and recreates parts of the plan. The plan's
-events are replayed (trainplan.schedule.replay decides validity and peak). Every loop checks the call's
-deadline.
+events keep a recomputed ancestor for the next restore that needs it where it fits
+(:func:`trainplan.schedule.retain.retain_recomputes`) and are replayed (trainplan.schedule.replay decides
+validity and peak). Every loop checks the call's deadline; ruin and recreate also stops after a fixed amount
+of work (:attr:`_Plan.work`), the same on any machine.
 """
 
 from __future__ import annotations
@@ -28,12 +30,19 @@ from trainplan.schedule import deadline as dl
 from trainplan.schedule.heuristic import INF, Events
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay, take_outputs_at_once
+from trainplan.schedule.retain import retain_recomputes
 
 
 MAX_CHAIN = 30  # at most this many ops recomputed to restore one gap (the tensor and missing ancestors)
 RESTART_NOISE = 0.5  # a restart multiplies each score by a uniform factor in [1, 1 + this]
 RUIN_GAPS = 4  # a ruin-and-recreate move keeps again at most this many evicted gaps
 REFINE_IDLE = 200  # ruin and recreate ends after this many moves in a row without a gain
+# work units (about 0.22 us each here, fitted to refine runs on 100-2000-op layered DAGs within 10%): an input
+# looked at while building a chain is 1; these are the others
+CANDIDATE_WORK = 10  # a (gap, restore step) candidate scored while relieving
+THIN_WORK = 2  # a step looked at while thinning
+COPY_WORK = 25  # an op's tables copied
+SHIFT_WORK = 25  # a step's excess updated when a gap is evicted or kept
 
 
 class _Counter:
@@ -112,8 +121,8 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
     RESTART_NOISE (seeded: the same plans on any machine, unless the deadline cuts them short); the
     cheapest replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
     recomputes, one plan with chains of any length (slower: tight budgets on wide DAGs, where earlier
-    evictions leave long chains of missing ancestors). ``refine``: at most that many ruin-and-recreate moves
-    on the kept plan (:func:`refine_plan`), until ``refine_stop`` (default: ``stop``)."""
+    evictions leave long chains of missing ancestors). ``refine``: ruin and recreate on the kept plan for at
+    most that much work (:func:`refine_plan`), until ``refine_stop`` (default: ``stop``)."""
     stop = dl.current() if stop is None else stop
     best = _best_plan(problem, budget_bytes, allow_swap, restarts, seed, stop, MAX_CHAIN)
     if best is None and MAX_CHAIN < problem.n and not stop.passed():
@@ -147,16 +156,17 @@ def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: 
     return best
 
 
-def refine_plan(plan: _Plan, plan_time: float, moves: int, rng: random.Random,
+def refine_plan(plan: _Plan, plan_time: float, work: int, rng: random.Random,
                 stop: dl.Deadline) -> tuple[float, _Plan]:
-    """Ruin and recreate (Schrimpf et al. 2000) on an eviction plan, ``moves`` times or until ``stop``: keep
+    """Ruin and recreate (Schrimpf et al. 2000) on an eviction plan until it has done ``work`` (its
+    :attr:`_Plan.work` units: deterministic) or ``stop`` passes (a safety net): keep
     again a random evicted gap and up to RUIN_GAPS - 1 others evicted over the same steps, relieve the steps
     over the budget again with perturbed scores (the first gap not evicted again), thin; the new plan
     replaces the old one if its replayed time is no higher; ends after REFINE_IDLE moves in a row without a
     gain. ``plan_time``: the plan's replayed time. The best plan's replayed time and the plan."""
     best, best_t = plan, plan_time
-    idle = 0
-    for _ in range(moves):
+    idle, end = 0, plan.work[0] + work
+    while plan.work[0] < end:  # copies share the meter
         if stop.passed() or not best.paid or idle >= REFINE_IDLE:
             break
         idle += 1
@@ -205,10 +215,12 @@ class _Plan:
         self.extra: dict[tuple[int, int], int] = {}  # bytes of a restore's missing ancestors, held at its step
         self.transient = [0] * p.n  # peak bytes of the recomputes before step s beyond the restored tensors
         self.counter = _Counter([e > 0 for e in self.excess])
+        self.work = [0]  # work units done (CANDIDATE_WORK...): a meter shared by copies
 
     def copy(self) -> _Plan:
         """An independent copy (the problem and the plain order's tables are shared)."""
         new = copy.copy(self)
+        self.work[0] += COPY_WORK * self.p.n
         new.excess, new.swaps, new.transient = list(self.excess), list(self.swaps), list(self.transient)
         new.evicted = [dict(e) for e in self.evicted]
         new.needs_at = [list(s) for s in self.needs_at]
@@ -244,6 +256,7 @@ class _Plan:
             v = todo.pop()
             if not p.ops[v].recompute:
                 return None
+            self.work[0] += len(p.inputs[v]) + 1
             for w in p.inputs[v]:
                 if self.resident_at(w, b):
                     reads.add(w)
@@ -307,6 +320,7 @@ class _Plan:
         """Add (sign -1: evicted) or give back (+1) u's bytes on the steps where its gap k is evicted."""
         a, c = self.gaps.stops[u][k], self.evicted[u][k]
         size = self.p.ops[u].bytes
+        self.work[0] += SHIFT_WORK * (c - a)
         for t in range(a + 1, min(c, self.p.n)):
             before = self.excess[t] > 0
             self.excess[t] += sign * size
@@ -371,6 +385,7 @@ class _Plan:
                 noise = 1 + RESTART_NOISE * rng.random() if rng is not None else 1.0
                 swap_in = p.transfer_time(u) if self.allow_swap and p.ops[u].swap else INF
                 for c in self.restore_steps(u, k, s):
+                    self.work[0] += CANDIDATE_WORK
                     # a restore costs at least u's compute and its inputs' that are gone then, or a swap-in
                     least = min(swap_in, p.ops[u].time + sum(p.ops[w].time for w in p.inputs[u]
                                                              if not self.resident_at(w, c)))
@@ -402,16 +417,21 @@ class _Plan:
             self.stop.check()
             a, c = self.gaps.stops[u][k], self.evicted[u][k]
             size = self.p.ops[u].bytes
+            self.work[0] += THIN_WORK * (c - a)
             if all(max(self.excess[t], self.restoring(t)) + size <= 0 for t in range(a + 1, min(c, self.p.n))):
                 self.keep(u, k)
 
     def events(self) -> Events:
-        """The plan as events (:func:`_events`)."""
-        return _events(self.p, self.gaps, self.evicted, self.by_swap, self.chains)
+        """The plan as events (:func:`_events`), each recomputed ancestor kept for the next restore that needs
+        it where it fits (:func:`retain_recomputes`)."""
+        events = _events(self.p, self.gaps, self.evicted, self.by_swap, self.chains)
+        try:
+            return retain_recomputes(self.p, events, self.budget, self.stop)
+        except ScheduleError:  # a plan refine_plan made can be invalid: time() says so
+            return events
 
     def time(self) -> float | None:
-        """The plan's replayed time, or None if its events break the budget (the plan's memory model is
-        conservative: not expected, but checked)."""
+        """The replayed time of :meth:`events`, or None if they break the budget (not expected, but checked)."""
         try:
             return replay(self.p, self.events(), self.budget).time
         except ScheduleError:

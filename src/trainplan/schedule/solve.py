@@ -19,6 +19,7 @@ from trainplan.schedule.heuristic import POLICIES, greedy, guided
 from trainplan.schedule.mip import HINT_MAX_GROWTH, MipResult, SearchStop, hint_growth, objective_ticks, solve_mip
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
+from trainplan.schedule.retain import retain_recomputes
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
 from trainplan.schedule.staged_bound import solve_staged, staged_variables
 from trainplan.schedule.staged_schedule import staged_events
@@ -41,8 +42,8 @@ STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at 
 DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
 DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
 REFINE_SHARE = 0.5  # ruin and recreate on the DTR-style plan: at most this share of the heuristics' time,
-REFINE_OPS_PER_SECOND = 40000  # and at most that share x this rate / n moves (one move takes about n / this
-# seconds here on layered DAGs of 500-1000 ops): a function of the limit and the size only
+REFINE_WORK_PER_SECOND = 3_000_000  # and that share x this many work units (dtr._Plan.work; 4.5M per second
+# here on 100-2000-op layered DAGs): the same work on any machine, ending before the wall-clock share here
 GUIDED_SHARE = 0.2  # the relaxation-guided greedy run is abandoned after this share of the limit, or after
 GUIDED_MAX_S = 2.0  # this many seconds: it ends in 0.04 s on 1000-op training graphs, and on 500-op layered DAGs
 # found nothing in 12 s of a 60 s limit (never better than the best fast schedule there or at 100-1000 ops)
@@ -72,6 +73,15 @@ def _valid(problem: Problem, events: Events | None, budget: int) -> float | None
         return None
 
 
+def _polish(problem: Problem, events: Events | None, budget: int) -> tuple[Events | None, float | None]:
+    """``events`` with each recompute that fits replaced by keeping the tensor (:func:`retain_recomputes`), and
+    their replayed time; (None, None) if ``events`` are not valid within ``budget``."""
+    if _valid(problem, events, budget) is None:
+        return None, None
+    events = retain_recomputes(problem, events, budget, dl.current())
+    return events, _valid(problem, events, budget)
+
+
 def cp_hint(problem: Problem, events: Events | None, bound_s: float, copies: int | None = None) -> Events | None:
     """``events`` as a CP-SAT hint; None where they take more than HINT_MAX_OVER_BOUND times the lower bound
     ``bound_s``, or fitting them would grow the model more than HINT_MAX_GROWTH times
@@ -95,20 +105,19 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
     first_stop = call.earlier(None if first_deadline_s is None else t0 + first_deadline_s)
     best: tuple[float, Events, str] | None = None
     first = None
-    chain_events = chain_dp_events(problem, budget) if chain_dp else None
-    chain_time = _valid(problem, chain_events, budget)
+    chain_events, chain_time = _polish(problem, chain_dp_events(problem, budget) if chain_dp else None, budget)
     if chain_events is not None and chain_time is not None:
         best, first = (chain_time, chain_events, "chain-dp"), time.perf_counter() - t0
         if first_only:
             return best[1], best[2], first
     for allow_swap in (True, False):  # the DTR-style plan: fast, and good on wide graphs
         restarts = 0 if deadline_s is None else min(DTR_MAX_RESTARTS, int(deadline_s * DTR_OPS_PER_SECOND / problem.n))
-        refine = 0 if deadline_s is None else int(REFINE_SHARE * deadline_s * REFINE_OPS_PER_SECOND / problem.n)
+        refine = 0 if deadline_s is None else int(REFINE_SHARE * deadline_s * REFINE_WORK_PER_SECOND)
         stop = first_stop if best is None else call
         events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts, refine=refine,
                           stop=stop, refine_stop=stop.earlier(None if deadline_s is None
                                                               else t0 + REFINE_SHARE * deadline_s))
-        t = _valid(problem, events, budget)
+        t = _valid(problem, events, budget)  # the plan's events are polished already
         if t is not None and (best is None or t < best[0]):
             best = (t, events, "dtr-plan" if allow_swap else "dtr-plan-recompute")
             first = time.perf_counter() - t0 if first is None else first
@@ -121,7 +130,7 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
             events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
                             stop_at=first_stop.end if best is None else min(call.end, stop_at or call.end),
                             time_cap=None if best is None else best[0])  # a run slower than the best stops
-            t = _valid(problem, events, budget)
+            events, t = _polish(problem, events, budget)
             if t is not None and (best is None or t < best[0]):
                 best = (t, events, f"greedy-{policy}-{label}")
                 first = time.perf_counter() - t0 if first is None else first
@@ -131,10 +140,10 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
                     or (first_stop if best is None else call).passed():
                 return (None, "", None) if best is None else (best[1], best[2], first)
     sqrt_events = None if call.passed() else baselines.sqrt_checkpoint_events(problem)
-    if sqrt_events is not None:
-        rep = replay(problem, sqrt_events)  # budget-agnostic: often over the cap, quietly skipped
-        if rep.peak_bytes <= budget and (best is None or rep.time < best[0]):
-            best = (rep.time, sqrt_events, "sqrt_checkpoint")
+    if sqrt_events is not None and replay(problem, sqrt_events).peak_bytes <= budget:  # often over: skipped
+        sqrt_events, sqrt_time = _polish(problem, sqrt_events, budget)
+        if sqrt_time is not None and (best is None or sqrt_time < best[0]):
+            best = (sqrt_time, sqrt_events, "sqrt_checkpoint")
             first = time.perf_counter() - t0 if first is None else first
     return (None, "", None) if best is None else (best[1], best[2], first)
 
@@ -207,7 +216,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     # abandoned at the time limit: on long recompute chains one greedy run can take longer than the limit
     guided_stop = min(t0 + time_limit_s, time.perf_counter() + min(GUIDED_SHARE * time_limit_s, GUIDED_MAX_S))
     guided_events = guided(problem, budget, relax.evict, stop_at=guided_stop) if relax.evict else None
-    inc.offer(guided_events, _valid(problem, guided_events, budget), "relaxation-guided", t0)
+    inc.offer(*_polish(problem, guided_events, budget), "relaxation-guided", t0)
     extra: dict[str, Any] = {"relaxation": {"bound": relax.seconds, "status": relax.status},
                              "time_no_recompute": problem.compute_time}
     if relax.infeasible:
@@ -221,7 +230,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         r_events, extra["restricted_mip"], work = _restricted_mip(problem, budget, relax, share, workers, seed,
                                                                   deterministic, clock.wall_left())
         clock.charge(work)
-        inc.offer(r_events, extra["restricted_mip"]["replay_time"], "relaxation-restricted-mip", t0)
+        inc.offer(*_polish(problem, r_events, budget), "relaxation-restricted-mip", t0)
     extra.update(heuristic=inc.name or None, heuristic_time=inc.time)
     best, res = relax, None
     if inc.events is not None and objective_ticks(problem, inc.events) > relax.ticks:
@@ -323,10 +332,10 @@ def _staged_phase(problem: Problem, budget: int, relax: Bound, inc: _Incumbent, 
     with ThreadPoolExecutor(1) as pool:
         mip = pool.submit(_mip_grown, problem, budget, share, seed, hint, copies, relax.ticks, clock.deterministic,
                           verbose, stop, clock.wall_left()) if beside else None
-        staged, s_events, s_time = _staged(problem, budget, share, seed, clock.deterministic,
+        staged, s_events, _ = _staged(problem, budget, share, seed, clock.deterministic,
                                            objective_ticks(problem, inc.events), clock.wall_left(), extra)
         best = staged if staged.ticks > relax.ticks else relax
-        inc.offer(s_events, s_time, "staged-model", clock.t0)
+        inc.offer(*_polish(problem, s_events, budget), "staged-model", clock.t0)
         extra.update(heuristic=inc.name, heuristic_time=inc.time)
         if mip is not None:
             if objective_ticks(problem, inc.events) <= best.ticks:  # proven: CP-SAT's answer is not used
@@ -352,8 +361,8 @@ def _mip_grown(problem: Problem, budget: int, time_s: float, seed: int, hint: Ev
 
 def _answer(problem: Problem, budget: int, inc: _Incumbent, best: Bound, proven: bool, res: MipResult, t0: float,
             extra: dict[str, Any]) -> Schedule:
-    """The better of CP-SAT's schedule and the incumbent, with the best valid bound and the extras."""
-    mip_time = _valid(problem, res.events, budget)
+    """The better of CP-SAT's schedule (polished) and the incumbent, with the best valid bound and the extras."""
+    mip_events, mip_time = _polish(problem, res.events, budget)
     first = inc.first
     if first is None and res.first_solution_s is not None:
         first = time.perf_counter() - t0 - res.wall_s + res.first_solution_s
@@ -366,11 +375,11 @@ def _answer(problem: Problem, budget: int, inc: _Incumbent, best: Bound, proven:
     bound = best.seconds
     elapsed = time.perf_counter() - t0
     if not proven and mip_time is not None and (inc.time is None or mip_time <= inc.time):
-        at_bound = objective_ticks(problem, res.events) <= best.ticks  # proven even if CP-SAT did not notice
+        at_bound = objective_ticks(problem, mip_events) <= best.ticks  # proven even if CP-SAT did not notice
         if res.status == "OPTIMAL" and not at_bound:
             extra["optimal_within"] = (f"the CP-SAT model: {res.stats.get('copies')} copies per op, "
                                        f"{res.stats.get('slots')} remat slots per block")
-        return from_events(problem, res.events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
+        return from_events(problem, mip_events, budget_bytes=budget, method="ours", solve_seconds=elapsed,
                            bound=bound, optimal=at_bound, extra=extra)
     if inc.events is not None:
         return from_events(problem, inc.events, budget_bytes=budget, method="ours", solve_seconds=elapsed,

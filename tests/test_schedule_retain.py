@@ -1,0 +1,88 @@
+"""Keeping a recomputed tensor for its next use instead of recomputing it again (schedule.retain)."""
+
+import pytest
+
+from trainplan.schedule import problem_from_dict
+from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.dtr import _Gaps, _Plan
+from trainplan.schedule.deadline import NEVER
+from trainplan.schedule.replay import ScheduleError, replay
+from trainplan.schedule.retain import retain_recomputes
+from trainplan.schedule.synthetic import layered_graph
+
+
+def _problem(budget: int):
+    # w -> x -> (y1, y2); r is read by the last op, so w, x can be dropped and recomputed in between
+    return problem_from_dict({"ops": [{"id": "w", "time": 2, "bytes": 10},
+                                      {"id": "x", "time": 5, "bytes": 10, "inputs": ["w"]},
+                                      {"id": "big", "time": 1, "bytes": 50},
+                                      {"id": "y1", "time": 1, "bytes": 1, "inputs": ["x", "big"]},
+                                      {"id": "y2", "time": 1, "bytes": 1, "inputs": ["x", "y1"]}],
+                              "budget_bytes": budget, "bandwidth": 1.0, "keep": ["y2"]})
+
+
+# x is made, freed, recomputed (with w) for y1, freed, and recomputed (with w) for y2
+EVENTS = [("compute", "w"), ("compute", "x"), ("free", "w"), ("free", "x"), ("compute", "big"),
+          ("compute", "w"), ("compute", "x"), ("free", "w"), ("compute", "y1"), ("free", "big"), ("free", "x"),
+          ("compute", "w"), ("compute", "x"), ("free", "w"), ("compute", "y2"), ("free", "x"), ("free", "y1")]
+
+
+def test_a_recompute_with_room_is_replaced_by_keeping_the_tensor_and_its_feeder_recompute_goes():
+    p = _problem(budget=100)
+    before = replay(p, EVENTS, 100)
+    out = retain_recomputes(p, EVENTS, 100)
+    after = replay(p, out, 100)  # valid under the budget
+    # both recomputes of x are merged into the first compute (x kept: +10 bytes beside big's 50); with x
+    # gone, the recomputes of w feed nothing and are deleted too
+    assert after.recomputes == 0 and before.recomputes == 4
+    assert after.time == before.time - 2 * (5 + 2) and after.peak_bytes <= 100
+    assert out.count(("compute", "x")) == 1 and out.count(("compute", "w")) == 1
+
+
+def test_a_merge_is_made_only_where_the_tensor_fits_at_every_event_in_between():
+    # x is freed before a 60-byte spike z and recomputed after it: keeping x through z needs 70 bytes
+    p = problem_from_dict({"ops": [{"id": "x", "time": 5, "bytes": 10},
+                                   {"id": "z", "time": 1, "bytes": 60},
+                                   {"id": "y", "time": 1, "bytes": 1, "inputs": ["x"]}],
+                           "budget_bytes": 70, "bandwidth": 1.0, "keep": ["y"]})
+    events = [("compute", "x"), ("free", "x"), ("compute", "z"), ("free", "z"), ("compute", "x"),
+              ("compute", "y"), ("free", "x")]
+    assert replay(p, events).peak_bytes == 60
+    assert retain_recomputes(p, events, 69) == events
+    merged = retain_recomputes(p, events, 70)
+    assert merged == [("compute", "x"), ("compute", "z"), ("free", "z"), ("compute", "y"), ("free", "x")]
+    assert replay(p, merged, 70).time == replay(p, events).time - 5
+
+
+def test_a_swapped_out_recompute_is_not_deleted():
+    """An instance swapped out holds the host copy a later swap-in reads: it stays even without a reader."""
+    p = problem_from_dict({"ops": [{"id": "a", "time": 1, "bytes": 5},
+                                   {"id": "b", "time": 1, "bytes": 5, "inputs": ["a"]},
+                                   {"id": "c", "time": 1, "bytes": 5, "inputs": ["a", "b"]}],
+                           "budget_bytes": 100, "bandwidth": 1.0, "keep": ["c"]})
+    events = [("compute", "a"), ("compute", "b"), ("free", "a"), ("compute", "a"), ("swap_out", "a"),
+              ("free", "a"), ("swap_in", "a"), ("compute", "c")]
+    out = retain_recomputes(p, events, 100)
+    assert ("swap_out", "a") in out and replay(p, out, 100).time <= replay(p, events, 100).time
+
+
+@pytest.mark.parametrize("n, seed, frac", [(300, 3, 0.8), (400, 7, 0.8), (200, 11, 0.9)])
+def test_on_eviction_plans_of_unseen_layered_graphs_it_stays_valid_and_never_slower(n, seed, frac):
+    p = layered_graph(n, seed)
+    budget = int(frac * replay(p, no_recompute_events(p)).peak_bytes)
+    plan = _Plan(p, budget, False, NEVER, n, early=True)
+    assert plan.relieve(None)
+    from trainplan.schedule.dtr import _events
+    raw = _events(p, _Gaps(p), plan.evicted, plan.by_swap, plan.chains)  # the plan's events before the pass
+    before = replay(p, raw, budget)
+    out = retain_recomputes(p, raw, budget)
+    after = replay(p, out, budget)  # raises if invalid or over the budget
+    assert after.peak_bytes <= budget
+    assert after.time < before.time and after.recomputes < before.recomputes
+    assert retain_recomputes(p, raw, budget) == out  # deterministic
+
+
+def test_events_that_read_a_tensor_not_resident_are_refused_by_name():
+    p = _problem(budget=100)
+    with pytest.raises(ScheduleError, match="event 0 compute 'x'"):
+        retain_recomputes(p, [("compute", "x"), ("compute", "w")], 100)
