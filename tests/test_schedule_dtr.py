@@ -118,5 +118,7 @@ def test_ruin_and_recreate_improves_the_plan_and_is_reproducible():
     t1, better = dtr.refine_plan(plan.copy(), t0, 1_000_000, random.Random(3), dtr.dl.NEVER)
     assert t1 < t0 and plan.time() == t0  # the plan it started from is untouched
     assert replay(p, better.events(), budget).time == t1
+    better.stop = dtr.dl.Deadline(0.0)  # refine's share of the time is over when its plan is read: still polished
+    assert replay(p, better.events(), budget).time == t1
     assert dtr.refine_plan(plan.copy(), t0, 1_000_000, random.Random(3), dtr.dl.NEVER)[1].events() == better.events()
     assert dtr_plan(p, budget, allow_swap=False, refine=1_000_000, seed=3) is not None

@@ -426,7 +426,8 @@ class _Plan:
         it where it fits (:func:`retain_recomputes`)."""
         events = _events(self.p, self.gaps, self.evicted, self.by_swap, self.chains)
         try:
-            return retain_recomputes(self.p, events, self.budget, self.stop)
+            # the call's deadline, not the plan's (refine_plan's share may have passed when its best plan is read)
+            return retain_recomputes(self.p, events, self.budget, dl.current())
         except ScheduleError:  # a plan refine_plan made can be invalid: time() says so
             return events
 
