@@ -207,10 +207,10 @@ def byte_unit(cap: int) -> int:
     return max(1, math.ceil(cap / 2**30))
 
 
-HINT_MAX_GROWTH = 2.0  # a hint raises every op's copies to the most it holds any op while that at most doubles
-# the model's variables, else only the ops it holds longer (250-op layered DAGs at 80%, 60 s: 9.7-14.7%
-# overhead against 18.5-19.4% with every op raised to 4, the model three times the size); and solve.cp_hint
-# gives CP-SAT a hint only if its grid grows at most this much
+HINT_MAX_GROWTH = 2.0  # solve.cp_hint gives CP-SAT a hint only if its grid grows at most this much. A hint
+# raises only the copies of the ops it holds longer (250-op layered DAGs at 80%, 60 s: 9.7-14.7% overhead
+# against 18.5-19.4% with every op raised to 4, the model three times the size; every op raised to 3 while
+# that at most doubled the model: 13.9% against 11.2% on seed 1, 6.6% against 5.2% on seed 2)
 MAX_MODEL_VARIABLES = 250_000  # 3-6 s of model building on this host (12-22 us per variable)
 BUILD_SECONDS_PER_VARIABLE = 25e-6  # a model is built only if this x its size fits in the wall time left,
 LOAD_SECONDS_PER_VARIABLE = 20e-6  # plus this x its size: CP-SAT's load and presolve start, which its time limit
@@ -249,19 +249,14 @@ class _Grid:
 def _grid(p: Problem, copies: int | None, slots: int | None, hint_copies: list[list[_Copy]] | None,
           hint_used: list[int], remat_ops: frozenset[int] | None) -> _Grid:
     """The grid for C copies per op and K slots per block (defaults in :func:`solve_mip`), raised to fit the
-    hint: every op's copies to the most the hint holds any op if that grows the model at most
-    HINT_MAX_GROWTH times, else only each op's to as many as the hint holds it; each block's slots to as
-    many as the hint uses. Only ``remat_ops`` (default: every op) get copies beyond the first. ``copies`` of
+    hint: each op's copies to as many as the hint holds it, each block's slots to as many as the hint uses. Only ``remat_ops`` (default: every op) get copies beyond the first. ``copies`` of
     the grid is the most any op has."""
     n = p.n
     C = copies or (3 if n <= 60 else 2)
     per_op = [C] * n
     K = [slots or (n if n <= 60 else 2)] * (n + 1)
     if hint_copies is not None:
-        held = [len(c) for c in hint_copies]
-        uniform = [max(C, max(held, default=1))] * n
-        small = model_variables(p, uniform) <= HINT_MAX_GROWTH * model_variables(p, per_op)
-        per_op = uniform if small else [max(C, h) for h in held]
+        per_op = [max(C, len(c)) for c in hint_copies]
         K = [max(k, c) for k, c in zip(K, hint_used)]
     K = [0 if b < n and p.ops[b].of is not None else k for b, k in enumerate(K)]  # outputs taken at once
     base = [0] * (n + 1)
