@@ -91,7 +91,7 @@ class _Events:
         self.level[f + 1:c] += size
         self._delete(f)
         self._delete(c)
-        a.end, a.readers = b.end, a.readers | b.readers
+        a.end, a.readers, a.swapped = b.end, a.readers | b.readers, a.swapped or b.swapped
         for r in b.readers:
             self.inst[r].inputs = [i if x == j else x for x in self.inst[r].inputs]
         b.alive = False
@@ -122,7 +122,6 @@ class _Events:
 
     def events(self) -> Events:
         return [(k, self.p.ops[u].id) for k, u, d in zip(self.kinds, self.ops, self.deleted) if not d]
-
 
 
 def retain_recomputes(problem: Problem, events: Events, budget: int, stop: dl.Deadline = dl.NEVER) -> Events:
