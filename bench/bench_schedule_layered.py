@@ -1,9 +1,10 @@
 """Benchmark the scheduler on random layered DAGs (Gagrani et al. 2022, Appendix A; Moccasin's evaluation).
 
 For each size, seed and swap setting, budgets of 90/80/70% of the plain topological order's peak (the
-no-recompute replay in program order), or multiples of the memory floor (``--budget-of floor``): our solver (``solve``, bisection on, as ``trainplan schedule``
-runs it) and every baseline, each with the same time limit. Every number comes from replaying events;
-wall time is measured around each call and given as a ratio to the limit. Writes
+no-recompute replay in program order), or multiples of the memory floor (``--budget-of floor``): our solver
+(``solve``, bisection on, as ``trainplan schedule`` runs it) and every baseline, each with the same time
+limit. Every number comes from replaying events; wall time is measured around each call and given as a ratio
+to the limit. Writes
 bench/results/schedule_layered.md and .csv; timings are taken on a shared host (label them with --load).
 
     nice python bench/bench_schedule_layered.py --sizes 100 250 500 1000 2000 --seeds 0 1 2 --time-limit 60

@@ -4,7 +4,7 @@ import pytest
 
 from trainplan.schedule import problem_from_dict
 from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.dtr import _Gaps, _Plan
+from trainplan.schedule.dtr import _events, _Gaps, _Plan
 from trainplan.schedule.deadline import NEVER
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.retain import retain_recomputes
@@ -72,7 +72,6 @@ def test_on_eviction_plans_of_unseen_layered_graphs_it_stays_valid_and_never_slo
     budget = int(frac * replay(p, no_recompute_events(p)).peak_bytes)
     plan = _Plan(p, budget, False, NEVER, n, early=True)
     assert plan.relieve(None)
-    from trainplan.schedule.dtr import _events
     raw = _events(p, _Gaps(p), plan.evicted, plan.by_swap, plan.chains)  # the plan's events before the pass
     before = replay(p, raw, budget)
     out = retain_recomputes(p, raw, budget)

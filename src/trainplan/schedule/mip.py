@@ -249,8 +249,9 @@ class _Grid:
 def _grid(p: Problem, copies: int | None, slots: int | None, hint_copies: list[list[_Copy]] | None,
           hint_used: list[int], remat_ops: frozenset[int] | None) -> _Grid:
     """The grid for C copies per op and K slots per block (defaults in :func:`solve_mip`), raised to fit the
-    hint: each op's copies to as many as the hint holds it, each block's slots to as many as the hint uses. Only ``remat_ops`` (default: every op) get copies beyond the first. ``copies`` of
-    the grid is the most any op has."""
+    hint: each op's copies to as many as the hint holds it, each block's slots to as many as the hint uses.
+    Only ``remat_ops`` (default: every op) get copies beyond the first. ``copies`` of the grid is the most any
+    op has."""
     n = p.n
     C = copies or (3 if n <= 60 else 2)
     per_op = [C] * n
