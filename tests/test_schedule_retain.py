@@ -12,7 +12,7 @@ from trainplan.schedule.synthetic import layered_graph
 
 
 def _problem(budget: int):
-    # w -> x -> (y1, y2); r is read by the last op, so w, x can be dropped and recomputed in between
+    # w -> x -> (y1, y2), with a 50-byte tensor read by y1: w and x are dropped and recomputed in between
     return problem_from_dict({"ops": [{"id": "w", "time": 2, "bytes": 10},
                                       {"id": "x", "time": 5, "bytes": 10, "inputs": ["w"]},
                                       {"id": "big", "time": 1, "bytes": 50},
@@ -55,15 +55,20 @@ def test_a_merge_is_made_only_where_the_tensor_fits_at_every_event_in_between():
 
 
 def test_a_swapped_out_recompute_is_not_deleted():
-    """An instance swapped out holds the host copy a later swap-in reads: it stays even without a reader."""
-    p = problem_from_dict({"ops": [{"id": "a", "time": 1, "bytes": 5},
-                                   {"id": "b", "time": 1, "bytes": 5, "inputs": ["a"]},
-                                   {"id": "c", "time": 1, "bytes": 5, "inputs": ["a", "b"]}],
-                           "budget_bytes": 100, "bandwidth": 1.0, "keep": ["c"]})
-    events = [("compute", "a"), ("compute", "b"), ("free", "a"), ("compute", "a"), ("swap_out", "a"),
-              ("free", "a"), ("swap_in", "a"), ("compute", "c")]
-    out = retain_recomputes(p, events, 100)
-    assert ("swap_out", "a") in out and replay(p, out, 100).time <= replay(p, events, 100).time
+    """w is recomputed to feed x's recompute and swapped out for z's swap-in. Keeping x instead leaves that w
+    without a reader, but its host copy is read later: its compute, swap-out and free stay."""
+    p = problem_from_dict({"ops": [{"id": "w", "time": 2, "bytes": 30},
+                                   {"id": "x", "time": 5, "bytes": 5, "inputs": ["w"]},
+                                   {"id": "big", "time": 1, "bytes": 50},
+                                   {"id": "y", "time": 1, "bytes": 1, "inputs": ["x"]},
+                                   {"id": "z", "time": 1, "bytes": 1, "inputs": ["w"]}],
+                           "budget_bytes": 60, "bandwidth": 1.0, "keep": ["y", "z"]})
+    events = [("compute", "w"), ("compute", "x"), ("free", "w"), ("free", "x"), ("compute", "big"),
+              ("free", "big"), ("compute", "w"), ("compute", "x"), ("swap_out", "w"), ("free", "w"),
+              ("compute", "y"), ("free", "x"), ("swap_in", "w"), ("compute", "z")]
+    out = retain_recomputes(p, events, 60)  # x fits beside big (55 of 60 B); w does not
+    assert out.count(("compute", "x")) == 1 and out.count(("compute", "w")) == 2
+    assert replay(p, out, 60).time == replay(p, events, 60).time - 5
 
 
 @pytest.mark.parametrize("n, seed, frac", [(300, 3, 0.8), (400, 7, 0.8), (200, 11, 0.9)])
