@@ -12,7 +12,8 @@ from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.chain import adjoint_chain
 from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
 from trainplan.schedule.mip import model_variables, solve_mip
-from trainplan.schedule.solve import min_feasible_budget
+from trainplan.schedule.replay import replay as independent_replay
+from trainplan.schedule.solve import greedy_variants, min_feasible_budget
 from trainplan.schedule.synthetic import layered_graph, training_graph
 
 solve_module = importlib.import_module("trainplan.schedule.solve")  # the package exports the function `solve`
@@ -73,6 +74,46 @@ def test_bisection_drops_to_the_peak_of_each_schedule_found():
 
     assert min_feasible_budget(probe, 10, 10**6) == 1000
     assert len(calls) <= 9, calls  # plain halving would need ~18 probes to reach 0.5% of 1000
+
+
+def test_a_failed_probe_that_takes_the_share_still_leaves_a_budget_below_the_peak():
+    """Probes sit BISECT_SPLIT of the way up: a met budget is found before the slow failure uses the share."""
+
+    def probe(b):
+        if b >= 600:
+            return b - 50
+        time.sleep(0.05)  # the failure takes the whole share
+        return None
+
+    assert min_feasible_budget(probe, 0, 1000, deadline=time.perf_counter() + 0.02) == 700
+
+
+def test_a_greedy_run_past_its_work_cap_is_abandoned():
+    p = layered_graph(120, 0)
+    budget = int(0.85 * replay(p, no_recompute_events(p)).peak_bytes)
+    events = greedy(p, budget, allow_swap=False, policy="cost")
+    assert events is not None
+    assert greedy(p, budget, allow_swap=False, policy="cost", work_cap=10**9) == events
+    assert greedy(p, budget, allow_swap=False, policy="cost", work_cap=p.n) is None
+
+
+def test_greedy_variants_equal_on_a_problems_flags_run_once():
+    runs = greedy_variants(layered_graph(50, 0, swap=False))  # no op can be swapped
+    assert [r[1:] for r in runs] == [(True, False, "belady"), (True, True, "cost"), (True, True, "belady")]
+    assert runs == greedy_variants(layered_graph(50, 0, swap=False)) and len(greedy_variants(layered_graph(
+        50, 0, swap=True))) == 6  # swap-only Belady first, then the five other variants
+
+
+def test_with_swap_every_budget_above_the_floor_is_met_at_once():
+    """Where every op can be swapped, the swap-only Belady run meets 1.1 x the floor on a wide 1000-op DAG (before,
+    the DTR-style plans used the first attempt's share failing, and the budget was raised 1.4x)."""
+    p = layered_graph(1000, 3, swap=True)
+    p = p.with_budget(int(1.1 * p.floor_bytes))
+    s = solve(p, time_limit_s=2.0, workers=1, seed=0)
+    assert s.ok and s.extra["budget_status"] == "met" and s.budget_bytes == p.budget_bytes
+    assert s.extra["first_feasible_seconds"] < 0.5
+    r = independent_replay(p, s.events, p.budget_bytes)
+    assert r.peak_bytes <= p.budget_bytes and r.time == pytest.approx(s.time)
 
 
 def test_mip_is_not_built_past_its_size_cap(monkeypatch):

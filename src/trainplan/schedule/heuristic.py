@@ -17,7 +17,7 @@ INF = math.inf
 
 
 class _OverTimeCap(Exception):
-    """A run's computes already take longer than its ``time_cap``."""
+    """A run's computes already take longer than its ``time_cap``, or it has done its ``work_cap``."""
 
 
 class Simulator:
@@ -31,11 +31,12 @@ class Simulator:
     uncapped run is linear and always completes); the loops check it at every eviction candidate and
     rematerialisation, so a run ends within milliseconds of it. ``time_cap`` abandons the run once its
     computes' op time (a lower bound on the schedule's time) exceeds it: it cannot beat a schedule that fast.
+    ``work_cap`` abandons it after that many of those checks (a deterministic bound, the same on any machine).
     """
 
     def __init__(self, problem: Problem, budget_bytes: int | None, *, allow_swap: bool = True,
                  allow_recompute: bool = True, policy: str = "belady", stop_at: float | None = None,
-                 time_cap: float | None = None) -> None:
+                 time_cap: float | None = None, work_cap: int | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.p = problem
@@ -47,10 +48,19 @@ class Simulator:
         self.used = 0
         self.time_cap = INF if time_cap is None else time_cap * (1 + 1e-9)  # a running sum: prune surely slower runs
         self.compute_time = 0.0
+        self.work_left = INF if work_cap is None else work_cap
         self.events: Events = []
         self.touched: list[int] = []
         # restore_cost depends only on (resident, host); every change to either clears this cache
         self._restore: dict[int, float] = {}
+
+    def _tick(self) -> None:
+        """One unit of work (an eviction candidate or a rematerialisation step): past the deadline or the work
+        cap, abandon the run."""
+        self.deadline.check()
+        self.work_left -= 1
+        if self.work_left < 0:
+            raise _OverTimeCap
 
     def can_swap(self, u: int) -> bool:
         return self.allow_swap and self.p.ops[u].swap
@@ -135,7 +145,7 @@ class Simulator:
             for u in self.resident:
                 if u in protected:
                     continue
-                self.deadline.check()
+                self._tick()
                 cost, _ = self.evict_cost(u, t)
                 if cost == INF:
                     continue
@@ -167,7 +177,7 @@ class Simulator:
         an explicit stack: no recursion limit); False if impossible."""
         stack: list[tuple[int, set[int], set[int] | None]] = [(u, protected, None)]
         while stack:
-            self.deadline.check()
+            self._tick()
             v, prot, inner = stack[-1]
             if inner is not None:  # every input of v is resident (and protected): compute v
                 stack.pop()
@@ -250,8 +260,9 @@ def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]
 
 
 def greedy(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, allow_recompute: bool = True,
-           policy: str = "belady", stop_at: float | None = None, time_cap: float | None = None) -> Events | None:
+           policy: str = "belady", stop_at: float | None = None, time_cap: float | None = None,
+           work_cap: int | None = None) -> Events | None:
     """One greedy run under ``budget_bytes``; None if it could not stay under the cap (or ran past ``stop_at``,
-    or its computes took longer than ``time_cap``)."""
+    or its computes took longer than ``time_cap``, or it did more than ``work_cap`` units of work)."""
     return Simulator(problem, budget_bytes, allow_swap=allow_swap, allow_recompute=allow_recompute,
-                     policy=policy, stop_at=stop_at, time_cap=time_cap).run()
+                     policy=policy, stop_at=stop_at, time_cap=time_cap, work_cap=work_cap).run()

@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 Events = list[tuple[str, str]]
 METHODS = ("ours", "no_recompute", "sqrt_checkpoint", "checkmate", "swap_only")
 BISECT_TOLERANCE = 0.005
+BISECT_SPLIT = 0.75  # the bisection's first probe sits this far up from the floor to the plain peak, not halfway:
+# a failed probe is the slow one (1-10 s for the DTR-style plan on 1000-2000-op recompute-only layered DAGs, 0.05-3 s
+# where it succeeds), and a first probe at the midpoint spent the whole share failing there, keeping the plain peak
+PROBE_GREEDY_WORK_PER_OP = 200  # work cap of a probe's greedy run per op (heuristic.Simulator): runs that met a
+# budget used at most 125 per op on layered and training graphs of 250-2000 ops; failing ones 300-800, in 0.5-10 s
 HEURISTIC_SHARE = 0.3  # no new greedy variant starts after this share of the time limit (once one is valid)
 MIP_MIN_SHARE = 0.2  # CP-SAT runs only if this share of the time limit is left (or nothing else was found)
 NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the requested budget gets when no greedy fits
@@ -91,24 +96,64 @@ def cp_hint(problem: Problem, events: Events | None, bound_s: float, copies: int
     return events if hint_growth(problem, events, copies) <= HINT_MAX_GROWTH else None
 
 
+def greedy_variants(problem: Problem) -> list[tuple[str, bool, bool, str]]:
+    """(label, allow_swap, allow_recompute, policy) of the greedy runs that differ on ``problem``: a variant whose
+    options this problem's flags make equal to an earlier one's (swap+recompute where no op can be swapped) runs
+    once. The swap-only Belady run comes first: it is fast, and where every op can be swapped it meets any budget
+    at or above the memory floor."""
+    can_swap, can_rc = any(op.swap for op in problem.ops), any(op.recompute for op in problem.ops)
+    runs = [("swap", True, False, "belady")] + [(label, s, r, policy) for label, (s, r) in GREEDY_VARIANTS.items()
+                                                for policy in POLICIES]
+    seen: set[tuple[bool, bool, str]] = set()
+    kept = []
+    for label, allow_swap, allow_rc, policy in runs:
+        swaps, recomputes = allow_swap and can_swap, allow_rc and can_rc
+        key = (swaps, recomputes, policy if swaps or recomputes else "")  # no eviction: the policy is moot
+        if key not in seen:
+            seen.add(key)
+            kept.append((label, allow_swap, allow_rc, policy))
+    return kept
+
+
 def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, deadline_s: float | None = None,
-                   first_deadline_s: float | None = None,
-                   chain_dp: bool = True) -> tuple[Events | None, str, float | None]:
+                   first_deadline_s: float | None = None, chain_dp: bool = True,
+                   greedy_work: int | None = None) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, the DTR-style
     plan with and without swaps, greedy policies x swap/recompute options, sqrt(n) checkpointing), its
     name, and the seconds until the first
     valid one (``first_only``: stop there; once one is valid, the greedy runs stop at ``deadline_s``: a
-    running variant is abandoned, none starts; before, at ``first_deadline_s``; always at the call's deadline)."""
+    running variant is abandoned, none starts; before, at ``first_deadline_s``; always at the call's deadline).
+    ``greedy_work``: each greedy run's work cap (see ``heuristic.Simulator``)."""
     t0 = time.perf_counter()
     stop_at = None if deadline_s is None else t0 + deadline_s
     call = dl.current()  # the call's deadline ends every run, even before a first valid schedule
     first_stop = call.earlier(None if first_deadline_s is None else t0 + first_deadline_s)
     best: tuple[float, Events, str] | None = None
     first = None
+    variants = greedy_variants(problem)
+    can_swap = any(op.swap for op in problem.ops)
+
+    def run_greedy(label: str, allow_swap: bool, allow_rc: bool, policy: str) -> bool:
+        """One greedy run, kept if it is the best so far; True if it was."""
+        nonlocal best, first
+        events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
+                        stop_at=first_stop.end if best is None else min(call.end, stop_at or call.end),
+                        time_cap=None if best is None else best[0],  # a run slower than the best stops
+                        work_cap=greedy_work)
+        events, t = _polish(problem, events, budget)
+        if t is None or (best is not None and t >= best[0]):
+            return False
+        best = (t, events, f"greedy-{policy}-{label}")
+        first = time.perf_counter() - t0 if first is None else first
+        return True
+
     chain_events, chain_time = _polish(problem, chain_dp_events(problem, budget) if chain_dp else None, budget)
     if chain_events is not None and chain_time is not None:
         best, first = (chain_time, chain_events, "chain-dp"), time.perf_counter() - t0
         if first_only:
+            return best[1], best[2], first
+    if can_swap:  # the swap-only Belady run: a first schedule in milliseconds
+        if run_greedy(*variants.pop(0)) and first_only:
             return best[1], best[2], first
     for allow_swap in (True, False):  # the DTR-style plan: fast, and good on wide graphs
         restarts = 0 if deadline_s is None else min(DTR_MAX_RESTARTS, int(deadline_s * DTR_OPS_PER_SECOND / problem.n))
@@ -123,22 +168,14 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
             first = time.perf_counter() - t0 if first is None else first
             if first_only:
                 return best[1], best[2], first
-        if not any(op.swap for op in problem.ops):
+        if not can_swap:
             break  # both runs would be the same
-    for label, (allow_swap, allow_rc) in GREEDY_VARIANTS.items():
-        for policy in POLICIES:
-            events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
-                            stop_at=first_stop.end if best is None else min(call.end, stop_at or call.end),
-                            time_cap=None if best is None else best[0])  # a run slower than the best stops
-            events, t = _polish(problem, events, budget)
-            if t is not None and (best is None or t < best[0]):
-                best = (t, events, f"greedy-{policy}-{label}")
-                first = time.perf_counter() - t0 if first is None else first
-                if first_only:
-                    return best[1], best[2], first
-            if (best is not None and deadline_s is not None and time.perf_counter() - t0 > deadline_s) \
-                    or (first_stop if best is None else call).passed():
-                return (None, "", None) if best is None else (best[1], best[2], first)
+    for variant in variants:
+        if run_greedy(*variant) and first_only:
+            return best[1], best[2], first
+        if (best is not None and deadline_s is not None and time.perf_counter() - t0 > deadline_s) \
+                or (first_stop if best is None else call).passed():
+            return (None, "", None) if best is None else (best[1], best[2], first)
     sqrt_events = None if call.passed() else baselines.sqrt_checkpoint_events(problem)
     if sqrt_events is not None and replay(problem, sqrt_events).peak_bytes <= budget:  # often over: skipped
         sqrt_events, sqrt_time = _polish(problem, sqrt_events, budget)
@@ -448,13 +485,15 @@ def _staged(problem: Problem, budget: int, share_s: float, seed: int, determinis
 def min_feasible_budget(probe: Callable[[int], int | None], lo: int, hi: int,
                         deadline: float | None = None) -> int:
     """Smallest budget in (lo, hi] that ``probe`` finds a schedule for (lo fails, hi passes), to
-    BISECT_TOLERANCE. ``probe(b)`` returns the peak of a schedule within b (so hi drops to that peak at
-    once), or None. Past the ``deadline`` (a perf_counter time; a wall-clock safety net) the best so far."""
+    BISECT_TOLERANCE: the first probe sits BISECT_SPLIT of the way up from lo, the others halfway.
+    ``probe(b)`` returns the peak of a schedule within b (so hi drops to that peak at once), or None. Past the
+    ``deadline`` (a perf_counter time; a wall-clock safety net) the best so far."""
+    split = BISECT_SPLIT
     while hi - lo > max(1, int(BISECT_TOLERANCE * hi)):
         if deadline is not None and time.perf_counter() > deadline:
             break
-        mid = (lo + hi) // 2
-        peak = probe(mid)
+        mid = min(hi - 1, lo + max(1, int(split * (hi - lo))))
+        peak, split = probe(mid), 0.5
         if peak is None:
             lo = mid
         else:
@@ -509,7 +548,8 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
         # on adjoint chains one DP run holds the cost at every smaller memory: take its least-memory schedule
         events = chain_dp_events(prob, b, least_memory=True)
         if _valid(prob, events, b) is None:
-            events = best_heuristic(prob, b, first_only=True, chain_dp=False)[0]
+            events = best_heuristic(prob, b, first_only=True, chain_dp=False,
+                                    greedy_work=PROBE_GREEDY_WORK_PER_OP * prob.n)[0]
         if events is None and mip_probes < MAX_MIP_PROBES:
             mip_probes += 1
             events = solve_mip(prob, b, time_limit_s=probe_s, workers=workers, seed=seed, copies=copies,
