@@ -130,10 +130,11 @@ def test_a_deleted_or_damaged_schedules_file_is_noticed(study):
     path.unlink()
     assert planned_jobs(study, TINY).get("schedule") == 1
     data = json.loads(original)
-    del data["stages"][0]["schedule"]["events"][0]
+    events = data["stages"][0]["schedule"]["events"]
+    events.insert(0, ["free", events[0][1]])  # frees a tensor before anything computed it
     path.write_text(json.dumps(data))
     out = snakemake(study, TINY, "results/balance/small_cnn/cpu/k1/b0.6/plan.json")
     log = (study / "logs/balance/small_cnn/cpu/k1/b0.6.log").read_text()
     assert out.returncode != 0
-    assert f"{path.relative_to(study)}: stage 0: event 0" in log
+    assert f"{path.relative_to(study)}: stage 0: event 0 free '{events[1][1]}': op is not resident" in log
     path.write_text(original)
