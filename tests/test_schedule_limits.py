@@ -7,13 +7,14 @@ import time
 import pytest
 from ortools.sat.python import cp_model
 
+from trainplan.schedule import deadline as dl
 from trainplan.schedule import mip, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.chain import adjoint_chain
 from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
 from trainplan.schedule.mip import model_variables, solve_mip
 from trainplan.schedule.replay import replay as independent_replay
-from trainplan.schedule.solve import greedy_variants, min_feasible_budget
+from trainplan.schedule.solve import best_heuristic, greedy_variants, min_feasible_budget
 from trainplan.schedule.synthetic import layered_graph, training_graph
 
 solve_module = importlib.import_module("trainplan.schedule.solve")  # the package exports the function `solve`
@@ -86,6 +87,46 @@ def test_a_failed_probe_that_takes_the_share_still_leaves_a_budget_below_the_pea
         return None
 
     assert min_feasible_budget(probe, 0, 1000, deadline=time.perf_counter() + 0.02) == 700
+
+
+def test_the_bisection_does_not_depend_on_wall_time(monkeypatch):
+    """The probes' work is charged to a deterministic allowance, not read off the clock: with every probe slowed
+    by 50 ms of wall time (a slow or loaded machine), the bisection probes the same budgets and raises the
+    requested one to the same budget. Recompute only at 1.1 x the floor on a 300-op layered DAG: not met."""
+    p = layered_graph(300, 0)
+    p = p.with_budget(int(1.1 * p.floor_bytes))
+    real_chain_dp = solve_module.chain_dp_events
+    runs = []
+    for delay in (0.0, 0.05):
+        probed: list[int] = []
+
+        def slow_chain_dp(problem, budget, *args, delay=delay, probed=probed, **kwargs):
+            probed.append(budget)
+            time.sleep(delay)
+            return real_chain_dp(problem, budget, *args, **kwargs)
+
+        monkeypatch.setattr(solve_module, "chain_dp_events", slow_chain_dp)
+        s = solve(p, time_limit_s=4.0, workers=1, seed=0)
+        assert s.extra["budget_status"] == "not_found" and s.budget_bytes > p.budget_bytes
+        runs.append((probed, s.budget_bytes, s.extra["bisection_work_seconds"]))
+    assert len(runs[0][0]) >= 4
+    assert runs[0] == runs[1]
+
+
+def test_probe_work_is_charged_to_its_allowance_and_stops_there():
+    """A probe's DTR-style plans and greedy runs are charged by their work units (the same on every run), and a
+    smaller allowance stops them: the probe then ends with the allowance spent, having found nothing."""
+    p = layered_graph(300, 0)
+    budget = int(0.5 * replay(p, no_recompute_events(p)).peak_bytes)  # no fast schedule meets it
+    charged = []
+    for _ in range(2):
+        allowance = dl.Allowance(100.0)
+        assert best_heuristic(p, budget, first_only=True, chain_dp=False, allowance=allowance)[0] is None
+        charged.append(100.0 - allowance.seconds)
+    assert charged[0] > 0 and charged[0] == charged[1]
+    small = dl.Allowance(charged[0] / 4)
+    assert best_heuristic(p, budget, first_only=True, chain_dp=False, allowance=small)[0] is None
+    assert small.spent() and -small.seconds < charged[0] / 4
 
 
 def test_a_greedy_run_past_its_work_cap_is_abandoned():

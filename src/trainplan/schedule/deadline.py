@@ -49,6 +49,24 @@ class Deadline:
 
 
 NEVER = Deadline()
+
+
+@dataclass
+class Allowance:
+    """Work a step may still do, in seconds of its time limit. Each kind of work is charged at a fixed rate (units
+    per second, about 70% of what this host does), so the same work uses the same allowance on any machine."""
+
+    seconds: float
+
+    def units(self, per_second: float) -> int:
+        """Units of work at ``per_second`` that the allowance still covers."""
+        return max(0, int(self.seconds * per_second))
+
+    def charge(self, units: float, per_second: float) -> None:
+        self.seconds -= units / per_second
+
+    def spent(self) -> bool:
+        return self.seconds <= 0
 _current: contextvars.ContextVar[Deadline] = contextvars.ContextVar("schedule_deadline", default=NEVER)
 
 

@@ -114,19 +114,21 @@ def plain_memory(p: Problem, stop: dl.Deadline = dl.NEVER) -> tuple[list[int], l
 
 
 def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, restarts: int = 0, seed: int = 0,
-             refine: int = 0, stop: dl.Deadline | None = None,
-             refine_stop: dl.Deadline | None = None) -> Events | None:
+             refine: int = 0, stop: dl.Deadline | None = None, refine_stop: dl.Deadline | None = None,
+             meter: list[int] | None = None, work_cap: float = INF) -> Events | None:
     """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
     the deadline passed). ``restarts``: that many more plans with the scores perturbed by up to
     RESTART_NOISE (seeded: the same plans on any machine, unless the deadline cuts them short); the
     cheapest replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
     recomputes, one plan with chains of any length (slower: tight budgets on wide DAGs, where earlier
     evictions leave long chains of missing ancestors). ``refine``: ruin and recreate on the kept plan for at
-    most that much work (:func:`refine_plan`), until ``refine_stop`` (default: ``stop``)."""
+    most that much work (:func:`refine_plan`), until ``refine_stop`` (default: ``stop``). ``meter``: a counter
+    the plans add their work units to (:attr:`_Plan.work`); making plans stops once it passes ``work_cap``."""
     stop = dl.current() if stop is None else stop
-    best = _best_plan(problem, budget_bytes, allow_swap, restarts, seed, stop, MAX_CHAIN)
-    if best is None and MAX_CHAIN < problem.n and not stop.passed():
-        best = _best_plan(problem, budget_bytes, allow_swap, 0, seed, stop, problem.n)
+    meter = [0] if meter is None else meter
+    best = _best_plan(problem, budget_bytes, allow_swap, restarts, seed, stop, MAX_CHAIN, meter, work_cap)
+    if best is None and MAX_CHAIN < problem.n and not stop.passed() and meter[0] <= work_cap:
+        best = _best_plan(problem, budget_bytes, allow_swap, 0, seed, stop, problem.n, meter, work_cap)
     if best is None:
         return None
     if refine:
@@ -135,9 +137,10 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
 
 
 def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: int, seed: int,
-               stop: dl.Deadline, max_chain: int) -> tuple[float, _Plan] | None:
+               stop: dl.Deadline, max_chain: int, meter: list[int] | None = None,
+               work_cap: float = INF) -> tuple[float, _Plan] | None:
     """The cheapest replay-valid plan of 1 + ``restarts`` (alternating early and late restores) with chains of
-    at most ``max_chain`` ops, and its replayed time."""
+    at most ``max_chain`` ops, and its replayed time; plans add their work to ``meter`` and stop past ``work_cap``."""
     rng = random.Random(seed)
     best: tuple[float, _Plan] | None = None
     # attempts alternate early and late restores, the first two unperturbed; with no restart, the late plan
@@ -147,7 +150,7 @@ def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: 
             break
         try:
             plan = _plan(problem, budget_bytes, allow_swap, stop, rng if attempt > 1 else None, max_chain,
-                         early=attempt % 2 == 0)
+                         early=attempt % 2 == 0, meter=meter, work_cap=work_cap)
         except dl.OutOfTime:
             break
         t = None if plan is None else plan.time()
@@ -199,7 +202,7 @@ class _Plan:
     updated, so a plan can be relieved, thinned and partly undone (:func:`refine_plan`)."""
 
     def __init__(self, p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, max_chain: int,
-                 early: bool) -> None:
+                 early: bool, meter: list[int] | None = None, work_cap: float = INF) -> None:
         self.p, self.budget, self.allow_swap, self.stop, self.max_chain = p, budget, allow_swap, stop, max_chain
         self.early = early  # restores may come before the next reader (:meth:`restore_steps`)
         self.gaps = _Gaps(p)
@@ -215,7 +218,8 @@ class _Plan:
         self.extra: dict[tuple[int, int], int] = {}  # bytes of a restore's missing ancestors, held at its step
         self.transient = [0] * p.n  # peak bytes of the recomputes before step s beyond the restored tensors
         self.counter = _Counter([e > 0 for e in self.excess])
-        self.work = [0]  # work units done (CANDIDATE_WORK...): a meter shared by copies
+        self.work = [0] if meter is None else meter  # work units done (CANDIDATE_WORK...): shared by copies
+        self.work_cap = work_cap  # relieve and thin stop (OutOfTime) once the meter passes it
 
     def copy(self) -> _Plan:
         """An independent copy (the problem and the plain order's tables are shared)."""
@@ -229,6 +233,12 @@ class _Plan:
         new.counter = copy.copy(self.counter)
         new.counter.tree = list(self.counter.tree)
         return new
+
+    def check(self) -> None:
+        """Raise OutOfTime past the deadline or the work cap."""
+        self.stop.check()
+        if self.work[0] > self.work_cap:
+            raise dl.OutOfTime
 
     def restoring(self, s: int) -> int:
         """Excess bytes while step s's restores run: what stays resident before its compute and the peak of
@@ -369,7 +379,7 @@ class _Plan:
         heap = [(-excess[s], s) for s in range(p.n) if excess[s] > 0]  # worst step first
         heapq.heapify(heap)
         while heap:
-            self.stop.check()
+            self.check()
             neg, s = heapq.heappop(heap)
             if excess[s] <= 0:
                 continue
@@ -397,7 +407,7 @@ class _Plan:
             for least, weight, u, k, c in candidates:
                 if best is not None and least > best[0]:
                     break  # branch and bound: no candidate left can beat the best score so far
-                self.stop.check()
+                self.check()
                 cost, _ = self.cost(u, k, c, INF if best is None else best[0] / weight)
                 if cost == INF:
                     continue
@@ -414,7 +424,7 @@ class _Plan:
     def thin(self) -> None:
         """Keep again the gaps later evictions made unnecessary (every step they span has room), costliest first."""
         for (u, k), _ in sorted(self.paid.items(), key=lambda item: -item[1]):
-            self.stop.check()
+            self.check()
             a, c = self.gaps.stops[u][k], self.evicted[u][k]
             size = self.p.ops[u].bytes
             self.work[0] += THIN_WORK * (c - a)
@@ -440,9 +450,9 @@ class _Plan:
 
 
 def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, rng: random.Random | None,
-          max_chain: int, early: bool) -> _Plan | None:
+          max_chain: int, early: bool, meter: list[int] | None = None, work_cap: float = INF) -> _Plan | None:
     """A relieved and thinned plan (``rng``: perturbed scores), or None if some step cannot be relieved."""
-    plan = _Plan(p, budget, allow_swap, stop, max_chain, early)
+    plan = _Plan(p, budget, allow_swap, stop, max_chain, early, meter, work_cap)
     if not plan.relieve(rng):
         return None
     plan.thin()

@@ -36,7 +36,7 @@ class Simulator:
 
     def __init__(self, problem: Problem, budget_bytes: int | None, *, allow_swap: bool = True,
                  allow_recompute: bool = True, policy: str = "belady", stop_at: float | None = None,
-                 time_cap: float | None = None, work_cap: int | None = None) -> None:
+                 time_cap: float | None = None, work_cap: float | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.p = problem
@@ -48,7 +48,8 @@ class Simulator:
         self.used = 0
         self.time_cap = INF if time_cap is None else time_cap * (1 + 1e-9)  # a running sum: prune surely slower runs
         self.compute_time = 0.0
-        self.work_left = INF if work_cap is None else work_cap
+        self.work_cap = INF if work_cap is None else work_cap
+        self.work_done = 0  # units of work (see _tick)
         self.events: Events = []
         self.touched: list[int] = []
         # restore_cost depends only on (resident, host); every change to either clears this cache
@@ -58,8 +59,8 @@ class Simulator:
         """One unit of work (an eviction candidate or a rematerialisation step): past the deadline or the work
         cap, abandon the run."""
         self.deadline.check()
-        self.work_left -= 1
-        if self.work_left < 0:
+        self.work_done += 1
+        if self.work_done > self.work_cap:
             raise _OverTimeCap
 
     def can_swap(self, u: int) -> bool:

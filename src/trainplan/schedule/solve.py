@@ -15,8 +15,9 @@ from trainplan.schedule.bounds import RELAXATION_PROOF, Bound, floor_proof, rela
 from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.dtr import dtr_plan
-from trainplan.schedule.heuristic import POLICIES, greedy, guided
-from trainplan.schedule.mip import HINT_MAX_GROWTH, MipResult, SearchStop, hint_growth, objective_ticks, solve_mip
+from trainplan.schedule.heuristic import INF, POLICIES, Simulator, guided
+from trainplan.schedule.mip import (HINT_MAX_GROWTH, WALL_SAFETY, MipResult, SearchStop, hint_growth, objective_ticks,
+                                    solve_mip)
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.retain import retain_recomputes
@@ -33,6 +34,9 @@ BISECT_SPLIT = 0.75  # the bisection's first probe sits this far up from the flo
 # where it succeeds), and a first probe at the midpoint spent the whole share failing there, keeping the plain peak
 PROBE_GREEDY_WORK_PER_OP = 200  # work cap of a probe's greedy run per op (heuristic.Simulator): runs that met a
 # budget used at most 125 per op on layered and training graphs of 250-2000 ops; failing ones 300-800, in 0.5-10 s
+PROBE_GREEDY_PER_SECOND = 190_000  # the bisection's allowance charges a greedy run's work units at this rate and the
+PROBE_DTR_PER_SECOND = 4_500_000  # DTR-style plan's at this one: this host's (150-230k and 4.2-6.3M per second on
+# 250-2000-op layered DAGs); its wall-clock safety net is WALL_SAFETY x its share
 HEURISTIC_SHARE = 0.3  # no new greedy variant starts after this share of the time limit (once one is valid)
 MIP_MIN_SHARE = 0.2  # CP-SAT runs only if this share of the time limit is left (or nothing else was found)
 NO_HEURISTIC_SHARE = 0.35  # with bisection on: the share of the limit the requested budget gets when no greedy fits
@@ -116,14 +120,15 @@ def greedy_variants(problem: Problem) -> list[tuple[str, bool, bool, str]]:
 
 
 def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, deadline_s: float | None = None,
-                   first_deadline_s: float | None = None, chain_dp: bool = True,
-                   greedy_work: int | None = None) -> tuple[Events | None, str, float | None]:
+                   first_deadline_s: float | None = None, chain_dp: bool = True, greedy_work: int | None = None,
+                   allowance: dl.Allowance | None = None) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, the DTR-style
     plan with and without swaps, greedy policies x swap/recompute options, sqrt(n) checkpointing), its
     name, and the seconds until the first
     valid one (``first_only``: stop there; once one is valid, the greedy runs stop at ``deadline_s``: a
     running variant is abandoned, none starts; before, at ``first_deadline_s``; always at the call's deadline).
-    ``greedy_work``: each greedy run's work cap (see ``heuristic.Simulator``)."""
+    ``greedy_work``: each greedy run's work cap (see ``heuristic.Simulator``). ``allowance``: the DTR-style plans'
+    and greedy runs' work is charged to it, and no run goes past it (deterministic, unlike the deadlines)."""
     t0 = time.perf_counter()
     stop_at = None if deadline_s is None else t0 + deadline_s
     call = dl.current()  # the call's deadline ends every run, even before a first valid schedule
@@ -136,10 +141,14 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
     def run_greedy(label: str, allow_swap: bool, allow_rc: bool, policy: str) -> bool:
         """One greedy run, kept if it is the best so far; True if it was."""
         nonlocal best, first
-        events = greedy(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
+        cap = greedy_work if allowance is None else min(greedy_work or INF, allowance.units(PROBE_GREEDY_PER_SECOND))
+        sim = Simulator(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
                         stop_at=first_stop.end if best is None else min(call.end, stop_at or call.end),
                         time_cap=None if best is None else best[0],  # a run slower than the best stops
-                        work_cap=greedy_work)
+                        work_cap=cap)
+        events = sim.run()
+        if allowance is not None:
+            allowance.charge(sim.work_done, PROBE_GREEDY_PER_SECOND)
         events, t = _polish(problem, events, budget)
         if t is None or (best is not None and t >= best[0]):
             return False
@@ -159,9 +168,13 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
         restarts = 0 if deadline_s is None else min(DTR_MAX_RESTARTS, int(deadline_s * DTR_OPS_PER_SECOND / problem.n))
         refine = 0 if deadline_s is None else int(REFINE_SHARE * deadline_s * REFINE_WORK_PER_SECOND)
         stop = first_stop if best is None else call
+        meter = [0]
         events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts, refine=refine,
                           stop=stop, refine_stop=stop.earlier(None if deadline_s is None
-                                                              else t0 + REFINE_SHARE * deadline_s))
+                                                              else t0 + REFINE_SHARE * deadline_s),
+                          meter=meter, work_cap=INF if allowance is None else allowance.units(PROBE_DTR_PER_SECOND))
+        if allowance is not None:
+            allowance.charge(meter[0], PROBE_DTR_PER_SECOND)
         t = _valid(problem, events, budget)  # the plan's events are polished already
         if t is not None and (best is None or t < best[0]):
             best = (t, events, "dtr-plan" if allow_swap else "dtr-plan-recompute")
@@ -482,15 +495,16 @@ def _staged(problem: Problem, budget: int, share_s: float, seed: int, determinis
     return staged, events, replayed
 
 
-def min_feasible_budget(probe: Callable[[int], int | None], lo: int, hi: int,
-                        deadline: float | None = None) -> int:
+def min_feasible_budget(probe: Callable[[int], int | None], lo: int, hi: int, deadline: float | None = None,
+                        spent: Callable[[], bool] | None = None) -> int:
     """Smallest budget in (lo, hi] that ``probe`` finds a schedule for (lo fails, hi passes), to
     BISECT_TOLERANCE: the first probe sits BISECT_SPLIT of the way up from lo, the others halfway.
-    ``probe(b)`` returns the peak of a schedule within b (so hi drops to that peak at once), or None. Past the
-    ``deadline`` (a perf_counter time; a wall-clock safety net) the best so far."""
+    ``probe(b)`` returns the peak of a schedule within b (so hi drops to that peak at once), or None. Once
+    ``spent()`` (the probes' deterministic allowance), or past the ``deadline`` (a perf_counter time; a wall-clock
+    safety net): the best so far."""
     split = BISECT_SPLIT
     while hi - lo > max(1, int(BISECT_TOLERANCE * hi)):
-        if deadline is not None and time.perf_counter() > deadline:
+        if (deadline is not None and time.perf_counter() > deadline) or (spent is not None and spent()):
             break
         mid = min(hi - 1, lo + max(1, int(split * (hi - lo))))
         peak, split = probe(mid), 0.5
@@ -537,10 +551,14 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
     nr_events = baselines.no_recompute_events(prob)
     nr_peak = replay(prob, nr_events).peak_bytes
     probe_s = max(0.1, PROBE_SHARE * time_limit_s)
-    # deterministic: the time charged for the first attempt (at most its limit) and for each CP-SAT probe is its
-    # share, so the final run's limit is the same on any machine
+    # deterministic: the time charged for the first attempt (at most its limit) is its share; the probes get a
+    # share of the rest as an allowance their work is charged to (each CP-SAT probe: its limit), so the probes
+    # and the final run's limit are the same on any machine; the wall clock is only a safety net
     charged = 0.0 if below_floor else NO_HEURISTIC_SHARE * time_limit_s
+    share = BISECT_SHARE * max(0.0, time_limit_s - charged if deterministic else left)
+    allowance = dl.Allowance(share)
     found_events: dict[int, Events] = {nr_peak: nr_events}
+    found_at: dict[int, float] = {nr_peak: time.perf_counter() - t_start}  # seconds from the call's start
     mip_probes = 0
 
     def probe(b: int) -> int | None:
@@ -549,33 +567,37 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
         events = chain_dp_events(prob, b, least_memory=True)
         if _valid(prob, events, b) is None:
             events = best_heuristic(prob, b, first_only=True, chain_dp=False,
-                                    greedy_work=PROBE_GREEDY_WORK_PER_OP * prob.n)[0]
-        if events is None and mip_probes < MAX_MIP_PROBES:
+                                    greedy_work=PROBE_GREEDY_WORK_PER_OP * prob.n, allowance=allowance)[0]
+        if events is None and mip_probes < MAX_MIP_PROBES and not allowance.spent():
             mip_probes += 1
+            allowance.seconds -= probe_s
             events = solve_mip(prob, b, time_limit_s=probe_s, workers=workers, seed=seed, copies=copies,
                                deterministic=deterministic).events
             events = events if _valid(prob, events, b) is not None else None
         if events is None:
             return None
         peak = replay(prob, events).peak_bytes
-        found_events[peak] = events
+        found_events[peak], found_at[peak] = events, time.perf_counter() - t_start
         return peak
 
-    deadline = min(t0 + max(0.0, BISECT_SHARE * left), dl.current().end)
+    deadline = min(t0 + (WALL_SAFETY if deterministic else 1.0) * share, dl.current().end)
     with dl.scope(dl.Deadline(deadline)):  # a probe's greedy runs stop there too
-        found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak, deadline=deadline)
+        found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak, deadline=deadline,
+                                    spent=allowance.spent)
     bisect_s = time.perf_counter() - t0
     wall_s = max(0.1, time_limit_s - (time.perf_counter() - t_start))
-    final_s = max(0.1, time_limit_s - charged - mip_probes * probe_s) if deterministic else wall_s
+    final_s = max(0.1, time_limit_s - charged - (share - allowance.seconds)) if deterministic else wall_s
     new = _ours_at(prob.with_budget(found), found, final_s, workers, seed, deterministic, copies, verbose,
                    wall_limit_s=min(final_s, wall_s))
     if not new.ok:  # the final run had too little time: fall back on the probe's schedule
         new = from_events(prob, found_events[found], budget_bytes=found, method="ours",
-                          solve_seconds=new.solve_seconds, extra={**new.extra, "heuristic": "bisection-probe"})
+                          solve_seconds=new.solve_seconds, extra={**new.extra, "heuristic": "bisection-probe",
+                                                                  "first_feasible_seconds": found_at[found]})
     new.solve_seconds = time.perf_counter() - t_start
     known = f"proven infeasible ({proof})" if proof else "not met by any schedule found within the time limit"
     new.extra.update({"requested_budget_bytes": budget, "bisection_seconds": round(bisect_s, 3),
                       "bisection_mip_probes": mip_probes,
+                      "bisection_work_seconds": round(share - allowance.seconds, 3),
                       "note": f"requested budget {budget} B is {known}; smallest feasible budget found "
                               f"by bisection (tolerance {BISECT_TOLERANCE:.1%}): {found} B"})
     if not new.ok:
