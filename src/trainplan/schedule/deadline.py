@@ -54,7 +54,7 @@ NEVER = Deadline()
 @dataclass
 class Allowance:
     """Work a step may still do, in seconds of its time limit. Each kind of work is charged at a fixed rate (units
-    per second, about 70% of what this host does), so the same work uses the same allowance on any machine."""
+    per second, as measured on the reference host), so the same work uses the same allowance on any machine."""
 
     seconds: float
 
@@ -67,6 +67,8 @@ class Allowance:
 
     def spent(self) -> bool:
         return self.seconds <= 0
+
+
 _current: contextvars.ContextVar[Deadline] = contextvars.ContextVar("schedule_deadline", default=NEVER)
 
 

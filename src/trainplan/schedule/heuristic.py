@@ -262,7 +262,7 @@ def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]
 
 def greedy(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, allow_recompute: bool = True,
            policy: str = "belady", stop_at: float | None = None, time_cap: float | None = None,
-           work_cap: int | None = None) -> Events | None:
+           work_cap: float | None = None) -> Events | None:
     """One greedy run under ``budget_bytes``; None if it could not stay under the cap (or ran past ``stop_at``,
     or its computes took longer than ``time_cap``, or it did more than ``work_cap`` units of work)."""
     return Simulator(problem, budget_bytes, allow_swap=allow_swap, allow_recompute=allow_recompute,

@@ -570,7 +570,7 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
                                     greedy_work=PROBE_GREEDY_WORK_PER_OP * prob.n, allowance=allowance)[0]
         if events is None and mip_probes < MAX_MIP_PROBES and not allowance.spent():
             mip_probes += 1
-            allowance.seconds -= probe_s
+            allowance.charge(probe_s, 1.0)  # a CP-SAT probe: its limit
             events = solve_mip(prob, b, time_limit_s=probe_s, workers=workers, seed=seed, copies=copies,
                                deterministic=deterministic).events
             events = events if _valid(prob, events, b) is not None else None
