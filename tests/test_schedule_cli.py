@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from trainplan.io import read_json
 from trainplan.schedule import problem_from_dict, replay
 
@@ -70,3 +72,32 @@ def test_the_schedule_command_does_not_import_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.split()[-2:] == ["0", "False"], done.stderr[-2000:]
     assert read_json(out)["status"] in ("optimal", "feasible")
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--time-limit", "0", "must be a finite number > 0"),
+    ("--time-limit", "nan", "must be a finite number > 0"),
+    ("--workers", "0", "must be an integer >= 1"),
+    ("--budget", "-5", "must be an integer >= 0"),
+    ("--seed", "x", "expected an integer"),
+])
+def test_a_bad_option_is_named_and_nothing_is_written(tmp_path, option, value, message):
+    src, out = tmp_path / "p.json", tmp_path / "s.json"
+    src.write_text(json.dumps(PROBLEM))
+    res = run("schedule", str(src), "-o", str(out), option, value)
+    assert res.returncode == 2 and f"argument {option}: {message}" in res.stderr and not out.exists()
+    lay = tmp_path / "l.json"
+    lay.write_text(json.dumps({"layouts": ["a", "b"], "nodes": [{"id": "n", "cost": {"a": 1, "b": 2}}], "edges": []}))
+    if option in ("--time-limit", "--workers"):
+        res = run("layout", str(lay), "-o", str(out), option, value)
+        assert res.returncode == 2 and f"argument {option}: {message}" in res.stderr and not out.exists()
+
+
+def test_a_raised_budget_says_what_is_known_about_the_requested_one(tmp_path):
+    src, out = tmp_path / "p.json", tmp_path / "s.json"
+    src.write_text(json.dumps(PROBLEM))
+    res = run("schedule", str(src), "-o", str(out), "--budget", "100", "--time-limit", "2", "--workers", "1")
+    assert res.returncode == 0, res.stderr
+    data = read_json(out)
+    assert data["requested_budget_bytes"] == 100 and data["budget_status"] == "proven_infeasible"
+    assert f"budget={data['budget_bytes']} (raised from 100: proven_infeasible)" in res.stdout

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from trainplan.align.cli import add_parser as add_align_parser
+from trainplan.cli_types import nonnegative_int, positive_float, positive_int
 from trainplan.fuse.cli import add_parser as add_fuse_parser
 from trainplan.layout.cli import add_parser as add_layout_parser
 from trainplan.provenance.cli import add_parser as add_publish
@@ -19,15 +20,15 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
     ap = sub.add_parser("schedule", help="recompute/swap schedule of one stage under a memory budget")
     ap.add_argument("problem", help="problem JSON (see docs/schedule.md)")
     ap.add_argument("-o", "--output", required=True, help="schedule JSON to write")
-    ap.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT limit per solve, seconds")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-limit", type=positive_float, default=10.0, help="limit of the whole call, seconds")
+    ap.add_argument("--workers", type=positive_int, default=2)
+    ap.add_argument("--seed", type=nonnegative_int, default=0)
     ap.add_argument("--method", choices=[*METHODS, "all"], default="ours",
                     help="'all' writes ours with every baseline under the key 'baselines'")
     ap.add_argument("--nondeterministic", action="store_true",
                     help="stop CP-SAT on wall time with the parallel portfolio (faster, not reproducible)")
-    ap.add_argument("--budget", type=int, default=None, help="override the problem's budget_bytes")
-    ap.add_argument("--stage", type=int, default=None,
+    ap.add_argument("--budget", type=nonnegative_int, default=None, help="override the problem's budget_bytes")
+    ap.add_argument("--stage", type=nonnegative_int, default=None,
                     help="PROBLEM is a schedules.json of the schedule rule: solve this stage's problem")
     ap.add_argument("-v", "--verbose", action="store_true", help="log CP-SAT search progress")
     return _run_schedule
@@ -50,8 +51,10 @@ def _run_schedule(args: argparse.Namespace) -> int:
         sched = solve(problem, args.time_limit, args.workers, args.seed, method=args.method)
     save_schedule(args.output, sched)
     gap = "-" if sched.gap is None else f"{sched.gap:.2%}"
+    requested = sched.extra.get("requested_budget_bytes")
+    raised = "" if requested is None else f" (raised from {requested}: {sched.extra.get('budget_status')})"
     print(f"{args.output}: {sched.method} {sched.status} time={sched.time} peak={sched.peak_bytes} "
-          f"budget={sched.budget_bytes} gap={gap}")
+          f"budget={sched.budget_bytes}{raised} gap={gap}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from trainplan.cli_types import nonnegative_int, positive_float, positive_int
 from trainplan.io import write_json
 
 
@@ -17,9 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace]
     ap.add_argument("-o", "--output", required=True, help="plan JSON to write")
     ap.add_argument("--method", default="exact", help=f"one of {', '.join(METHODS)}, all_<layout>, or 'all' "
                     "(exact plan with every baseline under 'baselines')")
-    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds for CP-SAT / backtracking")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-limit", type=positive_float, default=10.0, help="seconds for CP-SAT / backtracking")
+    ap.add_argument("--workers", type=positive_int, default=2)
+    ap.add_argument("--seed", type=nonnegative_int, default=0)
     return run
 
 
