@@ -22,10 +22,15 @@ def run(*args):
     return subprocess.run([sys.executable, "-m", "trainplan.cli", *args], capture_output=True, text=True)
 
 
-def test_round_trip_all_methods(tmp_path):
+def schedule_problem(tmp_path, *options):
+    """``trainplan schedule`` on PROBLEM written to tmp_path: the process and the output path."""
     src, out = tmp_path / "p.json", tmp_path / "s.json"
     src.write_text(json.dumps(PROBLEM))
-    res = run("schedule", str(src), "-o", str(out), "--time-limit", "2", "--workers", "1", "--method", "all")
+    return run("schedule", str(src), "-o", str(out), *options), out
+
+
+def test_round_trip_all_methods(tmp_path):
+    res, out = schedule_problem(tmp_path, "--time-limit", "2", "--workers", "1", "--method", "all")
     assert res.returncode == 0, res.stderr
     data = read_json(out)
     p = problem_from_dict(PROBLEM)
@@ -82,9 +87,7 @@ def test_the_schedule_command_does_not_import_torch(tmp_path):
     ("--seed", "x", "expected an integer"),
 ])
 def test_a_bad_option_is_named_and_nothing_is_written(tmp_path, option, value, message):
-    src, out = tmp_path / "p.json", tmp_path / "s.json"
-    src.write_text(json.dumps(PROBLEM))
-    res = run("schedule", str(src), "-o", str(out), option, value)
+    res, out = schedule_problem(tmp_path, option, value)
     assert res.returncode == 2 and f"argument {option}: {message}" in res.stderr and not out.exists()
     lay = tmp_path / "l.json"
     lay.write_text(json.dumps({"layouts": ["a", "b"], "nodes": [{"id": "n", "cost": {"a": 1, "b": 2}}], "edges": []}))
@@ -94,9 +97,7 @@ def test_a_bad_option_is_named_and_nothing_is_written(tmp_path, option, value, m
 
 
 def test_a_raised_budget_says_what_is_known_about_the_requested_one(tmp_path):
-    src, out = tmp_path / "p.json", tmp_path / "s.json"
-    src.write_text(json.dumps(PROBLEM))
-    res = run("schedule", str(src), "-o", str(out), "--budget", "100", "--time-limit", "2", "--workers", "1")
+    res, out = schedule_problem(tmp_path, "--budget", "100", "--time-limit", "2", "--workers", "1")
     assert res.returncode == 0, res.stderr
     data = read_json(out)
     assert data["requested_budget_bytes"] == 100 and data["budget_status"] == "proven_infeasible"
