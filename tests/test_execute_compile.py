@@ -9,6 +9,10 @@ import pytest
 from tests.test_execute import middle_cut, mlp, no_recompute, plan_for, reference, swap_and_recompute  # noqa: F401 (fixture)
 from trainplan.execute import GraphLayout, parse_plan, run_plan, stage_layouts
 from trainplan.execute.compile import compile_plan, free, probe_run, swap_in, swap_out
+from trainplan.execute.layout import writes_in_place
+from trainplan.export import graph_tables
+from trainplan.models import build_model
+from trainplan.trace import trace_training_step
 
 
 def both(traced, flat, tables, plan):
@@ -69,3 +73,44 @@ def test_an_unprobed_compiled_plan_has_no_calls_between_the_ops(mlp):
     extra = {n.target for n in compiled.module.graph.nodes if n.op == "call_function"} - graph_ops
     assert extra <= {free, swap_out, swap_in, __import__("trainplan.execute.compile", fromlist=["view"]).view}
     assert all(torch.equal(a, b) for a, b in zip(compiled(*flat), reference(traced, flat)))
+
+
+def inplace_residual(channels: int = 4, image_size: int = 8, batch_size: int = 2, classes: int = 3):
+    """Conv, batch norm, the conv's output added in place into the batch norm's (as transformers' ResNet does:
+    ``hidden_state += residual``), ReLU and a linear head; batch: ``x`` and ``labels``."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, channels, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(channels)
+            self.head = torch.nn.Linear(channels, classes)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            h = self.conv(x)
+            y = self.bn(h)
+            y += h
+            return torch.nn.functional.cross_entropy(self.head(torch.relu(y).mean(dim=(2, 3))), labels)
+
+    gen = torch.Generator().manual_seed(0)
+    return Net(), {"x": torch.randn(batch_size, 3, image_size, image_size, generator=gen),
+                   "labels": torch.randint(0, classes, (batch_size,), generator=gen)}
+
+
+def test_a_storage_written_in_place_is_handed_on_after_the_write():
+    """Stage 0 ends with the residual ``add_`` into the batch norm's output and stage 1 reads the sum: the
+    hand-off carries the value after the ``add_``, in both executors (the compiled plan sent the batch norm's
+    value, and its gradients were wrong on ResNet-50 split in two)."""
+    spec = {"source": "callable", "callable": "tests.test_execute_compile:inplace_residual", "kwargs": {}}
+    traced, flat = trace_training_step(build_model("inplace_residual", spec, seed=0))
+    tables = graph_tables(traced)
+    names = tables.nodes.name.tolist()
+    add = next(n for n in traced.gm.graph.nodes  # the residual (not the batch norm's counter, a graph input)
+               if n.target is torch.ops.aten.add_.Tensor and n.args[0].op != "placeholder")
+    assert writes_in_place(add) and not writes_in_place(next(n for n in traced.gm.graph.nodes
+                                                           if n.target is torch.ops.aten.relu.default))
+    plan = plan_for(tables, [names[:names.index(add.name) + 1], names[names.index(add.name) + 1:]], no_recompute)
+    interpreted, _, outputs, probe = both(traced, flat, tables, plan)
+    layouts = stage_layouts(parse_plan(plan), GraphLayout.build(traced.gm, [t.detach() for t in flat], tables.tensors))
+    assert any(add.name in [n.name for n in layouts[0].ops[op].nodes] for op in layouts[0].sends)
+    assert_same_run(interpreted, outputs, probe, reference(traced, flat))

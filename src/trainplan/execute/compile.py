@@ -284,7 +284,8 @@ class _Compiler:
         for sid in op.storages:
             st.resident.add(sid)
             st.pending.pop(sid, None)
-            if sid in st.layout.exported and sid not in self.channel:
+        for sid in st.layout.sends.get(op_id, ()):
+            if sid not in self.channel:
                 stage = self.stages.index(st)
                 self.enter(stage, True)
                 self.channel[sid] = self._call(send, st.env[next(s for s in self.slots_on[sid] if s in st.env)])

@@ -72,6 +72,7 @@ class StageLayout:
     holder: dict[int, str]  # storage -> op id
     fixed: set[int]
     exported: set[int] = field(default_factory=set)  # storages another stage receives
+    sends: dict[str, tuple[int, ...]] = field(default_factory=dict)  # op id -> exported storages handed off after it
 
     @classmethod
     def build(cls, stage: StagePlan, layout: GraphLayout) -> StageLayout:
@@ -95,7 +96,8 @@ class StageLayout:
 
 
 def stage_layouts(stages: list[StagePlan], layout: GraphLayout) -> list[StageLayout]:
-    """Layouts of all stages, with the storages each stage hands to a later one marked ``exported``."""
+    """Layouts of all stages, with the storages each stage hands to a later one marked ``exported`` and the op
+    after whose compute it hands each off (``sends``, see :func:`_senders`)."""
     out = [StageLayout.build(st, layout) for st in stages]
     for st in out:
         for op in st.ops.values():
@@ -105,4 +107,47 @@ def stage_layouts(stages: list[StagePlan], layout: GraphLayout) -> list[StageLay
                         other.exported.update(
                             s for s in op.storages if s in other.holder and not other.ops[other.holder[s]].boundary
                         )
+    first_read = _first_reads(out, layout)
+    for st in out:
+        st.sends = _senders(st, layout, first_read)
     return out
+
+
+def writes_in_place(node: torch.fx.Node) -> bool:
+    """Whether the node's aten op writes into one of its arguments (``add_``: its output is that argument)."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _first_reads(stages: list[StageLayout], layout: GraphLayout) -> dict[int, int]:
+    """Per storage a stage receives: the program position (fx node order) of the first node that reads it there."""
+    position = {name: i for i, name in enumerate(layout.nodes)}
+    first: dict[int, int] = {}
+    for st in stages:
+        received = {sid for op in st.ops.values() if op.boundary for sid in op.storages}
+        for op in st.ops.values():
+            for node in [] if op.boundary else op.nodes:
+                for a in node.all_input_nodes:
+                    for _, sid in layout.slots.get(a.name, ()):
+                        if sid in received:
+                            first[sid] = min(first.get(sid, position[node.name]), position[node.name])
+    return first
+
+
+def _senders(st: StageLayout, layout: GraphLayout, first_read: dict[int, int]) -> dict[str, tuple[int, ...]]:
+    """For each storage ``st`` exports, the op whose compute completes the value a receiving stage reads: the
+    op holding it, or the last op of ``st`` that writes into it in place before the receiver's first read (a
+    residual ``add_`` on a batch norm's output): sent at the holder's compute, the receiver would read the
+    value from before that write."""
+    position = {name: i for i, name in enumerate(layout.nodes)}
+    sends: dict[str, list[int]] = {}
+    for sid in sorted(st.exported):
+        sender, at = st.holder[sid], -1
+        for op in st.ops.values():
+            for node in [] if op.boundary else op.nodes:
+                pos = position[node.name]
+                if at < pos < first_read.get(sid, -1) and writes_in_place(node) and any(
+                        s == sid for _, s in layout.slots.get(node.name, ())):
+                    sender, at = op.id, pos
+        sends.setdefault(sender, []).append(sid)
+    return {op_id: tuple(sids) for op_id, sids in sends.items()}

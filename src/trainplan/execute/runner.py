@@ -130,8 +130,8 @@ class StageRunner:
             if sid not in self.pool.resident:  # an extra output whose kernel ran while it was held: run it again
                 self.shared.regenerated.append(op.id)
                 self._run_node(self.layout.nodes[self.layout.producer[sid]], op)
-            if sid in self.stage.exported:
-                self.shared.channel.setdefault(sid, self.pool.resident[sid])
+        for sid in self.stage.sends.get(op.id, ()):
+            self.shared.channel.setdefault(sid, self.pool.resident[sid])
         self.computed.add(op.id)
 
     def _free(self, op: OpSpec) -> None:
@@ -274,7 +274,7 @@ def execution_order(stages: list[StageLayout], events: list[list[tuple[str, str]
             while pos[s] < len(events[s]) and not blocked(s):
                 kind, oid = events[s][pos[s]]
                 if kind == "compute":
-                    produced.update(x for x in st.ops[oid].storages if x in st.exported)
+                    produced.update(st.sends.get(oid, ()))
                 order.append((s, pos[s]))
                 pos[s] += 1
                 progressed = True
