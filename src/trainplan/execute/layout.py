@@ -107,9 +107,10 @@ def stage_layouts(stages: list[StagePlan], layout: GraphLayout) -> list[StageLay
                         other.exported.update(
                             s for s in op.storages if s in other.holder and not other.ops[other.holder[s]].boundary
                         )
-    first_read = _first_reads(out, layout)
+    position = {name: i for i, name in enumerate(layout.nodes)}  # program order of the fx nodes
+    first_read = _first_reads(out, layout, position)
     for st in out:
-        st.sends = _senders(st, layout, first_read)
+        st.sends = _senders(st, layout, position, first_read)
     return out
 
 
@@ -119,9 +120,8 @@ def writes_in_place(node: torch.fx.Node) -> bool:
     return schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
-def _first_reads(stages: list[StageLayout], layout: GraphLayout) -> dict[int, int]:
-    """Per storage a stage receives: the program position (fx node order) of the first node that reads it there."""
-    position = {name: i for i, name in enumerate(layout.nodes)}
+def _first_reads(stages: list[StageLayout], layout: GraphLayout, position: dict[str, int]) -> dict[int, int]:
+    """Per storage a stage receives: the program position of the first node that reads it there."""
     first: dict[int, int] = {}
     for st in stages:
         received = {sid for op in st.ops.values() if op.boundary for sid in op.storages}
@@ -134,20 +134,20 @@ def _first_reads(stages: list[StageLayout], layout: GraphLayout) -> dict[int, in
     return first
 
 
-def _senders(st: StageLayout, layout: GraphLayout, first_read: dict[int, int]) -> dict[str, tuple[int, ...]]:
+def _senders(st: StageLayout, layout: GraphLayout, position: dict[str, int],
+             first_read: dict[int, int]) -> dict[str, tuple[int, ...]]:
     """For each storage ``st`` exports, the op whose compute completes the value a receiving stage reads: the
     op holding it, or the last op of ``st`` that writes into it in place before the receiver's first read (a
     residual ``add_`` on a batch norm's output): sent at the holder's compute, the receiver would read the
     value from before that write."""
-    position = {name: i for i, name in enumerate(layout.nodes)}
+    last: dict[int, tuple[int, str]] = {}  # storage -> (position, op) of that write
+    for op in st.ops.values():
+        for node in [] if op.boundary else op.nodes:
+            pos = position[node.name]
+            for _, sid in layout.slots.get(node.name, ()) if writes_in_place(node) else ():
+                if sid in st.exported and last.get(sid, (-1, ""))[0] < pos < first_read.get(sid, -1):
+                    last[sid] = (pos, op.id)
     sends: dict[str, list[int]] = {}
     for sid in sorted(st.exported):
-        sender, at = st.holder[sid], -1
-        for op in st.ops.values():
-            for node in [] if op.boundary else op.nodes:
-                pos = position[node.name]
-                if at < pos < first_read.get(sid, -1) and writes_in_place(node) and any(
-                        s == sid for _, s in layout.slots.get(node.name, ())):
-                    sender, at = op.id, pos
-        sends.setdefault(sender, []).append(sid)
+        sends.setdefault(last[sid][1] if sid in last else st.holder[sid], []).append(sid)
     return {op_id: tuple(sids) for op_id, sids in sends.items()}
