@@ -36,20 +36,25 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
 
 def _run_schedule(args: argparse.Namespace) -> int:
     from trainplan.schedule import compare, load_problem, save_schedule, solve
+    from trainplan.schedule import deadline as dl
 
-    problem = load_problem(args.problem, stage=args.stage)
-    if args.budget is not None:
-        problem = problem.with_budget(args.budget)
-    opts = {"deterministic": not args.nondeterministic, "verbose": args.verbose}
-    if args.method == "all":
-        results = compare(problem, args.time_limit, args.workers, args.seed, **opts)
-        sched = results.pop("ours")
-        sched.extra["baselines"] = {name: s.to_dict() for name, s in results.items()}
-    elif args.method == "ours":
-        sched = solve(problem, args.time_limit, args.workers, args.seed, **opts)
-    else:
-        sched = solve(problem, args.time_limit, args.workers, args.seed, method=args.method)
-    save_schedule(args.output, sched)
+    # one deadline scope from reading the problem to writing the schedule: the limit counts from the start, and
+    # the garbage collector stays frozen until the file is written (a full collection right after the solver's
+    # own scope, scanning every object it had frozen, took 0.14 s here and 0.45 s inside the test suite)
+    with dl.scope(dl.Deadline.after(args.time_limit)):
+        problem = load_problem(args.problem, stage=args.stage)
+        if args.budget is not None:
+            problem = problem.with_budget(args.budget)
+        opts = {"deterministic": not args.nondeterministic, "verbose": args.verbose}
+        if args.method == "all":
+            results = compare(problem, args.time_limit, args.workers, args.seed, **opts)
+            sched = results.pop("ours")
+            sched.extra["baselines"] = {name: s.to_dict() for name, s in results.items()}
+        elif args.method == "ours":
+            sched = solve(problem, args.time_limit, args.workers, args.seed, **opts)
+        else:
+            sched = solve(problem, args.time_limit, args.workers, args.seed, method=args.method)
+        save_schedule(args.output, sched)
     gap = "-" if sched.gap is None else f"{sched.gap:.2%}"
     requested = sched.extra.get("requested_budget_bytes")
     raised = "" if requested is None else f" (raised from {requested}: {sched.extra.get('budget_status')})"
