@@ -155,3 +155,23 @@ def test_the_lp_build_gives_up_when_its_sparse_matrix_would_pass_the_deadline(mo
     t0 = time.perf_counter()
     s = solve(big, time_limit_s=10.0, method="checkmate")
     assert (time.perf_counter() - t0) / 10.0 <= 1.05 and s.extra["lp_status"] in ("NOT_BUILT", "NOT_STARTED")
+
+
+def test_the_cli_writes_the_schedule_before_the_collector_unfreezes(tmp_path, monkeypatch):
+    """The full garbage collection due when the outermost deadline scope ends (it scans every object frozen at
+    its start) comes after the schedule is written, outside the command's limit."""
+    import trainplan.schedule as schedule_pkg
+
+    frozen = []
+    real_save = schedule_pkg.save_schedule
+
+    def save(path, sched):
+        frozen.append(gc.get_freeze_count())
+        real_save(path, sched)
+
+    monkeypatch.setattr(schedule_pkg, "save_schedule", save)
+    p = layered_graph(50, 1)
+    src, out = tmp_path / "p.json", tmp_path / "s.json"
+    save_problem(src, p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes)))
+    assert cli.main(["schedule", str(src), "-o", str(out), "--time-limit", "1"]) == 0
+    assert len(frozen) == 1 and frozen[0] > 0 and gc.get_freeze_count() == 0 and out.exists()

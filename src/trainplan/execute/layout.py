@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from trainplan.execute.plan import StagePlan
+from trainplan.export import is_inplace
 from trainplan.memory import FIXED_KINDS
 
 #: one tensor value of the graph: (fx node name, element index; -1 for a node returning one tensor)
@@ -114,12 +115,6 @@ def stage_layouts(stages: list[StagePlan], layout: GraphLayout) -> list[StageLay
     return out
 
 
-def writes_in_place(node: torch.fx.Node) -> bool:
-    """Whether the node's aten op writes into one of its arguments (``add_``: its output is that argument)."""
-    schema = getattr(node.target, "_schema", None)
-    return schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-
-
 def _first_reads(stages: list[StageLayout], layout: GraphLayout, position: dict[str, int]) -> dict[int, int]:
     """Per storage a stage receives: the program position of the first node that reads it there."""
     first: dict[int, int] = {}
@@ -144,7 +139,7 @@ def _senders(st: StageLayout, layout: GraphLayout, position: dict[str, int],
     for op in st.ops.values():
         for node in [] if op.boundary else op.nodes:
             pos = position[node.name]
-            for _, sid in layout.slots.get(node.name, ()) if writes_in_place(node) else ():
+            for _, sid in layout.slots.get(node.name, ()) if is_inplace(str(node.target)) else ():
                 if sid in st.exported and last.get(sid, (-1, ""))[0] < pos < first_read.get(sid, -1):
                     last[sid] = (pos, op.id)
     sends: dict[str, list[int]] = {}
