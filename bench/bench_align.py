@@ -3,7 +3,7 @@
 Part 1, layer-shape sweep: conv/BN/ReLU/pool activations (odd and even n, c, h, w), fc widths,
 vocabulary-sized logits and softmaxes, attention heads, at granularities g = 4, 16, 32 bytes: bytes
 added ours vs naive, and the time of the padding copies themselves on real fp16 tensors (median of
-``--repeats`` after a warm-up; the machine is shared, so times are measured under load).
+``--repeats`` after a warm-up; the table says whether the host was busy).
 Part 2, the study's models: every half-precision op of each model's traced step (precision from
 ``results/overflow/{model}/final_policy.yaml`` when the overflow stage ran, else the starting policy),
 read from the align rule's ``results/align/{model}/summary.json`` when it exists (else, or with
@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 import yaml
 
+from host_load import load_label
 from trainplan.align.classes import OpSpec, build_problem
 from trainplan.align.cost import padding_times
 from trainplan.align.plan import plan_op
@@ -159,7 +160,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     start = time.time()
+    loads = [os.getloadavg()[0]]
     shapes = sweep_table(args.repeats)
+    loads.append(os.getloadavg()[0])
     models = model_table(args.models, args.config, args.retrace)
     OUT.mkdir(parents=True, exist_ok=True)
     shapes.to_csv(OUT / "align.csv", index=False)
@@ -182,8 +185,7 @@ def main() -> None:
         "# bench_align: fp16 alignment padding, ours (seed 001 per op class) vs naive (every dimension)",
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.machine()} ({os.cpu_count()} cores, torch "
-        f"{torch.__version__}, 2 threads), {time.time() - start:.0f} s. **Times measured under load**: the machine is shared "
-        "with other jobs; each is the median of "
+        f"{torch.__version__}, 2 threads), {time.time() - start:.0f} s. Times {load_label(loads)}; each is the median of "
         f"{args.repeats} runs after one warm-up of the padding copy alone (one allocation + copy + fill), summed over ops. "
         "No GPU here: the effect of aligned shapes on CUDA fp16 matmul speed was not measured.",
         "",

@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+from host_load import load_label
+from trainplan.io import atomic_path
 from trainplan.schedule import replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.checkmate import checkmate, model_size
@@ -38,11 +40,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results/checkmate_lp.md")
     args = ap.parse_args()
-    load = os.getloadavg()[0]
+    loads = [os.getloadavg()[0]]
     lines = [f"# bench_checkmate: time limit {args.time_limit:g} s per method, seed {args.seed}, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {load:.1f} on {os.cpu_count()} cores"
-             + (" (measured under load)" if load > (os.cpu_count() or 1) else ""),
-             "",
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              "overhead = replayed time / sum of op times - 1; peak / budget > 1: over budget; wall / limit: the time"
              " limit kept (<= 1.05).",
              "",
@@ -66,8 +66,10 @@ def main() -> None:
                        *cells(name, s, g.compute_time, args.time_limit, wall)]
                 lines.append("| " + " | ".join(row) + " |")
                 print(lines[-1], flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+                loads.append(os.getloadavg()[0])
+    lines[2:2] = [f"Timings {load_label(loads)}.", ""]
+    with atomic_path(Path(args.out)) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

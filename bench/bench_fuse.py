@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from host_load import load_label
 from trainplan.fuse import fuse_graph, resolve_table
 from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
 from trainplan.fuse.check import check_grouping
@@ -99,9 +100,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results/fuse.md"))
     args = ap.parse_args()
     import torch.fx.passes.infra.partitioner  # noqa: F401  (import time kept out of the fx baseline's timing)
+    loads = [os.getloadavg()[0]]
     rand = pd.DataFrame(random_rows(args.sizes, args.seeds, args.fx_max))
+    loads.append(os.getloadavg()[0])
     models = pd.DataFrame(model_rows(args.models, 3000))
-    load = os.getloadavg()[0]
+    loads.append(os.getloadavg()[0])
     by_n = rand.groupby("n").agg(graphs=("seed", "size"), valid=("valid", "mean"), fuse_s_max=("fuse_s", "max"),
                                  fuse_s_median=("fuse_s", "median"), fuse_cpu_s_max=("fuse_cpu_s", "max"), cov_ours=("cov_ours", "mean"),
                                  cov_ort=("cov_ort", "mean"), ort_s_max=("ort_s", "max"))
@@ -109,14 +112,14 @@ def main() -> None:
         by_n = by_n.join(rand.groupby("n").agg(cov_fx=("cov_fx", "mean"), fx_s_max=("fx_s", "max")))
     lines = [
         "# bench_fuse: fusion partitioning on random DAGs and the exported models", "",
-        f"`python bench/bench_fuse.py` (sizes {args.sizes}, {args.seeds} graphs each). Measured under load: "
-        f"1-minute load average {load:.1f} on this 2-core machine at the end of the run (wall-clock timings).", "",
+        f"`python bench/bench_fuse.py` (sizes {args.sizes}, {args.seeds} graphs each), "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; wall-clock timings {load_label(loads)}.", "",
         "## Random DAGs: validity (independent checker), time, coverage of supported ops", "",
         f"Single-input/single-output and cycle-free after contraction: {rand['valid'].mean():.0%} of "
         f"{len(rand)} graphs (maximality re-checked on the {int(rand['maximal_checked'].sum())} graphs of <= 500 ops). "
         f"Largest `fuse` time on {rand.n.max()} ops: {rand.loc[rand.n == rand.n.max(), 'fuse_s'].max():.3f} s wall, "
         f"{rand.loc[rand.n == rand.n.max(), 'fuse_cpu_s'].max():.3f} s CPU (target < 5 s). Wall time includes waiting "
-        "for the CPU on the loaded machine; CPU time (`fuse_cpu_s`, this process) does not.", "",
+        "for the CPU where the host is busy; CPU time (`fuse_cpu_s`, this process) does not.", "",
         by_n.reset_index().to_markdown(index=False, floatfmt=".3f"), "",
         "## Models (default config exports and profiles)", "",
         "Every grouping of the real steps checked by the independent checker (`valid`; maximality without the "
