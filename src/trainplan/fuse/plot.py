@@ -19,7 +19,8 @@ def plot_fusion(groups: pd.DataFrame, compare: pd.DataFrame, measure: pd.DataFra
     panels = 3 if measure is not None and len(measure) else 2
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     sizes = groups["n_ops"].value_counts().sort_index()
-    axes[0].bar(sizes.index.astype(str), sizes.to_numpy(), color="tab:blue")
+    axes[0].bar(range(len(sizes)), sizes.to_numpy(), color="tab:blue")
+    axes[0].set_xticks(range(len(sizes)), [str(n) for n in sizes.index])  # one bar per size that occurs
     axes[0].set(xlabel="ops per group", ylabel="groups", title="our groups (1 input op, 1 output op)")
     axes[0].set_yscale("log")
     x = range(len(compare))
