@@ -19,7 +19,7 @@ with log_to(snakemake.log[0]) as log:
     graph = trace_conv_graph(built.name, built.module, built.batch)
     log.info("%s on %s: %d convs, %d ops between them, %d edges (load average %.1f)", built.name, device,
              len(graph.convs), len(graph.ops), len(graph.edges), load_average())
-    tables = measure_graph(graph, settings["layouts"], timing_of(settings, device=device))
+    tables = measure_graph(graph, settings["layouts"], timing_of(settings, device=device), log)
     failed = tables["groups"].loc[tables["groups"].error != ""]
     for row in failed.itertuples():
         log.warning("group %s not replayed (%s): costed as measured-equal", row.group, row.error)

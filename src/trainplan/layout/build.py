@@ -8,14 +8,15 @@ from typing import Any
 import pandas as pd
 
 from trainplan.layout.graph import INPUT
-from trainplan.layout.problem import LayoutProblem, problem_from_dict
+from trainplan.layout.problem import LayoutProblem, LayoutProblemError, problem_from_dict
 
 
 def node_costs(convs: pd.DataFrame, groups: pd.DataFrame, layouts: list[str],
                conv_time: pd.DataFrame | None = None) -> dict[str, dict[str, float]]:
     """Per conv group and layout: conv forward+backward (``conv_time`` columns ``<layout>`` when given, e.g.
     predicted, else the measured ``fwd_``/``bwd_`` columns) plus its group's ops forward+backward. A group
-    whose replay failed in one layout is costed as measured in the other (measured-equal); in none, 0."""
+    whose replay failed in one layout is costed as measured in the other (measured-equal); in none, 0. A layout
+    the conv has no measured time in (PyTorch refused or crashed on it: ``error``) is not among its choices."""
     ops: dict[str, dict[str, float]] = {}
     for row in groups.itertuples(index=False):
         vals = {lay: getattr(row, f"fwd_{lay}") + getattr(row, f"bwd_{lay}") for lay in layouts}
@@ -23,7 +24,11 @@ def node_costs(convs: pd.DataFrame, groups: pd.DataFrame, layouts: list[str],
         ops[row.group] = {lay: (v if not math.isnan(v) else (min(ok) if ok else 0.0)) for lay, v in vals.items()}
     cost: dict[str, dict[str, float]] = {}
     for row in convs.itertuples(index=False):
-        for lay in layouts:
+        runs = [lay for lay in layouts if not math.isnan(getattr(row, f"fwd_{lay}") + getattr(row, f"bwd_{lay}"))]
+        if not runs:
+            raise LayoutProblemError(f"conv '{row.conv}' has no measured time in any layout of {layouts}: "
+                                     f"{getattr(row, 'error', '') or 'no times'}")
+        for lay in runs:
             conv = (float(conv_time.loc[row.conv, lay]) if conv_time is not None
                     else getattr(row, f"fwd_{lay}") + getattr(row, f"bwd_{lay}"))
             cost.setdefault(row.conv, {})[lay] = conv + ops.get(row.conv, {}).get(lay, 0.0)

@@ -10,12 +10,19 @@ read after ``torch.cuda.synchronize`` (the process's CPU time does not see the G
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
+import math
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -125,6 +132,63 @@ def conv_row(conv: ConvInfo, input_grad: bool = True) -> dict[str, Any]:
             "input_grad": input_grad}
 
 
+def time_in_worker(shapes: list[ConvInfo], input_grad: list[bool], layouts: list[str], timing: Timing,
+                   log: logging.Logger | None = None, progress_every: int = 0) -> list[dict[str, Any]]:
+    """Forward and backward time of every conv shape in every layout, timed in a worker process
+    (``trainplan.layout.sweep_worker``): one row per shape (:func:`conv_row`, ``error``, ``fwd_``/``bwd_`` times).
+    A shape torch refuses, or one that kills its worker (PyTorch 2.13's CPU backward crashes on some, e.g. a
+    channels_last 1x1 stride-2 conv with few input channels), keeps its row with ``error`` set and no times;
+    after a crash a new worker goes on with the next shape."""
+    rows: list[dict[str, Any]] = []
+    while len(rows) < len(shapes):
+        todo, grads = shapes[len(rows):], input_grad[len(rows):]
+        job = json.dumps({"layouts": layouts, "timing": dataclasses.asdict(timing),
+                          "shapes": [dataclasses.asdict(c) for c in todo], "input_grad": grads}, default=_scalar)
+        with subprocess.Popen([sys.executable, "-m", "trainplan.layout.sweep_worker"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) as worker:
+            assert worker.stdin is not None and worker.stdout is not None
+            worker.stdin.write(job)
+            worker.stdin.close()
+            before = len(rows)
+            for conv, grad, line in zip(todo, grads, worker.stdout):
+                rows.append({**conv_row(conv, grad), "error": "", **json.loads(line)})
+                if rows[-1]["error"] and log is not None:
+                    log.warning("conv %s %s left out: %s", conv.id, conv_row(conv, grad), rows[-1]["error"])
+                if log is not None and progress_every and len(rows) % progress_every == 0:
+                    log.info("timed %d of %d shapes", len(rows), len(shapes))
+            code = worker.wait()
+        if code > 0 and len(rows) == before:  # an error, not a crash on a shape: it would fail on every one
+            raise RuntimeError(f"the conv timing worker failed (exit code {code}) before timing any shape "
+                               f"(its error is printed above)")
+        if len(rows) < len(shapes):
+            conv, grad = shapes[len(rows)], input_grad[len(rows)]
+            rows.append({**conv_row(conv, grad), "error": f"the timing process died (exit code {code})"})
+            if log is not None:
+                log.warning("conv %s %s crashed the timing process (exit code %s); left out", conv.id,
+                            conv_row(conv, grad), code)
+    return rows
+
+
+def _scalar(value: Any) -> Any:
+    """JSON form of a numpy scalar in a shape."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} to the conv timing worker")
+
+
+def unsafe_layouts(convs: dict[str, ConvInfo], input_grad: dict[str, bool], layouts: list[str], timing: Timing,
+                   log: logging.Logger | None = None) -> dict[tuple[str, str], str]:
+    """(conv, layout) pairs whose forward + backward PyTorch refuses or crashes on, found by running each conv
+    once per layout in a worker process, so that the caller never runs them in its own process."""
+    probe = dataclasses.replace(timing, repeats=1, warmup=0, calls=1)
+    ids = list(convs)
+    found = {}
+    for lay in layouts:
+        rows = time_in_worker([convs[c] for c in ids], [input_grad[c] for c in ids], [lay], probe, log)
+        found.update({(row["conv"], lay): row["error"] for row in rows if row["error"]})
+    return found
+
+
 def transform_time(shape: tuple[int, ...], src: str, dst: str, timing: Timing, dtype: torch.dtype = torch.float32) -> float:
     """Time to convert an activation of ``shape`` from ``src`` to ``dst`` layout plus its gradient back, on
     ``timing.device``."""
@@ -180,19 +244,26 @@ def group_forward(graph: ConvGraph, group: str, layout: str, device: str = "cpu"
     return forward
 
 
-def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing) -> dict[str, pd.DataFrame]:
-    """Every conv, group and edge of ``graph`` timed in every layout; three tables (convs, groups, edges). Keeps
-    freed host memory for the rest of the process (``keep_freed_memory``), as the profile does; garbage is
+def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing,
+                  log: logging.Logger | None = None) -> dict[str, pd.DataFrame]:
+    """Every conv, group and edge of ``graph`` timed in every layout; three tables (convs, groups, edges). A conv
+    that PyTorch refuses or crashes on in a layout (:func:`unsafe_layouts`, run first in a worker process) gets no
+    times there (NaN) and says why in ``error``; the problem then leaves that layout out of the conv's choices.
+    Keeps freed host memory for the rest of the process (``keep_freed_memory``), as the profile does; garbage is
     collected once per conv, group and edge (``gc_paused`` around all its timings)."""
     keep_freed_memory()
     torch.set_num_threads(timing.threads)
     conv_rows, group_rows, edge_rows = [], [], []
     first = {dst for (src, dst) in graph.edges if src == INPUT}
+    grads = {cid: cid not in first for cid in graph.convs}
+    unsafe = unsafe_layouts(graph.convs, grads, layouts, timing, log)
     for cid, conv in graph.convs.items():
-        row = conv_row(conv, input_grad=cid not in first)
+        row = conv_row(conv, input_grad=grads[cid])
+        row["error"] = "; ".join(f"{lay}: {unsafe[cid, lay]}" for lay in layouts if (cid, lay) in unsafe)
         with gc_paused():
             for lay in layouts:
-                row[f"fwd_{lay}"], row[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad=row["input_grad"])
+                row[f"fwd_{lay}"], row[f"bwd_{lay}"] = ((math.nan, math.nan) if (cid, lay) in unsafe else
+                                                        conv_time(conv, lay, timing, input_grad=grads[cid]))
         row["load"] = load_average()
         conv_rows.append(row)
     for group in graph.groups:

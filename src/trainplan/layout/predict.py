@@ -5,19 +5,15 @@ are held out."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import random
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from trainplan.layout.graph import ConvInfo
-from trainplan.layout.measure import Timing, conv_row
+from trainplan.layout.measure import Timing, time_in_worker
 
 LAYOUT_ID = {"nchw": 0, "nhwc": 1}
 DTYPE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "float64": 64}
@@ -68,51 +64,15 @@ def sweep_shapes(count: int, seed: int, batch_size: int = 2, max_macs: float = 4
 def measure_sweep(shapes: list[ConvInfo], layouts: list[str], timing: Timing,
                   log: logging.Logger | None = None) -> pd.DataFrame:
     """Forward and backward time of every sweep shape in every layout (one row per shape), timed in a worker
-    process (``trainplan.layout.sweep_worker``). A shape torch refuses, or one that kills its worker (PyTorch
-    2.13's CPU backward crashes on some, e.g. a channels_last 1x1 stride-2 conv with few input channels), keeps
-    its row with ``error`` set and no times; after a crash a new worker goes on with the next shape. ``log``
-    gets progress every PROGRESS_EVERY shapes."""
-    rows: list[dict[str, Any]] = []
-    while len(rows) < len(shapes):
-        todo = shapes[len(rows):]
-        job = json.dumps({"layouts": layouts, "timing": dataclasses.asdict(timing),
-                          "shapes": [dataclasses.asdict(c) for c in todo],
-                          "input_grad": [_input_grad(c) for c in todo]}, default=_scalar)
-        with subprocess.Popen([sys.executable, "-m", "trainplan.layout.sweep_worker"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) as worker:
-            assert worker.stdin is not None and worker.stdout is not None
-            worker.stdin.write(job)
-            worker.stdin.close()
-            before = len(rows)
-            for conv, line in zip(todo, worker.stdout):
-                rows.append({**conv_row(conv, _input_grad(conv)), "error": "", **json.loads(line)})
-                if rows[-1]["error"] and log is not None:
-                    log.warning("conv %s %s left out: %s", conv.id, conv_row(conv), rows[-1]["error"])
-                if log is not None and len(rows) % PROGRESS_EVERY == 0:
-                    log.info("timed %d of %d shapes", len(rows), len(shapes))
-            code = worker.wait()
-        if code > 0 and len(rows) == before:  # an error, not a crash on a shape: it would fail on every one
-            raise RuntimeError(f"the conv timing worker failed (exit code {code}) before timing any shape "
-                               f"(its error is printed above)")
-        if len(rows) < len(shapes):
-            conv = shapes[len(rows)]
-            rows.append({**conv_row(conv, _input_grad(conv)), "error": f"the timing process died (exit code {code})"})
-            if log is not None:
-                log.warning("conv %s %s crashed the timing process (exit code %s); left out", conv.id,
-                            conv_row(conv), code)
-    return pd.DataFrame(rows)
+    process (:func:`trainplan.layout.measure.time_in_worker`): a shape torch refuses or one that kills its
+    worker keeps its row with ``error`` set and no times. ``log`` gets progress every PROGRESS_EVERY shapes."""
+    return pd.DataFrame(time_in_worker(shapes, [_input_grad(c) for c in shapes], layouts, timing, log,
+                                       progress_every=PROGRESS_EVERY))
 
 
 def _input_grad(conv: ConvInfo) -> bool:
     """Whether a sweep conv is timed with an input gradient (not for a stem reading the image)."""
     return conv.in_shape[1] != IMAGE_CHANNELS
-
-
-def _scalar(value: Any) -> Any:
-    """JSON form of a numpy scalar in a shape."""
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot write {type(value).__name__} to the sweep worker")
 
 
 def features(convs: pd.DataFrame, layout: str) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """Worker process of the conv sweep: reads ``{"layouts", "timing", "shapes", "input_grad"}`` as JSON on stdin,
 times each shape in every layout and writes one JSON line of times (or of the error torch raised) per shape on
 stdout, in order. Run as ``python -m trainplan.layout.sweep_worker``; a shape that crashes PyTorch ends the
-process, and the caller (:func:`trainplan.layout.predict.measure_sweep`) knows which one from the lines written."""
+process, and the caller (:func:`trainplan.layout.measure.time_in_worker`) knows which one from the lines written."""
 
 from __future__ import annotations
 
