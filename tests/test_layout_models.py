@@ -108,7 +108,7 @@ def test_predictor_trains_on_a_sweep_and_scores_held_out_convs():
 
 
 def test_a_shape_that_crashes_torch_is_left_out_and_the_sweep_goes_on():
-    # PyTorch 2.13's CPU backward of a channels_last 1x1 stride-2 conv with < 16 input channels segfaults
+    # PyTorch 2.13's CPU backward of a channels_last 1x1 stride-2 conv with < 16 input channels corrupts the heap
     crash = ConvInfo("crash", (2, 3, 64, 64), (160, 3, 1, 1), (2, 160, 32, 32), (2, 2), (0, 0), (1, 1), 1, False,
                      "float32")
     bad = ConvInfo("bad", (1, 6, 8, 8), (4, 4, 3, 3), (1, 4, 6, 6), (1, 1), (0, 0), (1, 1), 4, False, "float32")
@@ -122,10 +122,8 @@ def test_a_shape_that_crashes_torch_is_left_out_and_the_sweep_goes_on():
     timed = table.iloc[[0, 3]]
     assert (timed.error == "").all() and (timed[["fwd_nchw", "bwd_nchw", "fwd_nhwc", "bwd_nhwc"]] > 0).all().all()
     assert table.error[1].startswith("RuntimeError") and math.isnan(table.fwd_nchw[1])  # 6 channels in 4 groups
-    if table.error[2]:  # crashes with torch 2.13 on this host's CPUs; a fixed torch times it like the rest
-        assert "died" in table.error[2] and math.isnan(table.fwd_nhwc[2])
-    else:
-        assert table.fwd_nhwc[2] > 0
+    # the known crash of torch 2.13 (measure.known_crash) is not run at all: no worker dies on it, the next goes on
+    assert table.error[2].startswith("known PyTorch crash") and math.isnan(table.fwd_nhwc[2])
     model = fit(table, ["nchw", "nhwc"], seed=0)  # the rows without times are not trained on
     assert model.n_features_in_ == len(FEATURES)
 

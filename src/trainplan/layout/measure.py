@@ -136,9 +136,24 @@ def time_in_worker(shapes: list[ConvInfo], input_grad: list[bool], layouts: list
                    log: logging.Logger | None = None, progress_every: int = 0) -> list[dict[str, Any]]:
     """Forward and backward time of every conv shape in every layout, timed in a worker process
     (``trainplan.layout.sweep_worker``): one row per shape (:func:`conv_row`, ``error``, ``fwd_``/``bwd_`` times).
-    A shape torch refuses, or one that kills its worker (PyTorch 2.13's CPU backward crashes on some, e.g. a
-    channels_last 1x1 stride-2 conv with few input channels), keeps its row with ``error`` set and no times;
-    after a crash a new worker goes on with the next shape."""
+    A shape PyTorch is known to crash on in one of ``layouts`` (:func:`known_crash`) is not run; one torch refuses,
+    or one that kills its worker, keeps its row with ``error`` set and no times (after a crash a new worker goes on
+    with the next shape)."""
+    known = {i: why for i, c in enumerate(shapes)
+             if (why := "; ".join(w for lay in layouts if (w := known_crash(c, lay, timing.device))))}
+    for i, why in known.items():
+        if log is not None:
+            log.warning("conv %s %s not run: %s", shapes[i].id, conv_row(shapes[i], input_grad[i]), why)
+    run = [i for i in range(len(shapes)) if i not in known]
+    rows = dict(zip(run, _run_worker([shapes[i] for i in run], [input_grad[i] for i in run], layouts, timing, log,
+                                     progress_every)))
+    rows.update({i: {**conv_row(shapes[i], input_grad[i]), "error": why} for i, why in known.items()})
+    return [rows[i] for i in range(len(shapes))]
+
+
+def _run_worker(shapes: list[ConvInfo], input_grad: list[bool], layouts: list[str], timing: Timing,
+                log: logging.Logger | None, progress_every: int) -> list[dict[str, Any]]:
+    """The rows of :func:`time_in_worker` for shapes that are run, one worker after another until all are."""
     rows: list[dict[str, Any]] = []
     while len(rows) < len(shapes):
         todo, grads = shapes[len(rows):], input_grad[len(rows):]
@@ -177,6 +192,7 @@ def _scalar(value: Any) -> Any:
 
 
 KNOWN_CRASH_MAX_CHANNELS = 16  # 3, 4, 8 and 12 input channels crashed; 16 and 64 did not
+KNOWN_CRASH_MIN_PIXELS = 48 * 48  # crashed at 64 and 128 px; 16, 32 and 48 px ran (sweep shapes of 6 and 10 px too)
 
 
 def known_crash(conv: ConvInfo, layout: str, device: str) -> str:
@@ -185,7 +201,8 @@ def known_crash(conv: ConvInfo, layout: str, device: str) -> str:
     channels at 64 px and more), and whether the process dies at once depends on what ran before in it, so a
     probe alone does not find it every time."""
     if (layout == "nhwc" and torch.device(device).type == "cpu" and tuple(conv.weight_shape[2:]) == (1, 1)
-            and max(conv.stride) > 1 and conv.in_shape[1] // conv.groups < KNOWN_CRASH_MAX_CHANNELS):
+            and max(conv.stride) > 1 and conv.in_shape[1] // conv.groups < KNOWN_CRASH_MAX_CHANNELS
+            and conv.in_shape[2] * conv.in_shape[3] >= KNOWN_CRASH_MIN_PIXELS):
         return (f"known PyTorch crash: CPU backward of a channels_last 1x1 stride-{max(conv.stride)} conv with "
                 f"{conv.in_shape[1] // conv.groups} (< {KNOWN_CRASH_MAX_CHANNELS}) input channels")
     return ""
@@ -193,14 +210,13 @@ def known_crash(conv: ConvInfo, layout: str, device: str) -> str:
 
 def unsafe_layouts(convs: dict[str, ConvInfo], input_grad: dict[str, bool], layouts: list[str], timing: Timing,
                    log: logging.Logger | None = None) -> dict[tuple[str, str], str]:
-    """(conv, layout) pairs PyTorch is known to crash on (:func:`known_crash`, never run), or that it refuses or
-    crashes on when each conv runs once per layout in a worker process, so that the caller does not run them in
-    its own process."""
+    """(conv, layout) pairs PyTorch is known to crash on (never run), or refuses or crashes on when each conv runs
+    once per layout in a worker process (:func:`time_in_worker`), so that the caller does not run them in its own
+    process."""
     probe = dataclasses.replace(timing, repeats=1, warmup=0, calls=1)
-    found = {(cid, lay): why for cid, conv in convs.items() for lay in layouts
-             if (why := known_crash(conv, lay, timing.device))}
+    ids = list(convs)
+    found = {}
     for lay in layouts:
-        ids = [c for c in convs if (c, lay) not in found]
         rows = time_in_worker([convs[c] for c in ids], [input_grad[c] for c in ids], [lay], probe, log)
         found.update({(row["conv"], lay): row["error"] for row in rows if row["error"]})
     return found
