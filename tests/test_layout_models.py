@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import asdict
 
+import pandas as pd
 import pytest
 import torch
 
@@ -12,7 +14,8 @@ from trainplan.layout.build import build_problem
 from trainplan.layout.execute import apply_layouts, check_gradients, gradient_reference
 from trainplan.layout.graph import INPUT, ConvInfo, trace_conv_graph
 from trainplan.layout.measure import Timing, measure_graph
-from trainplan.layout.predict import FEATURES, fit, measure_sweep, predict, score, sweep_shapes
+from trainplan.layout.predict import (FEATURES, SIZES, fit, measure_sweep, outside_sweep, predict, score, sweep_shapes,
+                                      sweep_sizes)
 from trainplan.layout.solve import plan_time, solve
 from trainplan.models import build_model
 from trainplan.zoo import alexnet, resnet18, vgg11
@@ -105,6 +108,33 @@ def test_predictor_trains_on_a_sweep_and_scores_held_out_convs():
     assert scores["rows"] == 20 and math.isfinite(scores["r2"]) and scores["median_rel_error"] >= 0
     again = fit(table.iloc[:30], ["nchw", "nhwc"], seed=0)
     assert (predict(again, table.iloc[30:], ["nchw", "nhwc"]) == pred).all().all()  # deterministic for a seed
+
+
+def _macs(conv: ConvInfo) -> int:
+    return math.prod(conv.out_shape) * math.prod(conv.weight_shape[1:])
+
+
+def test_the_sweep_reaches_the_study_image_and_convs_beyond_it_are_counted():
+    assert sweep_sizes(64) == SIZES  # the CPU study's sweep is unchanged
+    assert {112, 113, 224, 225} <= set(sweep_sizes(224)) and max(sweep_sizes(224)) == 225
+    assert sweep_shapes(30, seed=1) == sweep_shapes(30, seed=1, image_size=64)
+    big = sweep_shapes(400, seed=0, batch_size=32, max_macs=1e11, image_size=224)
+    assert max(c.in_shape[2] for c in big) > 65 and max(map(_macs, big)) <= 1e11
+    assert sum(_macs(c) > 1e10 for c in big) >= 20
+    small = sweep_shapes(60, seed=0, batch_size=2, max_macs=4e8, image_size=64)
+    sweep = pd.DataFrame([{**asdict(c), "conv": c.id, "error": ""} for c in small])
+    top_side = max(c.in_shape[2] for c in small)
+    top_macs = max(map(_macs, small))
+    inside = ConvInfo("in", (2, 16, 8, 8), (16, 16, 3, 3), (2, 16, 8, 8), (1, 1), (1, 1), (1, 1), 1, False, "float32")
+    wide = ConvInfo("wide", (2, 3, top_side + 8, top_side + 8), (4, 3, 1, 1), (2, 4, top_side + 8, top_side + 8),
+                    (1, 1), (0, 0), (1, 1), 1, False, "float32")  # few multiply-adds, a larger side
+    heavy = ConvInfo("heavy", (2, 2048, 32, 32), (2048, 2048, 3, 3), (2, 2048, 32, 32), (1, 1), (1, 1), (1, 1), 1,
+                     False, "float32")
+    assert _macs(inside) < top_macs < _macs(heavy) and _macs(wide) < top_macs
+    convs = pd.DataFrame([{**asdict(c), "conv": c.id} for c in (inside, wide, heavy)])
+    assert outside_sweep(sweep, convs) == 2 and outside_sweep(sweep, convs.iloc[:1]) == 0
+    sweep.loc[sweep.in_shape.map(lambda s: s[2]) == top_side, "error"] = "crashed"  # untimed rows do not count
+    assert outside_sweep(sweep, convs.iloc[:1].assign(in_shape=[(2, 16, top_side, top_side)])) == 1
 
 
 def test_a_shape_that_crashes_torch_is_left_out_and_the_sweep_goes_on():

@@ -3,6 +3,7 @@ gradients checked, I/O table with simulated dataflow, summary and figures."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,14 @@ from trainplan.layout import plan_time, problem_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.workflow
+
+
+def _macs(convs: pd.DataFrame) -> pd.Series:
+    return convs.out_shape.map(math.prod) * convs.weight_shape.map(lambda w: math.prod(w[1:]))
+
+
+def _side(convs: pd.DataFrame) -> pd.Series:
+    return convs.in_shape.map(lambda s: max(s[2:]))
 
 
 def test_layout_rules_on_a_tiny_cnn(tmp_path):
@@ -56,4 +65,9 @@ def test_layout_rules_on_a_tiny_cnn(tmp_path):
     assert len(sim) == 2 and (sim.simulated_io == sim.exact_io).all() and (sim.simulated_io >= sim.bound).all()
     summary = pd.read_csv(tmp_path / "results/layout/cpu/summary.csv")
     assert summary.model.tolist() == ["small_cnn"] and summary.gradients_ok.all()
+    # convs beyond the sweep (max_macs 1e6 here): more multiply-adds or a larger side than every timed sweep shape
+    sweep = pd.read_parquet(tmp_path / "results/layout/sweep/cpu/sweep.parquet")
+    sweep, convs = sweep[sweep.error.fillna("") == ""], pd.read_parquet(base / "convs.parquet")
+    beyond = int(((_macs(convs) > _macs(sweep).max()) | (_side(convs) > _side(sweep).max())).sum())
+    assert beyond >= 1 and execution["predictor"]["outside_sweep"] == beyond == summary.predictor_outside_sweep[0]
     assert (tmp_path / targets[1]).stat().st_size > 10_000

@@ -6,7 +6,9 @@ rule layout_sweep:
     benchmark:
         "benchmarks/layout/sweep/{device}.tsv"
     params:
-        settings=layout_settings("sweep", "batch_size", "layouts", "repeats", "calls", "warmup", "threads", "clock"),
+        settings=layout_settings(
+            "sweep", "batch_size", "image_size", "layouts", "repeats", "calls", "warmup", "threads", "clock"
+        ),
         device_type=lambda wildcards: backend_of(wildcards.device),
         seed=config["seed"],
         code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph", "layout.settings", "timing", "clock"),

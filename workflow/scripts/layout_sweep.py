@@ -11,7 +11,8 @@ with log_to(snakemake.log[0]) as log:
     settings, device = snakemake.params.settings, snakemake.params.device_type
     sweep = settings["sweep"]
     torch.manual_seed(snakemake.params.seed)
-    shapes = sweep_shapes(sweep["shapes"], sweep["seed"], settings["batch_size"], sweep["max_macs"])
+    shapes = sweep_shapes(sweep["shapes"], sweep["seed"], settings["batch_size"], sweep["max_macs"],
+                          settings["image_size"])
     log.info("timing %d conv shapes in %s on %s (%s clock, %d thread(s))", len(shapes), settings["layouts"], device,
              settings["clock"], settings["threads"])
     write_table(snakemake.output.table, measure_sweep(shapes, settings["layouts"], timing_of(settings, device=device), log))

@@ -32,15 +32,28 @@ PROGRESS_EVERY = 50
 IMAGE_CHANNELS = 3  # a sweep conv reading this many channels is a stem: timed without an input gradient
 
 
-def sweep_shapes(count: int, seed: int, batch_size: int = 2, max_macs: float = 4e8) -> list[ConvInfo]:
-    """``count`` random conv shapes in the ranges CNNs use, deterministic for ``seed``: 2-65 px (odd sizes
-    as explicit padding makes them), 3-2048 channels; dense kernels 1-11 (patchify 2x2 and 4x4 with stride =
-    kernel), depthwise 3x3-7x7 with probability DEPTHWISE_SHARE; strides 1-4; bias or not; at most
-    ``max_macs`` multiply-adds."""
+def sweep_sizes(image_size: int) -> list[int]:
+    """Input sides the sweep draws from: SIZES, plus, for a study image larger than they reach, the image side
+    and each halving of it above SIZES' largest, each with its odd neighbour (a 224 px study: 112, 113, 224, 225).
+    Trees do not extrapolate: convs larger than any in the sweep are mispredicted (docs/layout.md)."""
+    sizes, side = list(SIZES), image_size
+    while side > SIZES[-1]:
+        sizes += [side, side + 1]
+        side //= 2
+    return sorted(set(sizes))
+
+
+def sweep_shapes(count: int, seed: int, batch_size: int = 2, max_macs: float = 4e8,
+                 image_size: int = 64) -> list[ConvInfo]:
+    """``count`` random conv shapes in the ranges CNNs use, deterministic for ``seed``: sides from
+    :func:`sweep_sizes` (odd sizes as explicit padding makes them), 3-2048 channels; dense kernels 1-11 (patchify
+    2x2 and 4x4 with stride = kernel), depthwise 3x3-7x7 with probability DEPTHWISE_SHARE; strides 1-4; bias or
+    not; at most ``max_macs`` multiply-adds."""
     rng = random.Random(seed)
+    sizes = sweep_sizes(image_size)
     shapes: list[ConvInfo] = []
     while len(shapes) < count:
-        size = rng.choice(SIZES)
+        size = rng.choice(sizes)
         if rng.random() < DEPTHWISE_SHARE:
             k = rng.choice(DEPTHWISE_KERNELS)
             stride = rng.choice([1, 1, 2])
@@ -92,6 +105,15 @@ def features(convs: pd.DataFrame, layout: str) -> pd.DataFrame:
                      "log_in": np.log10(n * cin * h * w), "log_weight": np.log10(cout * cin_g * kh * kw),
                      "log_out": np.log10(n * cout * hout * wout)})
     return pd.DataFrame(rows, columns=FEATURES)
+
+
+def outside_sweep(sweep: pd.DataFrame, convs: pd.DataFrame) -> int:
+    """How many of ``convs`` lie beyond the sweep's timed shapes: more multiply-adds or a larger input side than
+    any of them (the trees predict those as the sweep's largest: constant time per multiply-add)."""
+    timed, ours = features(_timed(sweep), "nchw"), features(convs, "nchw")
+    side = ours[["h", "w"]].max(axis=1)
+    beyond = (ours["log_macs"] > timed["log_macs"].max()) | (side > timed[["h", "w"]].to_numpy().max())
+    return int(beyond.sum())
 
 
 def _timed(convs: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,7 @@ from trainplan.layout.adopt import choose, confirm
 from trainplan.layout.build import build_problem
 from trainplan.layout.execute import Runnable, apply_layouts, check_gradients, gradient_reference, time_steps
 from trainplan.layout.measure import device_facts
-from trainplan.layout.predict import fit, predict, score
+from trainplan.layout.predict import fit, outside_sweep, predict, score
 from trainplan.layout.settings import timing_of
 from trainplan.layout.solve import plan_time, solve_all
 from trainplan.models import BuiltModel
@@ -82,7 +82,7 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
         timed = time_steps([by_name[rows[n]["ran_as"]] for n in pair], built.batch, built.loss_fn, timing)
         fresh = {n: timed[rows[n]["ran_as"]]["samples_s"] for n in pair}
     adoption = confirm(adopted, reason, fastest_single, fresh, seed)
-    held_out = score(model, convs, layouts)
+    held_out = {**score(model, convs, layouts), "outside_sweep": outside_sweep(sweep, convs)}
     execution = {
         "model": built.name, "device": device_facts(device), "clock": settings["clock"], "threads": settings["threads"],
         "host_allocator": allocator,

@@ -30,6 +30,7 @@ def summary_row(plan: dict[str, Any], execution: dict[str, Any]) -> dict[str, An
         "adopted_ci95_high": execution["adopted"]["speedup_vs_best_single_ci95"][1],
         "adopted_slower_than_best_single": execution["adopted"]["slower_than_best_single"],
         "predictor_r2": execution["predictor"]["r2"], "predictor_median_rel_error": execution["predictor"]["median_rel_error"],
+        "predictor_outside_sweep": execution["predictor"].get("outside_sweep"),  # absent before 2026-11-27
         "regret_problem_s": execution["regret"]["problem_time_s"], "regret_step_s": execution["regret"]["measured_step_s"],
         "gradients_ok": execution["gradients_ok"], "clock": execution["clock"],
         "load_max": execution["load_average"]["max"],
