@@ -33,6 +33,22 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+@contextmanager
+def live_objects_frozen() -> Iterator[None]:
+    """Collect garbage, then keep every object alive now out of the cyclic collector's scans for the block
+    (``gc.freeze``, ``gc.unfreeze`` after it), so that each collection ``gc_paused`` makes between timed runs
+    traverses only what was allocated since: 0.09-0.18 s a collection in a process holding torch (and a
+    transformers model), under 1 ms frozen. For a caller that pauses hundreds of times (a conv sweep, every
+    conv and group of a model); the timed runs themselves are unchanged. Not nested: the inner block's end
+    would unfreeze the outer one's objects."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def keep_freed_memory() -> str:
     """Make glibc's malloc keep freed memory for reuse, for the rest of the process: no ``mmap`` for big
     blocks and no trimming of the heap (``mallopt(M_MMAP_MAX, 0)``, ``mallopt(M_TRIM_THRESHOLD, 2^31 - 1)``).

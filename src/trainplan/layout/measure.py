@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from trainplan.clock import median_seconds, synced_clock
 from trainplan.layout.graph import INPUT, ConvGraph, ConvInfo, Ref
-from trainplan.timing import gc_paused, keep_freed_memory
+from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
@@ -283,40 +283,43 @@ def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing,
     that PyTorch refuses or crashes on in a layout (:func:`unsafe_layouts`, run first in a worker process) gets no
     times there (NaN) and says why in ``error``; the problem then leaves that layout out of the conv's choices.
     Keeps freed host memory for the rest of the process (``keep_freed_memory``), as the profile does; garbage is
-    collected once per conv, group and edge (``gc_paused`` around all its timings)."""
+    collected once per conv, group and edge (``gc_paused`` around all its timings), the objects alive at the start
+    left out of those collections (``live_objects_frozen``)."""
     keep_freed_memory()
     torch.set_num_threads(timing.threads)
     conv_rows, group_rows, edge_rows = [], [], []
     first = {dst for (src, dst) in graph.edges if src == INPUT}
     grads = {cid: cid not in first for cid in graph.convs}
     unsafe = unsafe_layouts(graph.convs, grads, layouts, timing, log)
-    for cid, conv in graph.convs.items():
-        row = conv_row(conv, input_grad=grads[cid])
-        row["error"] = "; ".join(f"{lay}: {unsafe[cid, lay]}" for lay in layouts if (cid, lay) in unsafe)
-        with gc_paused():
-            for lay in layouts:
-                row[f"fwd_{lay}"], row[f"bwd_{lay}"] = ((math.nan, math.nan) if (cid, lay) in unsafe else
-                                                        conv_time(conv, lay, timing, input_grad=grads[cid]))
-        row["load"] = load_average()
-        conv_rows.append(row)
-    for group in graph.groups:
-        names = [op.name for op in graph.ops if op.group == group]
-        row = {"group": group, "n_ops": len(names), "ops": ";".join(sorted(set(names))), "error": ""}
-        with gc_paused():
-            for lay in layouts:
-                try:
-                    fwd, bwd = _fwd_bwd(group_forward(graph, group, lay, timing.device), timing) if names else (0.0, 0.0)
-                except (RuntimeError, TypeError, ValueError) as exc:
-                    fwd = bwd = float("nan")
-                    row["error"] = f"{lay}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                row[f"fwd_{lay}"], row[f"bwd_{lay}"] = fwd, bwd
-        group_rows.append(row)
-    for (src, dst), shapes in graph.edges.items():
-        row = {"src": src, "dst": dst, "shapes": [list(s) for s in shapes]}
-        with gc_paused():
-            for a in layouts:
-                for b in layouts:
-                    if a != b:
-                        row[f"{a}->{b}"] = sum(transform_time(s, a, b, timing) for s in shapes)
-        edge_rows.append(row)
+    with live_objects_frozen():  # the model's and torch's objects out of each collection
+        for cid, conv in graph.convs.items():
+            row = conv_row(conv, input_grad=grads[cid])
+            row["error"] = "; ".join(f"{lay}: {unsafe[cid, lay]}" for lay in layouts if (cid, lay) in unsafe)
+            with gc_paused():
+                for lay in layouts:
+                    row[f"fwd_{lay}"], row[f"bwd_{lay}"] = ((math.nan, math.nan) if (cid, lay) in unsafe else
+                                                            conv_time(conv, lay, timing, input_grad=grads[cid]))
+            row["load"] = load_average()
+            conv_rows.append(row)
+        for group in graph.groups:
+            names = [op.name for op in graph.ops if op.group == group]
+            row = {"group": group, "n_ops": len(names), "ops": ";".join(sorted(set(names))), "error": ""}
+            with gc_paused():
+                for lay in layouts:
+                    try:
+                        fwd, bwd = (_fwd_bwd(group_forward(graph, group, lay, timing.device), timing) if names
+                                    else (0.0, 0.0))
+                    except (RuntimeError, TypeError, ValueError) as exc:
+                        fwd = bwd = float("nan")
+                        row["error"] = f"{lay}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    row[f"fwd_{lay}"], row[f"bwd_{lay}"] = fwd, bwd
+            group_rows.append(row)
+        for (src, dst), shapes in graph.edges.items():
+            row = {"src": src, "dst": dst, "shapes": [list(s) for s in shapes]}
+            with gc_paused():
+                for a in layouts:
+                    for b in layouts:
+                        if a != b:
+                            row[f"{a}->{b}"] = sum(transform_time(s, a, b, timing) for s in shapes)
+            edge_rows.append(row)
     return {"convs": pd.DataFrame(conv_rows), "groups": pd.DataFrame(group_rows), "edges": pd.DataFrame(edge_rows)}

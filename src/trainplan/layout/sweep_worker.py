@@ -12,7 +12,7 @@ import torch
 
 from trainplan.layout.graph import ConvInfo
 from trainplan.layout.measure import Timing, conv_time
-from trainplan.timing import gc_paused, keep_freed_memory
+from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
 
 
 def conv_info(fields: dict) -> ConvInfo:
@@ -27,16 +27,17 @@ def main() -> None:
     job = json.load(sys.stdin)
     timing = Timing(**job["timing"])
     torch.set_num_threads(timing.threads)
-    for fields, input_grad in zip(job["shapes"], job["input_grad"]):
-        conv = conv_info(fields)
-        times = {}
-        try:
-            with gc_paused():  # one collection per shape
-                for lay in job["layouts"]:
-                    times[f"fwd_{lay}"], times[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad)
-        except (RuntimeError, ValueError) as exc:  # torch refuses the shape: say so and go on
-            times = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-        print(json.dumps(times), flush=True)
+    with live_objects_frozen():  # torch's own objects out of each shape's collection
+        for fields, input_grad in zip(job["shapes"], job["input_grad"]):
+            conv = conv_info(fields)
+            times = {}
+            try:
+                with gc_paused():  # one collection per shape
+                    for lay in job["layouts"]:
+                        times[f"fwd_{lay}"], times[f"bwd_{lay}"] = conv_time(conv, lay, timing, input_grad)
+            except (RuntimeError, ValueError) as exc:  # torch refuses the shape: say so and go on
+                times = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            print(json.dumps(times), flush=True)
 
 
 if __name__ == "__main__":
