@@ -12,6 +12,7 @@ import torch
 from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
 from trainplan.zoo import alexnet
 
+
 def _faults_per_step(step, steps: int) -> list[int]:
     out = []
     for _ in range(steps):
