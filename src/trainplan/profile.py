@@ -17,7 +17,7 @@ from trainplan.io import ArtifactError
 from trainplan.execute.link import measure_host_link
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
-from trainplan.timing import gc_paused, keep_freed_memory
+from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
 from trainplan.trace import TracedStep, trace_training_step
 
 
@@ -121,7 +121,7 @@ def profile_step(
     step_ns: list[int] = []
     op_ns: dict[str, list[int]] = {}
     rec_ns: dict[str, list[int]] = {}
-    with torch.no_grad():
+    with torch.no_grad(), live_objects_frozen():  # the model's and torch's objects out of each collection
         for i in tqdm(range(warmup + repeats), desc=f"profile {traced.model}", disable=not progress):
             with gc_paused():
                 sync()

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from trainplan.execute.compile import Clock
-from trainplan.timing import gc_paused
+from trainplan.timing import gc_paused, live_objects_frozen
 
 log = logging.getLogger(__name__)
 
@@ -40,30 +40,31 @@ def _minor_faults() -> int:
 def time_runs(run: Callable[[], Clock], baseline: Callable[[], Clock], n_stages: int, *, repeats: int,
               warmup: int) -> Timings:
     """Execute ``run`` and ``baseline`` alternately ``warmup + repeats`` times (``repeats`` >= 1), each with the
-    cyclic GC paused after a collection, counting the minor page faults of each: memory the process touches
-    for the first time (or again, after it went back to the system) costs a fault per page, which op times
-    measured elsewhere may not include."""
+    cyclic GC paused after a collection (of what was allocated since the first run: ``live_objects_frozen``),
+    counting the minor page faults of each: memory the process touches for the first time (or again, after it
+    went back to the system) costs a fault per page, which op times measured elsewhere may not include."""
     faults: list[int] = []
     base_faults: list[int] = []
     stage_runs: list[list[float]] = [[] for _ in range(n_stages)]
     baseline_runs: list[list[float]] = [[] for _ in range(n_stages)]
     communication_runs: list[list[float]] = [[] for _ in range(n_stages)]
-    for i in range(warmup + repeats):
-        with gc_paused():
-            f0 = _minor_faults()
-            clock = run()
-            f1 = _minor_faults()
-        with gc_paused():
-            base = baseline()
-            f2 = _minor_faults()
-        if i < warmup:
-            continue
-        faults.append(f1 - f0)
-        base_faults.append(f2 - f1)
-        for s in range(n_stages):
-            stage_runs[s].append(clock.stage_seconds(s))
-            baseline_runs[s].append(base.stage_seconds(s))
-            communication_runs[s].append(clock.stage_seconds(s, communication=True))
+    with live_objects_frozen():  # the model's and torch's objects out of each collection
+        for i in range(warmup + repeats):
+            with gc_paused():
+                f0 = _minor_faults()
+                clock = run()
+                f1 = _minor_faults()
+            with gc_paused():
+                base = baseline()
+                f2 = _minor_faults()
+            if i < warmup:
+                continue
+            faults.append(f1 - f0)
+            base_faults.append(f2 - f1)
+            for s in range(n_stages):
+                stage_runs[s].append(clock.stage_seconds(s))
+                baseline_runs[s].append(base.stage_seconds(s))
+                communication_runs[s].append(clock.stage_seconds(s, communication=True))
     return Timings(stage_runs, baseline_runs, communication_runs, faults, base_faults)
 
 
