@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import gc
 import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from trainplan.timing import live_objects_frozen
 
 
 class OutOfTime(Exception):
@@ -80,17 +81,15 @@ def current() -> Deadline:
 @contextlib.contextmanager
 def scope(deadline: Deadline) -> Iterator[Deadline]:
     """Make ``deadline`` (or an earlier enclosing one) the current deadline inside the block. The outermost
-    scope freezes the objects alive at its start (``gc.freeze``) until it ends: a full garbage collection
-    inside the call then scans only what the call allocated, not every object of the imported libraries
-    (torch's alone took 0.07 s per collection here, 0.3 s under load: past a 2 s limit)."""
+    scope freezes the objects alive at its start (``live_objects_frozen``, no collection first) until it
+    ends: a full garbage collection inside the call then scans only what the call allocated, not every object
+    of the imported libraries (torch's alone took 0.07 s per collection here, 0.3 s under load: past a 2 s
+    limit)."""
     outermost = current() is NEVER
     effective = current().earlier(deadline.end)
     token = _current.set(effective)
-    if outermost:
-        gc.freeze()
     try:
-        yield effective
+        with live_objects_frozen(collect=False) if outermost else contextlib.nullcontext():
+            yield effective
     finally:
         _current.reset(token)
-        if outermost:
-            gc.unfreeze()
