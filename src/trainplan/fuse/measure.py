@@ -23,20 +23,21 @@ from trainplan.fuse.errors import FuseError
 from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members, tensors_of
 from trainplan.models import BuiltModel, on_device
 from trainplan.profile import timed_run
-from trainplan.timing import gc_paused, keep_freed_memory
+from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
 from trainplan.trace import trace_training_step
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs, GC paused."""
+    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs, GC paused after one collection:
+    a run straight after a full collection (which walks every object of torch and the model) ran cold."""
     runs = []
-    for i in range(warmup + repeats):
-        with gc_paused():
+    with gc_paused():
+        for i in range(warmup + repeats):
             start = time.perf_counter()
             fn()
             elapsed = time.perf_counter() - start
-        if i >= warmup:
-            runs.append(elapsed)
+            if i >= warmup:
+                runs.append(elapsed)
     return statistics.median(runs)
 
 
@@ -107,7 +108,7 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
     chosen = select_groups(groups, min_ops, max_groups)
     members = {g["id"]: g["nodes"] for g in groups_doc["groups"]}
     rows, failed = [], []
-    with torch.no_grad():
+    with torch.no_grad(), live_objects_frozen():  # the model's and torch's objects out of each collection
         _, env = timed_run(gm, inputs, lambda: None, keep_values=True)
         for row in chosen.itertuples(index=False):
             nodes = fusible_members([by_name[name] for name in members[row.group]])
