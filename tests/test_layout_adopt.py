@@ -14,6 +14,9 @@ def test_a_plan_not_faster_beyond_noise_leaves_the_fastest_single_layout():
     assert choose((0.997, 1.019), "all_nchw")[0] == "all_nchw"  # within noise
     config, reason = choose((1.017, 1.053), "all_nchw")
     assert config == "planned" and "1.017" in reason
+    # faster, but its float32 gradients failed the check (ResNet-50 in the default study, 2026-11-27)
+    config, reason = choose((1.075, 1.098), "all_nhwc", gradients_ok=False)
+    assert config == "all_nhwc" and "gradient check" in reason
 
 
 def test_a_single_layout_adopted_as_itself_needs_no_confirmation():

@@ -27,10 +27,13 @@ class Adoption:
                 "faster_than_best_single": low > 1.0, "confirmation_samples_s": self.samples_s}
 
 
-def choose(selection_ci: tuple[float, float], fastest_single: str) -> tuple[str, str]:
+def choose(selection_ci: tuple[float, float], fastest_single: str, gradients_ok: bool = True) -> tuple[str, str]:
     """(config, reason): ``planned`` when the selection rounds put its whole 95% interval of speedup over the
-    fastest single layout above 1, else that single layout."""
+    fastest single layout above 1 and its gradients passed the check, else that single layout."""
     low, high = selection_ci
+    if not gradients_ok:
+        return fastest_single, (f"the exact plan failed its gradient check (95% interval of its speedup "
+                                f"{low:.3f}-{high:.3f}): the fastest single layout is kept")
     if low > 1.0:
         return "planned", f"the exact plan measured faster than {fastest_single} beyond noise (95% interval {low:.3f}-{high:.3f})"
     return fastest_single, (f"the exact plan was not faster than {fastest_single} beyond noise (95% interval "

@@ -74,7 +74,7 @@ def run_layout(built: BuiltModel, tables: dict[str, pd.DataFrame], sweep: pd.Dat
     fastest_single = min((k for k in rows if k.startswith("all_")), key=lambda k: rows[k]["measured_step_s"])
     best_single = rows[fastest_single]["measured_step_s"]
     ci = paired_speedup_ci(rows[fastest_single]["samples_s"], rows["planned"]["samples_s"], seed)
-    adopted, reason = choose(ci, fastest_single)
+    adopted, reason = choose(ci, fastest_single, rows["planned"]["gradients"]["ok"])
     fresh: dict[str, list[float]] = {}
     if adopted != fastest_single:  # fresh rounds of the two, so the choice does not flatter the winner
         by_name = {r.name: r for r in runs}
