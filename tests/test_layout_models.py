@@ -117,7 +117,6 @@ def _macs(conv: ConvInfo) -> int:
 def test_the_sweep_reaches_the_study_image_and_convs_beyond_it_are_counted():
     assert sweep_sizes(64) == SIZES  # the CPU study's sweep is unchanged
     assert {112, 113, 224, 225} <= set(sweep_sizes(224)) and max(sweep_sizes(224)) == 225
-    assert sweep_shapes(30, seed=1) == sweep_shapes(30, seed=1, image_size=64)
     big = sweep_shapes(400, seed=0, batch_size=32, max_macs=1e11, image_size=224)
     assert max(c.in_shape[2] for c in big) > 65 and max(map(_macs, big)) <= 1e11
     assert sum(_macs(c) > 1e10 for c in big) >= 20

@@ -42,7 +42,7 @@ rule fuse_measure:
         spec=model_spec,
         seed=config["seed"],
         settings=config["fuse"]["measure"],
-        code=code_version("models", "trace", "fuse.measure", "fuse.inductor"),
+        code=code_version("models", "trace", "fuse.measure", "fuse.inductor", "clock", "timing"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     wildcard_constraints:

@@ -18,7 +18,7 @@ rule validate:
         code=code_version(
             "execute.plan", "execute.layout", "execute.pool", "execute.runner", "execute.predict",
             "execute.measure", "execute.check", "execute.diagnose", "execute.validate",
-            "execute.link", "execute.compile", "numerics", "artifacts",
+            "execute.link", "execute.compile", "numerics", "artifacts", "timing",
         ),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores

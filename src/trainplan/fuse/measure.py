@@ -10,7 +10,6 @@ Compile time is the first call's time, reported apart from the medians.
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,26 +18,13 @@ import pandas as pd
 import torch
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 
+from trainplan.clock import median_seconds
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members, tensors_of
 from trainplan.models import BuiltModel, on_device
 from trainplan.profile import timed_run
-from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
+from trainplan.timing import keep_freed_memory, live_objects_frozen
 from trainplan.trace import trace_training_step
-
-
-def _median_time(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs, GC paused after one collection:
-    a run straight after a full collection (which walks every object of torch and the model) ran cold."""
-    runs = []
-    with gc_paused():
-        for i in range(warmup + repeats):
-            start = time.perf_counter()
-            fn()
-            elapsed = time.perf_counter() - start
-            if i >= warmup:
-                runs.append(elapsed)
-    return statistics.median(runs)
 
 
 def _copies(args: Sequence[Any]) -> list[Any]:
@@ -114,14 +100,14 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
             nodes = fusible_members([by_name[name] for name in members[row.group]])
             sub, sub_inputs, _ = fuse_as_graphmodule(gm, nodes, f"group_{row.group}")
             args = [env[n] for n in sub_inputs]
-            unfused = _median_time(lambda: sub(*args), repeats, warmup)
+            unfused = median_seconds(lambda: sub(*args), time.perf_counter, repeats, warmup)
             try:
                 compiled, compile_s, launches = _compile(sub, args)
             except Exception as exc:  # Inductor cannot compile this submodule: reported, left unfused
                 failed.append({"group": int(row.group), "n_ops": int(row.n_ops), "error": error_line(exc)})
                 log(f"group {row.group} ({row.n_ops} ops): Inductor failed, left unfused: {failed[-1]['error']}")
                 continue
-            fused = _median_time(lambda: compiled(*args), repeats, warmup)
+            fused = median_seconds(lambda: compiled(*args), time.perf_counter, repeats, warmup)
             # an in-place member (a residual add_) mutates its argument on every call: check on fresh copies
             compare_outputs(compiled(*_copies(args)), sub(*_copies(args)), rtol, atol)
             rows.append({"group": row.group, "n_ops": row.n_ops, "phase": row.phase, "module": row.module,
@@ -155,7 +141,7 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
                 repeats: int, warmup: int, whole_step: bool,
                 rtol: float, atol: float, log: Callable[[str], None]) -> dict[str, Any]:
     want = gm(*inputs)
-    out: dict[str, Any] = {"unfused_step_s": _median_time(lambda: gm(*inputs), repeats, warmup)}
+    out: dict[str, Any] = {"unfused_step_s": median_seconds(lambda: gm(*inputs), time.perf_counter, repeats, warmup)}
     copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     names = {n.name: n for n in copied.graph.nodes}
     fused_gm = fuse_by_partitions(copied, [{names[m]: None for m in g} for g in chosen], prefix="fused_")
@@ -168,7 +154,7 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
     got = fused_gm(*inputs)
     out["fused_step_compile_s"] = time.perf_counter() - start
     out["fused_step_check"] = compare_outputs(got, want, rtol, atol)
-    out["fused_step_s"] = _median_time(lambda: fused_gm(*inputs), repeats, warmup)
+    out["fused_step_s"] = median_seconds(lambda: fused_gm(*inputs), time.perf_counter, repeats, warmup)
     out["fused_speedup"] = out["unfused_step_s"] / out["fused_step_s"]
     log(f"step: unfused {out['unfused_step_s']:.4f} s, groups fused {out['fused_step_s']:.4f} s")
     if whole_step:
@@ -183,7 +169,7 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
         out["whole_compile_s"] = time.perf_counter() - start
         # the reference compiler's own numerics: reported, not enforced (Inductor reorders reductions)
         out["whole_check"] = compare_outputs(got, want, rtol, atol, strict=False)
-        out["whole_step_s"] = _median_time(lambda: whole(*inputs), repeats, warmup)
+        out["whole_step_s"] = median_seconds(lambda: whole(*inputs), time.perf_counter, repeats, warmup)
         out["whole_speedup"] = out["unfused_step_s"] / out["whole_step_s"]
         out["kept_of_whole_gain"] = ((out["unfused_step_s"] - out["fused_step_s"])
                                      / (out["unfused_step_s"] - out["whole_step_s"])
