@@ -74,6 +74,60 @@ def test_short_chains_failing_the_plan_is_made_with_chains_of_any_length(monkeyp
     assert replay(p, events, budget).peak_bytes <= budget
 
 
+def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
+    """Where short chains fail (250-op seed 1 at 80%, at most 8 recomputes), the unbounded plans are made as
+    often as the bounded ones would be (1 + restarts), and the cheapest is kept: never dearer than one plan."""
+    import trainplan.schedule.dtr as dtr
+    p = layered_graph(250, 1)
+    budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
+    monkeypatch.setattr(dtr, "MAX_CHAIN", 8)
+    made: list[int] = []
+    real_plan = dtr._plan
+
+    def counting_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw):
+        made.append(max_chain)
+        return real_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw)
+
+    monkeypatch.setattr(dtr, "_plan", counting_plan)
+    one = replay(p, dtr_plan(p, budget, allow_swap=False), budget).time
+    made.clear()
+    found: list[float] = []
+    several = replay(p, dtr_plan(p, budget, allow_swap=False, restarts=3, found=found), budget).time
+    assert made.count(p.n) == 4 and made.count(8) == 4  # every bounded plan failed, then four unbounded ones
+    assert several <= one and len(found) == 1
+
+
+def test_refinement_gets_its_work_however_long_the_plan_took(monkeypatch):
+    """The refinement's wall-clock safety net counts from its own start: where the plan took longer to make than
+    the refinement's share of the heuristics' time (a big graph, a slow machine), the refinement still does its
+    whole work, and refines the plan as it does when the plan comes at once."""
+    import time
+
+    import trainplan.schedule.dtr as dtr
+    from trainplan.schedule.solve import REFINE_SHARE, best_heuristic
+
+    p, budget = _layered(300, 2)
+    deadline_s = 2.0
+    refined: list[tuple[float, float]] = []
+    real_best, real_refine = dtr._best_plan, dtr.refine_plan
+
+    def recording_refine(plan, plan_time, work, rng, stop):
+        out = real_refine(plan, plan_time, work, rng, stop)
+        refined.append((plan_time, out[0]))
+        return out
+
+    def slow_best(*args, **kwargs):
+        time.sleep(REFINE_SHARE * deadline_s + 0.1)
+        return real_best(*args, **kwargs)
+
+    monkeypatch.setattr(dtr, "refine_plan", recording_refine)
+    best_heuristic(p, budget, deadline_s=deadline_s)
+    monkeypatch.setattr(dtr, "_best_plan", slow_best)
+    best_heuristic(p, budget, deadline_s=deadline_s)
+    (before, after), (slow_before, slow_after) = refined
+    assert after < before and (slow_before, slow_after) == (before, after)
+
+
 def _layered(n: int, seed: int, frac: float = 0.8):
     p = layered_graph(n, seed)
     return p, int(frac * replay(p, no_recompute_events(p)).peak_bytes)

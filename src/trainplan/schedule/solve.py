@@ -50,9 +50,11 @@ STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at 
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
 DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
-REFINE_SHARE = 0.5  # ruin and recreate on the DTR-style plan: at most this share of the heuristics' time,
-REFINE_WORK_PER_SECOND = 3_000_000  # and that share x this many work units (dtr._Plan.work; 4.5M per second
-# here on 100-2000-op layered DAGs): the same work on any machine, ending before the wall-clock share here
+REFINE_SHARE = 0.5  # ruin and recreate on the DTR-style plan: this share of the heuristics' time x
+REFINE_WORK_PER_SECOND = 3_000_000  # this many work units (dtr._Plan.work; 4.5M per second here on 100-2000-op
+# layered DAGs): the same work on any machine; its wall-clock safety net is WALL_SAFETY x that share from the
+# refinement's start (from the heuristics' start, it cut the refinement of plans that took longer than the share
+# to make: on the 2000-op seed 1 layered DAG at 80%, 60 s, the DTR-style plan came at 10 s and got none)
 GUIDED_SHARE = 0.2  # the relaxation-guided greedy run is abandoned after this share of the limit, or after
 GUIDED_MAX_S = 2.0  # this many seconds: it ends in 0.04 s on 1000-op training graphs, and on 500-op layered DAGs
 # found nothing in 12 s of a 60 s limit (never better than the best fast schedule there or at 100-1000 ops)
@@ -168,17 +170,17 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
         restarts = 0 if deadline_s is None else min(DTR_MAX_RESTARTS, int(deadline_s * DTR_OPS_PER_SECOND / problem.n))
         refine = 0 if deadline_s is None else int(REFINE_SHARE * deadline_s * REFINE_WORK_PER_SECOND)
         stop = first_stop if best is None else call
-        meter = [0]
-        events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts, refine=refine,
-                          stop=stop, refine_stop=stop.earlier(None if deadline_s is None
-                                                              else t0 + REFINE_SHARE * deadline_s),
-                          meter=meter, work_cap=INF if allowance is None else allowance.units(PROBE_DTR_PER_SECOND))
+        meter, found = [0], []
+        events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts, refine=refine, stop=stop,
+                          refine_wall_s=None if deadline_s is None else WALL_SAFETY * REFINE_SHARE * deadline_s,
+                          meter=meter, work_cap=INF if allowance is None else allowance.units(PROBE_DTR_PER_SECOND),
+                          found=found)
         if allowance is not None:
             allowance.charge(meter[0], PROBE_DTR_PER_SECOND)
         t = _valid(problem, events, budget)  # the plan's events are polished already
         if t is not None and (best is None or t < best[0]):
             best = (t, events, "dtr-plan" if allow_swap else "dtr-plan-recompute")
-            first = time.perf_counter() - t0 if first is None else first
+            first = found[0] - t0 if first is None else first  # the plan was valid before its refinement
             if first_only:
                 return best[1], best[2], first
         if not can_swap:
