@@ -176,3 +176,27 @@ def test_ruin_and_recreate_improves_the_plan_and_is_reproducible():
     assert replay(p, better.events(), budget).time == t1
     assert dtr.refine_plan(plan.copy(), t0, 1_000_000, random.Random(3), dtr.dl.NEVER)[1].events() == better.events()
     assert dtr_plan(p, budget, allow_swap=False, refine=1_000_000, seed=3) is not None
+
+
+def test_graphs_with_many_edges_get_the_larger_refinement_share(monkeypatch):
+    """Ruin and recreate's work is REFINE_LARGE_SHARE of the heuristics' time on graphs with more than
+    REFINE_LARGE_EDGES input edges (where window LNS gains little), REFINE_SHARE below."""
+    import importlib
+
+    import trainplan.schedule.dtr as dtr
+
+    sm = importlib.import_module("trainplan.schedule.solve")  # the package exports the function `solve`
+    p, budget = _layered(300, 2)
+    edges = sum(map(len, p.inputs))
+    works: list[int] = []
+    real_refine = dtr.refine_plan
+
+    def recording_refine(plan, plan_time, work, rng, stop):
+        works.append(work)
+        return real_refine(plan, plan_time, 0, rng, stop)  # the work asked for is what is checked
+
+    monkeypatch.setattr(dtr, "refine_plan", recording_refine)
+    for threshold in (edges, edges - 1):
+        monkeypatch.setattr(sm, "REFINE_LARGE_EDGES", threshold)
+        sm.best_heuristic(p, budget, deadline_s=1.0)
+    assert works == [int(share * sm.REFINE_WORK_PER_SECOND) for share in (sm.REFINE_SHARE, sm.REFINE_LARGE_SHARE)]

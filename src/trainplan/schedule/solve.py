@@ -55,6 +55,10 @@ REFINE_WORK_PER_SECOND = 3_000_000  # this many work units (dtr._Plan.work; 4.5M
 # layered DAGs): the same work on any machine; its wall-clock safety net is WALL_SAFETY x that share from the
 # refinement's start (from the heuristics' start, it cut the refinement of plans that took longer than the share
 # to make: on the 2000-op seed 1 layered DAG at 80%, 60 s, the DTR-style plan came at 10 s and got none)
+REFINE_LARGE_EDGES = 4000  # on graphs with more input edges than this (layered DAGs: ~2.6 per op), ruin and recreate
+REFINE_LARGE_SHARE = 2.0  # gets this share instead: on the 2000-op layered DAGs (5.1-5.3k edges) at 80%, window LNS
+# gained 0-0.3 points in 22 s of a 60 s limit, ruin and recreate 0.4-0.7 points more with 100M units than with 27M
+# (where it converges, it stops earlier: 42M and 66M units on the 500- and 1000-op seed 1 graphs)
 GUIDED_SHARE = 0.2  # the relaxation-guided greedy run is abandoned after this share of the limit, or after
 GUIDED_MAX_S = 2.0  # this many seconds: it ends in 0.04 s on 1000-op training graphs, and on 500-op layered DAGs
 # found nothing in 12 s of a 60 s limit (never better than the best fast schedule there or at 100-1000 ops)
@@ -121,6 +125,11 @@ def greedy_variants(problem: Problem) -> list[tuple[str, bool, bool, str]]:
     return kept
 
 
+def refine_share(problem: Problem) -> float:
+    """Ruin and recreate's work, as a share of the heuristics' time (see REFINE_LARGE_EDGES)."""
+    return REFINE_LARGE_SHARE if sum(map(len, problem.inputs)) > REFINE_LARGE_EDGES else REFINE_SHARE
+
+
 def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, deadline_s: float | None = None,
                    first_deadline_s: float | None = None, chain_dp: bool = True, greedy_work: int | None = None,
                    allowance: dl.Allowance | None = None) -> tuple[Events | None, str, float | None]:
@@ -168,11 +177,12 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
             return best[1], best[2], first
     for allow_swap in (True, False):  # the DTR-style plan: fast, and good on wide graphs
         restarts = 0 if deadline_s is None else min(DTR_MAX_RESTARTS, int(deadline_s * DTR_OPS_PER_SECOND / problem.n))
-        refine = 0 if deadline_s is None else int(REFINE_SHARE * deadline_s * REFINE_WORK_PER_SECOND)
+        share = refine_share(problem)
+        refine = 0 if deadline_s is None else int(share * deadline_s * REFINE_WORK_PER_SECOND)
         stop = first_stop if best is None else call
         meter, found = [0], []
         events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts, refine=refine, stop=stop,
-                          refine_wall_s=None if deadline_s is None else WALL_SAFETY * REFINE_SHARE * deadline_s,
+                          refine_wall_s=None if deadline_s is None else WALL_SAFETY * share * deadline_s,
                           meter=meter, work_cap=INF if allowance is None else allowance.units(PROBE_DTR_PER_SECOND),
                           found=found)
         if allowance is not None:
