@@ -123,10 +123,10 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
     cheapest replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
     recomputes, as many plans with chains of any length (slower: tight budgets on wide DAGs, where earlier
     evictions leave long chains of missing ancestors; on the 2000-op seed 1 layered DAG at 80% one such plan
-    cost 18.7%, the best of five 16.5%). ``refine``: ruin and recreate on the kept plan for at
-    most that much work (:func:`refine_plan`), and at most ``refine_wall_s`` wall seconds from its start (a safety
-    net; ``stop`` always ends it). ``meter``: a counter
-    the plans add their work units to (:attr:`_Plan.work`); making plans stops once it passes ``work_cap``.
+    cost 18.7%, the best of five 16.5%). ``refine``: ruin and recreate on the kept plan for at most that much
+    work (:func:`refine_plan`), and at most ``refine_wall_s`` wall seconds from its start (a safety net; ``stop``
+    always ends it). ``meter``: a counter the plans add their work units to (:attr:`_Plan.work`); making plans
+    stops once it passes ``work_cap``.
     ``found``: gets the ``time.perf_counter()`` at which the kept plan (valid) was ready, before refinement."""
     stop = dl.current() if stop is None else stop
     meter = [0] if meter is None else meter
