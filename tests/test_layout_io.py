@@ -31,9 +31,9 @@ def test_simulated_dataflow_computes_the_conv_and_counts_its_formula(conv, s):
 
 @pytest.mark.parametrize("conv", SHAPES + [ConvShape(1, 6, 11, 11, 5, 1, 1, (2, 2))],
                          ids=lambda c: f"c{c.cin}k{c.kh}s{c.stride[0]}g{c.groups}")
-@pytest.mark.parametrize("order,stream", FLOWS)
-def test_every_dataflow_computes_the_conv_and_counts_its_formula_with_its_buffer(conv, order, stream):
-    flow = Dataflow(min(3, conv.wout), min(2, conv.hout), min(5, conv.cout_g), order, stream, b=conv.n)
+@pytest.mark.parametrize("order,stream,keep", [(*f, 0) for f in FLOWS] + [("output", "rows", 2), ("output", "taps", 3)])
+def test_every_dataflow_computes_the_conv_and_counts_its_formula_with_its_buffer(conv, order, stream, keep):
+    flow = Dataflow(min(3, conv.wout), min(2, conv.hout), min(5, conv.cout_g), order, stream, b=conv.n, keep=keep)
     sim = _check_simulation(conv, 10**6, flow)
     px = max(len(set(range(x0 * conv.stride[1] - conv.padding[1], (x0 + flow.x - 1) * conv.stride[1]
                            - conv.padding[1] + conv.kw)) & set(range(conv.w))) for x0 in range(0, conv.wout, flow.x))
@@ -41,7 +41,24 @@ def test_every_dataflow_computes_the_conv_and_counts_its_formula_with_its_buffer
                            - conv.padding[0] + conv.kh)) & set(range(conv.h))) for y0 in range(0, conv.hout, flow.y))
     buffer = {("output", "rows"): conv.kh * conv.kw * flow.z + px, ("output", "taps"): flow.b * px * py + flow.z,
               ("input", "taps"): flow.b * conv.cin_g * px * py + flow.z}[order, stream]
-    assert sim["peak"] <= flow.b * flow.x * flow.y * flow.z + buffer
+    assert sim["peak"] <= flow.b * flow.x * flow.y * flow.z + buffer + min(keep, conv.cin_g) * flow.b * px * py
+
+
+def test_kept_channels_save_their_reads_on_every_block_after_the_first():
+    conv = ConvShape(1, 64, 14, 14, 64, 3, 3, (1, 1), (1, 1))
+    plain, kept = (exact_dataflow_io(conv, Dataflow(14, 14, 32, "output", "rows", keep=k))["reads"] for k in (0, 8))
+    assert plain - kept == 8 * 14 * 14  # two blocks: the second reads 8 whole channels (196 inputs each) fewer
+    best = best_dataflow(conv, 8192)
+    assert best.keep > 0 and simulate_dataflow(conv, 8192, best)["peak"] <= 8192
+    io = exact_dataflow_io(conv, best)["io"]
+    for (order, stream), x, y in itertools.product(FLOWS, range(1, 15), range(1, 15)):  # without kept channels
+        z = next((z for z in range(1, 65) if exact_dataflow_io(conv, Dataflow(x, y, z, order, stream))["io"] <= io),
+                 None)  # the smallest z moving no more than the best must not fit (larger ones need more memory)
+        if z is not None:
+            with pytest.raises(MemoryError):
+                simulate_dataflow(conv, 8192, Dataflow(x, y, z, order, stream))
+    with pytest.raises(ValueError, match="keep"):
+        Dataflow(2, 2, 2, "input", "taps", keep=1)
 
 
 def test_best_dataflow_fits_its_memory_and_no_other_fitting_dataflow_moves_less():

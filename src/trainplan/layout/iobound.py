@@ -12,9 +12,10 @@ Counts are in elements. For a conv with output ``Wout x Hout x Cout`` per image 
   time; I/O ``Q = (N Wout Hout Cout / (x y z)) (x' y' Cin + Wker Hker Cin z) + N Wout Hout Cout``;
 - ``exact_dataflow_io``: a ``Dataflow`` counted exactly (ceil tiles, halos ``x' = mu (x - 1) + Wker``, padding
   and positions no window reads not read), which ``simulate_dataflow`` must reproduce element by element; besides
-  the paper's output-stationary order it counts an input-resident order (a spatial tile's patches of every
-  channel kept while its output blocks are made), and ``best_dataflow`` picks order, stream and tile for a
-  fast memory of exactly S elements, buffers included.
+  the paper's output-stationary order (with ``keep`` input channels of a spatial tile's patch kept from one
+  output block to the next, the channel order reversed each block) it counts an input-resident order (a spatial
+  tile's patches of every channel kept while its output blocks are made), and ``best_dataflow`` picks order,
+  stream, tile and ``keep`` for a fast memory of exactly S elements, buffers included.
 Grouped convs are ``groups`` independent convs (per-group counts times ``groups``).
 """
 
@@ -122,11 +123,15 @@ class Dataflow:
     weight read).
 
     ``order``: ``output`` (the paper's: a tile's partial sums stay on chip while every input channel streams
-    through once per tile) or ``input`` (a spatial tile's input patches of every channel stay on chip while its
-    ``z``-blocks of outputs are made in turn, so each input is read once per spatial tile).
+    through once per tile; a spatial tile's ``z``-blocks are made one after another) or ``input`` (a spatial tile's
+    input patches of every channel stay on chip while its ``z``-blocks of outputs are made in turn, so each input
+    is read once per spatial tile).
     ``stream``: how a channel step enters the fast memory: ``rows`` (the ``z`` kernels' slice resident, the input
     patch one row at a time) or ``taps`` (the patch resident, the kernels one tap of ``z`` weights at a time).
-    Both streams read the same elements; they differ in the buffer they need next to the partial sums."""
+    Both streams read the same elements; they differ in the buffer they need next to the partial sums.
+    ``keep`` (output order): the patches of the last ``keep`` input channels a ``z``-block reads stay on chip for
+    the next ``z``-block of the same spatial tile, which reads the channels in reverse order, so it starts with
+    them: ``keep`` fewer channel reads per block after the first."""
 
     x: int
     y: int
@@ -134,10 +139,13 @@ class Dataflow:
     order: str = "output"
     stream: str = "rows"
     b: int = 1
+    keep: int = 0
 
     def __post_init__(self) -> None:
         if (self.order, self.stream) not in FLOWS:
             raise ValueError(f"unknown dataflow {self.order}/{self.stream}: one of {FLOWS}")
+        if self.keep < 0 or (self.keep and self.order != "output"):
+            raise ValueError(f"keep={self.keep}: kept channels need the output order and a count >= 0")
 
     @property
     def name(self) -> str:
@@ -160,41 +168,57 @@ def exact_dataflow_io(c: ConvShape, flow: Dataflow) -> dict[str, int]:
     """Reads and writes of the dataflow counted exactly: ceil tiles, halos, only input positions a window reads."""
     xs, ys = _tiles(c, flow.x, flow.y)
     patches = sum(len(px) for *_, px in xs) * sum(len(py) for *_, py in ys)  # summed over the spatial tiles
-    z_tiles, b_tiles = -(-c.cout_g // flow.z), -(-c.n // flow.b)
-    input_passes = z_tiles if flow.order == "output" else 1
-    reads = c.groups * c.cin_g * (c.n * patches * input_passes + b_tiles * len(xs) * len(ys) * c.kh * c.kw * c.cout_g)
+    z_tiles = -(-c.cout_g // flow.z) if flow.order == "output" else 1
+    reads = int(_reads(c, patches, len(xs) * len(ys), -(-c.n // flow.b), z_tiles, min(flow.keep, c.cin_g)))
     writes = c.n * c.cout * c.hout * c.wout
     return {"reads": reads, "writes": writes, "io": reads + writes}
 
 
-def _max_z(c: ConvShape, s: int, b: int, x: int, y: int, px: int, py: int, order: str, stream: str) -> int:
-    """The most output channels per tile of ``b`` images whose partial sums and buffers fit ``s`` elements."""
+def _reads(c: ConvShape, patches: int, spatial: int, b_tiles: int, input_passes, keep):
+    """Off-chip reads: every input patch (``patches`` per image, summed over the ``spatial`` tiles) once per pass
+    over the input channels less the ``keep`` channels kept between passes, every weight once per spatial tile
+    and image block. ``input_passes`` and ``keep`` may be arrays (one dataflow per element)."""
+    inputs = c.n * patches * (c.cin_g * input_passes - keep * (input_passes - 1))
+    return c.groups * (inputs + c.cin_g * b_tiles * spatial * c.kh * c.kw * c.cout_g)
+
+
+def _footprint(c: ConvShape, b: int, x: int, y: int, px: int, py: int, order: str, stream: str) -> tuple[int, int, int]:
+    """Fast memory a tile of ``b`` images needs, as (fixed, per output channel, per kept input channel) elements:
+    its partial sums and its stream's buffer."""
     if order == "input":
-        fixed, per_z = b * c.cin_g * px * py, b * x * y + 1
-    elif stream == "taps":
-        fixed, per_z = b * px * py, b * x * y + 1
-    else:
-        fixed, per_z = px, b * x * y + c.kh * c.kw
-    return max(0, min(c.cout_g, (s - fixed) // per_z))
+        return b * c.cin_g * px * py, b * x * y + 1, 0
+    if stream == "taps":
+        return b * px * py, b * x * y + 1, b * px * py
+    return px, b * x * y + c.kh * c.kw, b * px * py
 
 
 def best_dataflow(c: ConvShape, s: int) -> Dataflow:
-    """The dataflow (order, stream, tile, images per tile) that fits a fast memory of exactly ``s`` elements (the tile's partial
-    sums plus its stream's buffer) with the fewest off-chip reads and writes (``exact_dataflow_io``)."""
+    """The dataflow (order, stream, tile, images per tile, kept channels) that fits a fast memory of exactly ``s``
+    elements (the tile's partial sums plus its stream's buffer and kept patches) with the fewest off-chip reads and
+    writes (``exact_dataflow_io``)."""
     xs_all = {x: max(len(t[2]) for t in _tiles(c, x, 1)[0]) for x in range(1, c.wout + 1)}
     ys_all = {y: max(len(t[2]) for t in _tiles(c, 1, y)[1]) for y in range(1, c.hout + 1)}
     best, arg = math.inf, None
     for b in range(1, c.n + 1):
+        b_tiles = -(-c.n // b)
         for x, px in xs_all.items():
             for y, py in ys_all.items():
+                xs, ys = _tiles(c, x, y)
+                patches = sum(len(t[2]) for t in xs) * sum(len(t[2]) for t in ys)
                 for order, stream in FLOWS:
-                    z = _max_z(c, s, b, x, y, px, py, order, stream)
-                    if z < 1:
+                    fixed, per_z, per_keep = _footprint(c, b, x, y, px, py, order, stream)
+                    z_max = min(c.cout_g, (s - fixed) // per_z)
+                    if z_max < 1:
                         continue
-                    flow = Dataflow(x, y, z, order, stream, b)
-                    io = exact_dataflow_io(c, flow)["io"]
-                    if io < best:
-                        best, arg = io, flow
+                    # every z up to the most that fits, each with the most kept channels the rest of s holds
+                    zs = np.arange(z_max, 0, -1) if order == "output" else np.array([z_max])
+                    passes = -(-c.cout_g // zs) if order == "output" else np.ones(1, dtype=int)
+                    keep = np.zeros_like(zs) if per_keep == 0 else np.minimum(c.cin_g, (s - fixed - zs * per_z) // per_keep)
+                    keep = np.where(passes > 1, keep, 0)
+                    reads = _reads(c, patches, len(xs) * len(ys), b_tiles, passes, keep)
+                    i = int(np.argmin(reads))  # ties: the largest z (fewest steps)
+                    if reads[i] < best:
+                        best, arg = reads[i], Dataflow(x, y, int(zs[i]), order, stream, b, int(keep[i]))
     if arg is None:
         raise ValueError(f"fast memory of {s} elements cannot hold one tile of this conv")
     return arg
@@ -288,9 +312,12 @@ def simulate_dataflow(c: ConvShape, s: int, flow: Dataflow | None = None,
                         for z0 in range(0, c.cout_g, flow.z)]
             chans = range(g * c.cin_g, (g + 1) * c.cin_g)
             if flow.order == "output":
-                for co in z_blocks:
-                    for t in tiles:
-                        run.output_tile(flow.stream, imgs, chans, co, t)
+                for t in tiles:
+                    kept: dict[int, np.ndarray] = {}  # channel -> its resident patch's addresses
+                    for k, co in enumerate(z_blocks):
+                        order = list(chans) if k % 2 == 0 else list(reversed(chans))
+                        retain = set(order[len(order) - flow.keep:]) if flow.keep and k + 1 < len(z_blocks) else set()
+                        run.output_tile(flow.stream, imgs, order, chans[0], co, t, kept, retain)
             else:
                 for t in tiles:
                     patch_addr = np.concatenate([run.patch_addr(imgs, ch, t) for ch in chans])
@@ -351,10 +378,28 @@ class _Run:
                 win = patch[:, i:i + (t.yt - 1) * sh + 1:sh, j:j + (t.xt - 1) * sw + 1:sw]
                 acc += self.wgt[co, ci, i, j][None, :, None, None] * win[:, None]
 
-    def output_tile(self, stream: str, imgs: slice, chans: range, co: slice, t: _Tile) -> None:
-        """One output-stationary tile: its partial sums stay on chip while every input channel streams through."""
+    def output_tile(self, stream: str, imgs: slice, order: list[int], first: int, co: slice, t: _Tile,
+                    kept: dict[int, np.ndarray], retain: set[int]) -> None:
+        """One output-stationary tile: its partial sums stay on chip while every input channel streams through, in
+        ``order`` (``first``: the group's first channel). Channels in ``kept`` are on chip already; those in
+        ``retain`` are loaded whole and stay (added to ``kept``), the others leave after their step."""
         acc = self.open_tile(imgs, co, t)
-        for ci, ch in enumerate(chans):
+        for ch in order:
+            ci = ch - first
+            if ch in kept or ch in retain:
+                if ch not in kept:
+                    kept[ch] = self.patch_addr(imgs, ch, t)
+                    self.mem.load(kept[ch])
+                if stream == "taps":
+                    self.taps(co, ci, self.patch(imgs, ch, t), t, acc)
+                else:
+                    kern = self.w_addr[co, ci].ravel()
+                    self.mem.load(kern)
+                    self.accumulate(co, ci, self.patch(imgs, ch, t), t, acc)
+                    self.mem.evict(kern)
+                if ch not in retain:
+                    self.mem.evict(kept.pop(ch))
+                continue
             if stream == "taps":
                 patch_addr = self.patch_addr(imgs, ch, t)
                 self.mem.load(patch_addr)
@@ -406,6 +451,7 @@ def io_table(convs: "pd.DataFrame", sizes: list[int], cores: int, simulate_steps
                      * math.ceil(c.hout / flow.y) * math.ceil(c.cout_g / flow.z))
             exact = exact_dataflow_io(c, flow)["io"]
             row.update({"sim_flow": flow.name, "sim_tile": "x".join(map(str, flow.tile)), "sim_images": flow.b,
+                        "sim_keep": flow.keep,
                         "exact_io": exact,
                         "exact_ratio": exact / lb["bound"]})
             if steps <= simulate_steps:
