@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from ortools.sat.python import cp_model
 
-from trainplan.schedule import replay, solve
+from trainplan.schedule import lns, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.dtr import dtr_plan
 from trainplan.schedule.lns import OP_SET, WINDOW_BLOCKS, _op_set, _rematerialised, _windows, improve
@@ -71,6 +71,43 @@ def test_a_sweep_that_improves_nothing_doubles_the_window_up_to_the_whole_order(
     assert sizes == [40, 80, 160]
     assert found.improved == 0 and found.sweeps == len(sizes) and found.objective == objective
     assert found.windows == sum(len(_windows(p.n, g.base, g.horizon, blocks)) for blocks in sizes)
+
+
+def test_windows_proven_at_once_bring_the_op_neighbourhoods_forward(monkeypatch):
+    """From an optimal solution every window is proven at once without a gain: after each EASY_RUN of them a
+    round of op neighbourhoods runs (ending after EASY_RUN without a gain, or once it used the time those windows
+    left), before the sweep ends."""
+    p = layered_graph(100, 0)
+    p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
+    best = solve(p, 10, 2, 0)
+    assert best.status == "optimal"
+    hint_copies, cover, used = copies_from_events(p, best.events)
+    g = _grid(p, None, None, hint_copies, used, None)
+    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
+    _add_hint(p, g, model, hint_copies, cover)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers, solver.parameters.max_time_in_seconds = 2, 10
+    assert solver.Solve(model.m) == cp_model.OPTIMAL
+    solution = list(solver.ResponseProto().solution)
+    assert _rematerialised(model, solution)  # op neighbourhoods have seeds
+
+    def make_solver(seconds: float) -> cp_model.CpSolver:  # deterministic: "at once" does not depend on the host
+        one = cp_model.CpSolver()
+        one.parameters.num_workers, one.parameters.max_deterministic_time = 1, seconds
+        one.parameters.max_time_in_seconds = 100 * seconds
+        return one
+
+    kinds = []
+    monkeypatch.setattr(lns, "EASY_RUN", 2)
+    for name, kind in (("_free_copies", "window"), ("_op_free", "op")):
+        monkeypatch.setattr(lns, name, lambda *a, _f=getattr(lns, name), _k=kind: kinds.append(_k) or _f(*a))
+    found = improve(model, g.fpos, g.base, g.horizon, solution, round(solver.ObjectiveValue()), 4.0, make_solver,
+                    deterministic=True, inputs=p.inputs)
+    assert found.improved == found.op_improved == 0 and found.objective == round(solver.ObjectiveValue())
+    first_sweep = len(_windows(p.n, g.base, g.horizon, WINDOW_BLOCKS))
+    assert first_sweep > 2
+    assert kinds[:4] == ["window", "window", "op", "op"]  # two windows at once, two op neighbourhoods in vain
+    assert kinds[4:6] == ["window", "window"]
 
 
 def test_an_op_neighbourhood_is_a_rematerialised_op_its_inputs_and_the_rematerialised_ops_nearest_in_time():
