@@ -213,7 +213,8 @@ def best_dataflow(c: ConvShape, s: int) -> Dataflow:
                     # every z up to the most that fits, each with the most kept channels the rest of s holds
                     zs = np.arange(z_max, 0, -1) if order == "output" else np.array([z_max])
                     passes = -(-c.cout_g // zs) if order == "output" else np.ones(1, dtype=int)
-                    keep = np.zeros_like(zs) if per_keep == 0 else np.minimum(c.cin_g, (s - fixed - zs * per_z) // per_keep)
+                    room = s - fixed - zs * per_z
+                    keep = np.zeros_like(zs) if per_keep == 0 else np.minimum(c.cin_g, room // per_keep)
                     keep = np.where(passes > 1, keep, 0)
                     reads = _reads(c, patches, len(xs) * len(ys), b_tiles, passes, keep)
                     i = int(np.argmin(reads))  # ties: the largest z (fewest steps)
