@@ -45,26 +45,14 @@ def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic):
 def test_a_sweep_that_improves_nothing_doubles_the_window_up_to_the_whole_order():
     """From an optimal solution no window improves: windows of 40, 80 and then 160 >= 100 blocks (the whole
     order) are each swept once, and the solution comes back unchanged."""
-    p = layered_graph(100, 0)  # at 90% of the plain peak, the solver proves a schedule optimal
-    p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
-    best = solve(p, 10, 2, 0)
-    assert best.status == "optimal"
-    hint_copies, cover, used = copies_from_events(p, best.events)
-    g = _grid(p, None, None, hint_copies, used, None)
-    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
-    _add_hint(p, g, model, hint_copies, cover)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers, solver.parameters.max_time_in_seconds = 2, 10
-    assert solver.Solve(model.m) == cp_model.OPTIMAL
-    objective = round(solver.ObjectiveValue())
+    p, g, model, solution, objective = _optimal_model()
 
     def make_solver(seconds: float) -> cp_model.CpSolver:
         one = cp_model.CpSolver()
         one.parameters.num_workers, one.parameters.max_time_in_seconds = 2, seconds
         return one
 
-    found = improve(model, g.fpos, g.base, g.horizon, list(solver.ResponseProto().solution), objective, 6.0,
-                    make_solver, deterministic=False)
+    found = improve(model, g.fpos, g.base, g.horizon, solution, objective, 6.0, make_solver, deterministic=False)
     sizes = [WINDOW_BLOCKS]
     while sizes[-1] < p.n:
         sizes.append(2 * sizes[-1])
@@ -77,18 +65,7 @@ def test_windows_proven_at_once_bring_the_op_neighbourhoods_forward(monkeypatch)
     """From an optimal solution every window is proven at once without a gain: after each EASY_RUN of them a
     round of op neighbourhoods runs (ending after EASY_RUN without a gain, or once it used the time those windows
     left), before the sweep ends."""
-    p = layered_graph(100, 0)
-    p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
-    best = solve(p, 10, 2, 0)
-    assert best.status == "optimal"
-    hint_copies, cover, used = copies_from_events(p, best.events)
-    g = _grid(p, None, None, hint_copies, used, None)
-    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
-    _add_hint(p, g, model, hint_copies, cover)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers, solver.parameters.max_time_in_seconds = 2, 10
-    assert solver.Solve(model.m) == cp_model.OPTIMAL
-    solution = list(solver.ResponseProto().solution)
+    p, g, model, solution, objective = _optimal_model()
     assert _rematerialised(model, solution)  # op neighbourhoods have seeds
 
     def make_solver(seconds: float) -> cp_model.CpSolver:  # deterministic: "at once" does not depend on the host
@@ -101,9 +78,9 @@ def test_windows_proven_at_once_bring_the_op_neighbourhoods_forward(monkeypatch)
     monkeypatch.setattr(lns, "EASY_RUN", 2)
     for name, kind in (("_free_copies", "window"), ("_op_free", "op")):
         monkeypatch.setattr(lns, name, lambda *a, _f=getattr(lns, name), _k=kind: kinds.append(_k) or _f(*a))
-    found = improve(model, g.fpos, g.base, g.horizon, solution, round(solver.ObjectiveValue()), 4.0, make_solver,
-                    deterministic=True, inputs=p.inputs)
-    assert found.improved == found.op_improved == 0 and found.objective == round(solver.ObjectiveValue())
+    found = improve(model, g.fpos, g.base, g.horizon, solution, objective, 4.0, make_solver, deterministic=True,
+                    inputs=p.inputs)
+    assert found.improved == found.op_improved == 0 and found.objective == objective
     first_sweep = len(_windows(p.n, g.base, g.horizon, WINDOW_BLOCKS))
     assert first_sweep > 2
     assert kinds[:4] == ["window", "window", "op", "op"]  # two windows at once, two op neighbourhoods in vain
@@ -183,3 +160,20 @@ def test_a_schedule_optimal_only_within_its_grid_grows_the_grid():
     assert grown.work_s > first.work_s  # every run is charged
     objectives = [first.objective_s] + [r["objective"] for r in runs]
     assert all(b < a for a, b in zip(objectives[:-2], objectives[1:-1]))  # it grew again only after a gain
+
+
+def _optimal_model():
+    """The 100-op layered DAG at 90% of the plain peak (the solver proves a schedule optimal there), its CP-SAT
+    model on the grid of that schedule, and CP-SAT's optimal solution of it with its objective."""
+    p = layered_graph(100, 0)
+    p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
+    best = solve(p, 10, 2, 0)
+    assert best.status == "optimal"
+    hint_copies, cover, used = copies_from_events(p, best.events)
+    g = _grid(p, None, None, hint_copies, used, None)
+    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
+    _add_hint(p, g, model, hint_copies, cover)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers, solver.parameters.max_time_in_seconds = 2, 10
+    assert solver.Solve(model.m) == cp_model.OPTIMAL
+    return p, g, model, list(solver.ResponseProto().solution), round(solver.ObjectiveValue())
