@@ -1,9 +1,10 @@
 """Large-neighbourhood search on the schedule: CP-SAT re-solves a neighbourhood of the incumbent (a window
 of the program order, or a set of ops), every residency period outside it fixed to the incumbent.
 
-The model of :mod:`trainplan.schedule.mip` is built once; each neighbourhood solves a copy of it in which the
-variables of the copies (residency periods) outside it are fixed to the incumbent's values, hinted with the
-incumbent (so it never makes it worse). Windows of ``WINDOW_BLOCKS`` first computes slide over the order by
+The model of :mod:`trainplan.schedule.mip` is built once; each neighbourhood solves a sub-model of it
+(:mod:`trainplan.schedule.submodel`) in which the variables of the copies (residency periods) outside it are
+fixed to the incumbent's values, hinted with the incumbent (so it never makes it worse), by one CP-SAT worker
+in a deterministic run. Windows of ``WINDOW_BLOCKS`` first computes slide over the order by
 half a window; a sweep that improves nothing doubles the window. After each sweep, and whenever EASY_RUN windows
 in a row were proven optimal at once without a gain (a round spending the time they did not need and ending
 after EASY_RUN without a gain), *op neighbourhoods* free
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from trainplan.schedule import deadline as dl
+from trainplan.schedule.submodel import Reducer
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,9 @@ WINDOW_BLOCKS = 40  # first computes per window (the sub-model frees about this 
 MIN_WINDOW_S = 0.05  # a window starts only with at least this much of the limit left
 OP_SET = 40  # ops freed per op neighbourhood
 OP_IDLE = 10  # a round of op neighbourhoods ends after this many in a row improve nothing
+SECONDS_PER_ITEM = 1e-5  # building and loading a sub-model, per constraint read or written, which a deterministic
+# run charges to its limit on top of the search's deterministic time (0.7-1.2e-5 s measured on 250- to 2000-op
+# layered DAGs on this host): so that the limit, not the wall clock, ends the search where the limit fits the call
 EASY_SHARE = 0.1  # a window proven optimal in less than this share of its time was too easy to hold a gain
 EASY_RUN = 5  # so many such windows in a row, none improving, bring a round of op neighbourhoods forward: on a
 # 2000-op layered DAG at 80% every window was proven in ~0.5% of its time, a sweep (~100 windows) never ended in
@@ -79,16 +84,6 @@ def _free_copies(model, fpos: list[int], solution: list[int], lo: int, hi: int) 
     return free
 
 
-def _set_domain(proto, var, lo: int, hi: int) -> None:
-    domain = proto.variables[var.Index()].domain
-    domain.clear()
-    domain.extend([lo, hi])
-
-
-def _fix(proto, var, value: int) -> None:
-    _set_domain(proto, var, value, value)
-
-
 def _op_free(model, ops: set[int]) -> list[list[bool]]:
     """Per op and copy, whether an op neighbourhood may change it: every copy of the ops in ``ops``."""
     return [[u in ops] * len(starts) for u, starts in enumerate(model.s)]
@@ -121,38 +116,49 @@ def _rematerialised(model, solution: list[int]) -> list[int]:
             if any(solution[model.pres[u][k].Index()] == 1 for k in range(1, len(starts)))]
 
 
-def _sub_model(base_model: cp_model.CpModel, model, free: list[list[bool]], solution: list[int], lo: int,
-               hi: int) -> tuple[cp_model.CpModel, int]:
-    """A copy of the model with every copy not ``free`` fixed to the incumbent, absent free copies allowed to
-    start only in [lo, hi), and the incumbent as hint; the count of free copies (0: nothing to re-solve)."""
-    sub = base_model.Clone()
-    proto = sub.Proto()
-    n_free = 0
+class _Copies:
+    """Per copy (op, copy) of the model, its own variables and the cover literals that name it (as input or as
+    compute), by index: what a neighbourhood frees when it frees the copy."""
+
+    def __init__(self, model) -> None:
+        self.own: dict[tuple[int, int], list[int]] = {}
+        for u, starts in enumerate(model.s):
+            for k in range(len(starts)):
+                own = ([model.s[u][k]] if k else []) + [model.e[u][k], model.size[u][k]]  # copy 0 starts at a constant
+                own += [x for x in (model.pres[u][k] if k else None, model.rc[u][k], model.sw[u][k]) if x is not None]
+                self.own[(u, k)] = [x.Index() for x in own]
+        self.covers: dict[tuple[int, int], list[int]] = {}
+        for (w, c, v, k), y in model.ys.items():
+            self.covers.setdefault((w, c), []).append(y.Index())
+            self.covers.setdefault((v, k), []).append(y.Index())
+        self.per_op = [[x.Index() for x in ([model.out[u]] if model.out[u] is not None else []) + model.zs.get(u, [])]
+                       for u in range(len(model.s))]
+
+
+def _free_vars(model, copies: _Copies, domains: list[tuple[int, ...]], free: list[list[bool]], solution: list[int],
+               lo: int, hi: int) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """The variables a neighbourhood frees (sorted), and the domains it narrows: every variable of a ``free``
+    copy, with an absent one allowed to start only in [lo, hi) (left absent if it cannot), each op's swap-out
+    and end-residency literals if a copy of it is free, and the cover literals naming a free copy."""
+    out: set[int] = set()
+    narrowed: dict[int, tuple[int, int]] = {}
     for u, row in enumerate(free):
+        any_free = False
         for k, is_free in enumerate(row):
-            ints = ([model.s[u][k]] if k else []) + [model.e[u][k], model.size[u][k]]  # copy 0 starts at a constant
-            lits = [x for x in (model.pres[u][k] if k else None, model.rc[u][k], model.sw[u][k]) if x is not None]
             if not is_free:
-                for v in ints + lits:
-                    _fix(proto, v, solution[v.Index()])
-            elif k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in [lo, hi)
-                dom = list(proto.variables[model.s[u][k].Index()].domain)
-                start_lo, start_hi = max(lo, dom[0]), min(hi - 1, dom[-1])
+                continue
+            if k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in [lo, hi)
+                start = model.s[u][k].Index()
+                start_lo, start_hi = max(lo, domains[start][0]), min(hi - 1, domains[start][-1])
                 if start_lo > start_hi:
-                    for x in lits:
-                        _fix(proto, x, 0)
-                else:
-                    _set_domain(proto, model.s[u][k], start_lo, start_hi)
-                    n_free += 1
-            else:
-                n_free += 1
-        if model.out[u] is not None and not any(row):
-            _fix(proto, model.out[u], solution[model.out[u].Index()])
-    sub.ClearHints()
-    hint = proto.solution_hint
-    hint.vars.extend(range(len(proto.variables)))
-    hint.values.extend(solution)
-    return sub, n_free
+                    continue
+                narrowed[start] = (start_lo, start_hi)
+            any_free = True
+            out.update(copies.own[(u, k)])
+            out.update(copies.covers.get((u, k), []))
+        if any_free:
+            out.update(copies.per_op[u])
+    return sorted(out), narrowed
 
 
 def improve(model, fpos: list[int], base: list[int], horizon: int, solution: list[int], objective: int,
@@ -182,19 +188,22 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         ``state["easy"]``: whether the solver proved its answer optimal in less than EASY_SHARE of its time, and
         ``state["unused"]``: the seconds of its share it did not use."""
         state["easy"] = False
-        sub, n_free = _sub_model(model.m, model, free, state["best"], lo, hi)
-        if not n_free:
+        t0 = time.perf_counter()
+        free_vars, narrowed = _free_vars(model, copies, reducer.domains, free, state["best"], lo, hi)
+        if not free_vars:
             return None
+        sub, back, items = reducer.sub_model(state["best"], free_vars, narrowed)
         step = min(seconds, time_limit_s - state["used"])
         solver = make_solver(step)
+        if deterministic:  # one search: an interleaved portfolio sets up each subsolver on a budget this small
+            solver.parameters.num_workers, solver.parameters.interleave_search = 1, False
         if stop is not None:
             stop.attach(solver)
-        t0 = time.perf_counter()
         code = solver.Solve(sub)
         if deterministic:
             limit = solver.parameters.max_deterministic_time
             share = min(1.0, solver.ResponseProto().deterministic_time / limit) if limit > 0 else 1.0
-            state["used"] += step * share
+            state["used"] += step * share + SECONDS_PER_ITEM * items
         else:
             elapsed = time.perf_counter() - t0
             state["used"] += elapsed
@@ -202,7 +211,10 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         state["easy"] = code == cp_model.OPTIMAL and share < EASY_SHARE
         state["unused"] = step * (1.0 - min(1.0, share))
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) and round(solver.ObjectiveValue()) < state["obj"]:
-            state["best"], state["obj"] = list(solver.ResponseProto().solution), round(solver.ObjectiveValue())
+            best = list(state["best"])
+            for v, value in zip(back, solver.ResponseProto().solution):
+                best[v] = value
+            state["best"], state["obj"] = best, round(solver.ObjectiveValue())
             return True
         return False
 
@@ -223,6 +235,7 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         return gained
 
     rng = random.Random(seed)
+    reducer, copies = Reducer(model.m), _Copies(model)
     while True:
         sweeps += 1
         before = state["obj"]
