@@ -26,20 +26,22 @@ def test_windows_cover_the_order_with_half_window_overlap():
     assert all(b[0] - a[0] == 3 * (WINDOW_BLOCKS // 2) for a, b in zip(wins, wins[1:]))
 
 
+@pytest.mark.parametrize("submodel_above", [lns.SUBMODEL_ABOVE, 0])  # 100 ops: a clone, or a sub-model
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic):
+def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic, submodel_above, monkeypatch):
+    monkeypatch.setattr(lns, "SUBMODEL_ABOVE", submodel_above)
     p = layered_graph(100, 0)  # recompute only, 80% of the plain order's peak: CP-SAT's first solution is poor
     p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
     first = solve_mip(p, p.budget_bytes, time_limit_s=4, workers=2, seed=0, deterministic=deterministic)
     assert first.events is not None  # LNS takes over from a hinted run: hint a first CP-SAT solution
     r = solve_mip(p, p.budget_bytes, time_limit_s=8, workers=2, seed=0, deterministic=deterministic,
                   hint=first.events, lns_share=0.5)
-    lns = r.stats["lns"]
-    assert r.events is not None and lns is not None and lns["windows"] > 0 and lns["op_sets"] > 0
-    assert lns["objective"] <= lns["objective_before"] and r.objective_s == lns["objective"] <= first.objective_s
+    stats = r.stats["lns"]
+    assert r.events is not None and stats is not None and stats["windows"] > 0 and stats["op_sets"] > 0
+    assert stats["objective"] <= stats["objective_before"] and r.objective_s == stats["objective"] <= first.objective_s
     rep = replay(p, r.events, p.budget_bytes)  # raises if invalid or over the budget
     assert rep.peak_bytes <= p.budget_bytes
-    assert objective_ticks(p, r.events) * time_unit(p) == pytest.approx(lns["objective"])
+    assert objective_ticks(p, r.events) * time_unit(p) == pytest.approx(stats["objective"])
 
 
 def test_a_sweep_that_improves_nothing_doubles_the_window_up_to_the_whole_order():

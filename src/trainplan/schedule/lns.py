@@ -1,10 +1,11 @@
 """Large-neighbourhood search on the schedule: CP-SAT re-solves a neighbourhood of the incumbent (a window
 of the program order, or a set of ops), every residency period outside it fixed to the incumbent.
 
-The model of :mod:`trainplan.schedule.mip` is built once; each neighbourhood solves a sub-model of it
-(:mod:`trainplan.schedule.submodel`) in which the variables of the copies (residency periods) outside it are
-fixed to the incumbent's values, hinted with the incumbent (so it never makes it worse), by one CP-SAT worker
-in a deterministic run. Windows of ``WINDOW_BLOCKS`` first computes slide over the order by
+The model of :mod:`trainplan.schedule.mip` is built once; each neighbourhood solves it with the variables of
+the copies (residency periods) outside the neighbourhood fixed to the incumbent's values, hinted with the
+incumbent (so it never makes it worse): on models of more than ``SUBMODEL_ABOVE`` variables as a sub-model of the
+free variables alone (:mod:`trainplan.schedule.submodel`, one CP-SAT worker in a deterministic run), below as a
+clone of the whole model. Windows of ``WINDOW_BLOCKS`` first computes slide over the order by
 half a window; a sweep that improves nothing doubles the window. After each sweep, and whenever EASY_RUN windows
 in a row were proven optimal at once without a gain (a round spending the time they did not need and ending
 after EASY_RUN without a gain), *op neighbourhoods* free
@@ -34,6 +35,12 @@ WINDOW_BLOCKS = 40  # first computes per window (the sub-model frees about this 
 MIN_WINDOW_S = 0.05  # a window starts only with at least this much of the limit left
 OP_SET = 40  # ops freed per op neighbourhood
 OP_IDLE = 10  # a round of op neighbourhoods ends after this many in a row improve nothing
+SUBMODEL_ABOVE = 8000  # variables: above, a neighbourhood solves a sub-model of its free variables alone; below,
+# a clone of the whole model with the rest fixed. On 500-2000-op layered DAGs at 80% (9k-38k variables, 60 s)
+# sub-models cost 0.04-0.3 s a neighbourhood where clones took 0.1-9 s, and gave 3.05/4.97/7.41% against
+# 3.16/6.34/8.05% on 500 ops and 7.1-7.4% against 7.44% on 2000-op seed 0; on 100-250 ops (2k-5k variables),
+# where a clone loads in milliseconds, they found less in 6 of 19 runs and more in 1 (CP-SAT takes another path
+# through the same neighbourhood: 100-op seed 1 at 80%, 24.2% against 12.3%)
 SECONDS_PER_ITEM = 1e-5  # building and loading a sub-model, per constraint read or written, which a deterministic
 # run charges to its limit on top of the search's deterministic time (0.7-1.2e-5 s measured on 250- to 2000-op
 # layered DAGs on this host): so that the limit, not the wall clock, ends the search where the limit fits the call
@@ -84,6 +91,16 @@ def _free_copies(model, fpos: list[int], solution: list[int], lo: int, hi: int) 
     return free
 
 
+def _set_domain(proto, var, lo: int, hi: int) -> None:
+    domain = proto.variables[var.Index()].domain
+    domain.clear()
+    domain.extend([lo, hi])
+
+
+def _fix(proto, var, value: int) -> None:
+    _set_domain(proto, var, value, value)
+
+
 def _op_free(model, ops: set[int]) -> list[list[bool]]:
     """Per op and copy, whether an op neighbourhood may change it: every copy of the ops in ``ops``."""
     return [[u in ops] * len(starts) for u, starts in enumerate(model.s)]
@@ -114,6 +131,40 @@ def _rematerialised(model, solution: list[int]) -> list[int]:
     """Ops with a present copy beyond the first (recomputed or swapped in) in ``solution``."""
     return [u for u, starts in enumerate(model.s)
             if any(solution[model.pres[u][k].Index()] == 1 for k in range(1, len(starts)))]
+
+
+def _sub_model(base_model: cp_model.CpModel, model, free: list[list[bool]], solution: list[int], lo: int,
+               hi: int) -> tuple[cp_model.CpModel, int]:
+    """A copy of the model with every copy not ``free`` fixed to the incumbent, absent free copies allowed to
+    start only in [lo, hi), and the incumbent as hint; the count of free copies (0: nothing to re-solve)."""
+    sub = base_model.Clone()
+    proto = sub.Proto()
+    n_free = 0
+    for u, row in enumerate(free):
+        for k, is_free in enumerate(row):
+            ints = ([model.s[u][k]] if k else []) + [model.e[u][k], model.size[u][k]]  # copy 0 starts at a constant
+            lits = [x for x in (model.pres[u][k] if k else None, model.rc[u][k], model.sw[u][k]) if x is not None]
+            if not is_free:
+                for v in ints + lits:
+                    _fix(proto, v, solution[v.Index()])
+            elif k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in [lo, hi)
+                dom = list(proto.variables[model.s[u][k].Index()].domain)
+                start_lo, start_hi = max(lo, dom[0]), min(hi - 1, dom[-1])
+                if start_lo > start_hi:
+                    for x in lits:
+                        _fix(proto, x, 0)
+                else:
+                    _set_domain(proto, model.s[u][k], start_lo, start_hi)
+                    n_free += 1
+            else:
+                n_free += 1
+        if model.out[u] is not None and not any(row):
+            _fix(proto, model.out[u], solution[model.out[u].Index()])
+    sub.ClearHints()
+    hint = proto.solution_hint
+    hint.vars.extend(range(len(proto.variables)))
+    hint.values.extend(solution)
+    return sub, n_free
 
 
 class _Copies:
@@ -189,14 +240,19 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         ``state["unused"]``: the seconds of its share it did not use."""
         state["easy"] = False
         t0 = time.perf_counter()
-        free_vars, narrowed = _free_vars(model, copies, reducer.domains, free, state["best"], lo, hi)
-        if not free_vars:
+        if reducer is None:  # a clone of the whole model
+            sub, n_free = _sub_model(model.m, model, free, state["best"], lo, hi)
+            back, items = None, 0
+        else:
+            free_vars, narrowed = _free_vars(model, copies, reducer.domains, free, state["best"], lo, hi)
+            sub, back, items = reducer.sub_model(state["best"], free_vars, narrowed)
+            n_free = len(free_vars)
+        if not n_free:
             return None
-        sub, back, items = reducer.sub_model(state["best"], free_vars, narrowed)
         step = min(seconds, time_limit_s - state["used"])
         solver = make_solver(step)
-        if deterministic:  # one search: an interleaved portfolio sets up each subsolver on a budget this small
-            solver.parameters.num_workers, solver.parameters.interleave_search = 1, False
+        if reducer is not None and deterministic:  # one search: an interleaved portfolio sets up each subsolver
+            solver.parameters.num_workers, solver.parameters.interleave_search = 1, False  # on a tiny budget
         if stop is not None:
             stop.attach(solver)
         code = solver.Solve(sub)
@@ -211,10 +267,12 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         state["easy"] = code == cp_model.OPTIMAL and share < EASY_SHARE
         state["unused"] = step * (1.0 - min(1.0, share))
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) and round(solver.ObjectiveValue()) < state["obj"]:
-            best = list(state["best"])
-            for v, value in zip(back, solver.ResponseProto().solution):
-                best[v] = value
-            state["best"], state["obj"] = best, round(solver.ObjectiveValue())
+            found = list(solver.ResponseProto().solution)
+            if back is not None:  # a sub-model's answer, put back into the incumbent
+                found, answer = list(state["best"]), found
+                for v, value in zip(back, answer):
+                    found[v] = value
+            state["best"], state["obj"] = found, round(solver.ObjectiveValue())
             return True
         return False
 
@@ -235,7 +293,8 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         return gained
 
     rng = random.Random(seed)
-    reducer, copies = Reducer(model.m), _Copies(model)
+    big = len(model.m.Proto().variables) > SUBMODEL_ABOVE
+    reducer, copies = (Reducer(model.m), _Copies(model)) if big else (None, None)
     while True:
         sweeps += 1
         before = state["obj"]
