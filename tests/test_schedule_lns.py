@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 from ortools.sat.python import cp_model
 
+from trainplan.schedule import deadline as dl
 from trainplan.schedule import lns, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.dtr import dtr_plan
@@ -42,6 +43,26 @@ def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic, submod
     rep = replay(p, r.events, p.budget_bytes)  # raises if invalid or over the budget
     assert rep.peak_bytes <= p.budget_bytes
     assert objective_ticks(p, r.events) * time_unit(p) == pytest.approx(stats["objective"])
+
+
+def test_lns_does_not_start_sub_models_where_reading_the_model_would_pass_the_deadline(monkeypatch):
+    """Reading a big model for its sub-models cannot be interrupted: with less of the call's time left than it
+    takes, LNS returns the incumbent at once; with the time, it searches."""
+    p, g, model, solution, objective = _optimal_model()
+    monkeypatch.setattr(lns, "SUBMODEL_ABOVE", 0)
+
+    def make_solver(seconds: float) -> cp_model.CpSolver:
+        one = cp_model.CpSolver()
+        one.parameters.num_workers, one.parameters.max_time_in_seconds = 1, seconds
+        return one
+
+    variables = len(model.m.Proto().variables)
+    monkeypatch.setattr(lns, "READ_SECONDS_PER_VARIABLE", 2.0 / variables)  # as if reading took 2 s
+    for left, searched in ((1.0, False), (30.0, True)):  # 1 s: time for windows, not for reading the model
+        with dl.scope(dl.Deadline.after(left)):
+            found = improve(model, g.fpos, g.base, g.horizon, solution, objective, 2.0, make_solver,
+                            deterministic=False)
+        assert (found.windows > 0) == searched and found.objective == objective
 
 
 def test_a_sweep_that_improves_nothing_doubles_the_window_up_to_the_whole_order():

@@ -44,6 +44,8 @@ SUBMODEL_ABOVE = 8000  # variables: above, a neighbourhood solves a sub-model of
 SECONDS_PER_ITEM = 1e-5  # building and loading a sub-model, per constraint read or written, which a deterministic
 # run charges to its limit on top of the search's deterministic time (0.7-1.2e-5 s measured on 250- to 2000-op
 # layered DAGs on this host): so that the limit, not the wall clock, ends the search where the limit fits the call
+READ_SECONDS_PER_VARIABLE = 4e-5  # reading a model for its sub-models (Reducer, _Copies): 0.7 s for 38k variables on
+# this host, twice that; LNS does not start on a big model with less of the call's time left
 EASY_SHARE = 0.1  # a window proven optimal in less than this share of its time was too easy to hold a gain
 EASY_RUN = 5  # so many such windows in a row, none improving, bring a round of op neighbourhoods forward: on a
 # 2000-op layered DAG at 80% every window was proven in ~0.5% of its time, a sweep (~100 windows) never ended in
@@ -293,7 +295,10 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         return gained
 
     rng = random.Random(seed)
-    big = len(model.m.Proto().variables) > SUBMODEL_ABOVE
+    variables = len(model.m.Proto().variables)
+    big = variables > SUBMODEL_ABOVE
+    if big and call.left() < READ_SECONDS_PER_VARIABLE * variables + load_s + MIN_WINDOW_S:
+        return result()  # reading the model for sub-models, which nothing interrupts, would pass the deadline
     reducer, copies = (Reducer(model.m), _Copies(model)) if big else (None, None)
     while True:
         sweeps += 1
