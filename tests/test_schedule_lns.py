@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 from ortools.sat.python import cp_model
 
+from schedule_models import dtr_model
 from trainplan.schedule import deadline as dl
 from trainplan.schedule import lns, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
@@ -111,13 +112,7 @@ def test_windows_proven_at_once_bring_the_op_neighbourhoods_forward(monkeypatch)
 
 
 def test_an_op_neighbourhood_is_a_rematerialised_op_its_inputs_and_the_rematerialised_ops_nearest_in_time():
-    p = layered_graph(100, 0)
-    p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
-    hint = dtr_plan(p, p.budget_bytes, allow_swap=False)
-    hint_copies, cover, used = copies_from_events(p, hint)
-    g = _grid(p, None, None, hint_copies, used, None)
-    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
-    _add_hint(p, g, model, hint_copies, cover)
+    p, g, model = dtr_model(100, 0, 0.9)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds, solver.parameters.num_workers = 5, 2
     assert solver.Solve(model.m) in (cp_model.OPTIMAL, cp_model.FEASIBLE)

@@ -10,12 +10,9 @@ import random
 import pytest
 from ortools.sat.python import cp_model
 
+from schedule_models import dtr_model
 from trainplan.schedule import lns, replay, submodel
-from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.dtr import dtr_plan
-from trainplan.schedule.mip import (_add_hint, _build, _decode, _grid, _Values, byte_unit, copies_from_events,
-                                   time_unit)
-from trainplan.schedule.synthetic import layered_graph
+from trainplan.schedule.mip import _decode, _Values
 
 
 @pytest.fixture(autouse=True)
@@ -27,13 +24,7 @@ def small_op_sets(monkeypatch):
 def start():
     """The 100-op layered DAG (seed 1) at 80% of the plain peak, its model on the DTR plan's grid, and that plan
     as a solution of it (CP-SAT's first answer from the complete hint)."""
-    p = layered_graph(100, 1)
-    p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
-    plan = dtr_plan(p, p.budget_bytes, allow_swap=False)
-    hint_copies, cover, used = copies_from_events(p, plan)
-    g = _grid(p, None, None, hint_copies, used, None)
-    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
-    _add_hint(p, g, model, hint_copies, cover)
+    p, g, model = dtr_model(100, 1, 0.8)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers, solver.parameters.max_deterministic_time = 1, 0.05
     assert solver.Solve(model.m) == cp_model.FEASIBLE
