@@ -60,7 +60,8 @@ def _parse(c: cp_model_pb2.ConstraintProto) -> _Con:
 
 def _read(model: cp_model.CpModel) -> cp_model_pb2.CpModelProto:
     """The model as a protobuf message. CP-SAT's Python wrapper has no serialisation, so through its binary
-    export: on a 76k-constraint model that and reading the message take 0.2 s, the wrapper field by field 1.6 s."""
+    export: :class:`Reducer` reads a 76k-constraint model in 0.7 s this way, in 1.6 s field by field through the
+    wrapper."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.pb"
         if not model.export_to_file(str(path)):
