@@ -70,7 +70,7 @@ def test_with_the_exact_profile_a_sub_model_has_the_optimum_of_the_whole_model_w
     gains = 0
     for free, lo, hi in _neighbourhoods(p, g, model, solution):
         free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, free, solution, lo, hi)
-        sub, back, _ = reducer.sub_model(solution, free_vars, narrowed)
+        sub, _ = reducer.sub_model(solution, free_vars, narrowed)
         assert len(sub.Proto().variables) == len(free_vars) < len(solution)
         best, _ = _optimum(sub)
         assert best == _optimum(_fixed_clone(model, solution, free_vars, narrowed))[0]
@@ -84,11 +84,11 @@ def test_with_merged_levels_a_sub_model_is_never_better_and_its_answer_is_a_vali
     reducer, copies = submodel.Reducer(model.m), lns._Copies(model)
     for free, lo, hi in _neighbourhoods(p, g, model, solution):
         free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, free, solution, lo, hi)
-        sub, back, _ = reducer.sub_model(solution, free_vars, narrowed)
+        sub, _ = reducer.sub_model(solution, free_vars, narrowed)
         best, values = _optimum(sub)
         assert best >= _optimum(_fixed_clone(model, solution, free_vars, narrowed))[0]
         whole = list(solution)
-        for v, value in zip(back, values):
+        for v, value in zip(free_vars, values):
             whole[v] = value
         check = _fixed_clone(model, whole, [], {})  # every variable fixed: feasible iff the answer is
         assert _optimum(check)[0] == best
@@ -136,12 +136,12 @@ def test_on_random_small_models_a_sub_model_matches_the_whole_model_with_the_sam
         reducer = submodel.Reducer(m)
         for _ in range(3):
             free = sorted(rng.sample(range(len(solution)), rng.randint(1, len(solution) - 1)))
-            sub, back, _ = reducer.sub_model(solution, free, {})
+            sub, _ = reducer.sub_model(solution, free, {})
             best, values = _optimum(sub)
             reference = _optimum(_fixed_clone(_Wrap(m), solution, free, {}))[0]
             assert best == reference if slack == 0 else best >= reference
             whole = list(solution)
-            for v, value in zip(back, values):
+            for v, value in zip(free, values):
                 whole[v] = value
             assert _optimum(_fixed_clone(_Wrap(m), whole, [], {}))[0] == best
             compared += 1

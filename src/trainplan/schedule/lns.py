@@ -37,13 +37,14 @@ OP_SET = 40  # ops freed per op neighbourhood
 OP_IDLE = 10  # a round of op neighbourhoods ends after this many in a row improve nothing
 SUBMODEL_ABOVE = 8000  # variables: above, a neighbourhood solves a sub-model of its free variables alone; below,
 # a clone of the whole model with the rest fixed. On 500-2000-op layered DAGs at 80% (9k-38k variables, 60 s)
-# sub-models cost 0.04-0.3 s a neighbourhood where clones took 0.1-9 s, and gave 3.05/4.97/7.41% against
-# 3.16/6.34/8.05% on 500 ops and 7.1-7.4% against 7.44% on 2000-op seed 0; on 100-250 ops (2k-5k variables),
+# sub-models cost 0.04-0.3 s a neighbourhood where clones took 0.1-9 s, and gave 3.05/5.04/7.41% against
+# 3.16/6.34/8.05% on 500 ops and 7.06-7.36% against 7.44% on 2000-op seed 0; on 100-250 ops (2k-5k variables),
 # where a clone loads in milliseconds, they found less in 6 of 19 runs and more in 1 (CP-SAT takes another path
 # through the same neighbourhood: 100-op seed 1 at 80%, 24.2% against 12.3%)
 SECONDS_PER_ITEM = 1e-5  # building and loading a sub-model, per constraint read or written, which a deterministic
-# run charges to its limit on top of the search's deterministic time (0.7-1.2e-5 s measured on 250- to 2000-op
-# layered DAGs on this host): so that the limit, not the wall clock, ends the search where the limit fits the call
+# run charges to its limit on top of the search's deterministic time (medians 0.8-1.25e-5 s per item, measured
+# on 500- and 2000-op layered DAGs on this host): so that the limit, not the wall clock, ends the search where
+# the limit fits the call
 READ_SECONDS_PER_VARIABLE = 4e-5  # reading a model for its sub-models (Reducer, _Copies): 0.7 s for 38k variables on
 # this host, twice that; LNS does not start on a big model with less of the call's time left
 EASY_SHARE = 0.1  # a window proven optimal in less than this share of its time was too easy to hold a gain
@@ -247,7 +248,8 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
             back, items = None, 0
         else:
             free_vars, narrowed = _free_vars(model, copies, reducer.domains, free, state["best"], lo, hi)
-            sub, back, items = reducer.sub_model(state["best"], free_vars, narrowed)
+            sub, items = reducer.sub_model(state["best"], free_vars, narrowed)
+            back = free_vars
             n_free = len(free_vars)
         if not n_free:
             return None
