@@ -1,7 +1,7 @@
 """The LNS sub-model (schedule/submodel.py) against an independent reference, the whole model cloned with the
 same variables fixed: with the exact memory profile both have the same optimum; with the merged profile the
 sub-model is never better, and its answer, put back into the solution, satisfies the whole model and replays as a
-valid schedule within the budget."""
+valid schedule within the budget. The clone LNS uses on smaller models has the reference's optimum too."""
 
 from __future__ import annotations
 
@@ -76,6 +76,18 @@ def test_with_the_exact_profile_a_sub_model_has_the_optimum_of_the_whole_model_w
         assert best == _optimum(_fixed_clone(model, solution, free_vars, narrowed))[0]
         gains += best < incumbent
     assert gains  # some neighbourhood improves the start, so the optima compared are not the start's
+
+
+def test_below_the_threshold_the_clone_of_the_whole_model_has_the_same_optimum(start):
+    """Below SUBMODEL_ABOVE, LNS clones the whole model and fixes the same neighbourhood (lns._sub_model): its
+    optimum is the reference's, absent free copies allowed to start in the window included."""
+    p, g, model, solution = start
+    reducer, copies = submodel.Reducer(model.m), lns._Copies(model)
+    for free, lo, hi in _neighbourhoods(p, g, model, solution):
+        free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, free, solution, lo, hi)
+        clone, n_free = lns._sub_model(model.m, model, copies, free, solution, lo, hi)
+        assert n_free > 0
+        assert _optimum(clone)[0] == _optimum(_fixed_clone(model, solution, free_vars, narrowed))[0]
 
 
 def test_with_merged_levels_a_sub_model_is_never_better_and_its_answer_is_a_valid_schedule(start):

@@ -94,14 +94,14 @@ def _free_copies(model, fpos: list[int], solution: list[int], lo: int, hi: int) 
     return free
 
 
-def _set_domain(proto, var, lo: int, hi: int) -> None:
-    domain = proto.variables[var.Index()].domain
+def _set_domain(proto, index: int, lo: int, hi: int) -> None:
+    domain = proto.variables[index].domain
     domain.clear()
     domain.extend([lo, hi])
 
 
-def _fix(proto, var, value: int) -> None:
-    _set_domain(proto, var, value, value)
+def _fix(proto, index: int, value: int) -> None:
+    _set_domain(proto, index, value, value)
 
 
 def _op_free(model, ops: set[int]) -> list[list[bool]]:
@@ -136,8 +136,8 @@ def _rematerialised(model, solution: list[int]) -> list[int]:
             if any(solution[model.pres[u][k].Index()] == 1 for k in range(1, len(starts)))]
 
 
-def _sub_model(base_model: cp_model.CpModel, model, free: list[list[bool]], solution: list[int], lo: int,
-               hi: int) -> tuple[cp_model.CpModel, int]:
+def _sub_model(base_model: cp_model.CpModel, model, copies: _Copies, free: list[list[bool]], solution: list[int],
+               lo: int, hi: int) -> tuple[cp_model.CpModel, int]:
     """A copy of the model with every copy not ``free`` fixed to the incumbent, absent free copies allowed to
     start only in [lo, hi), and the incumbent as hint; the count of free copies (0: nothing to re-solve)."""
     sub = base_model.Clone()
@@ -145,24 +145,22 @@ def _sub_model(base_model: cp_model.CpModel, model, free: list[list[bool]], solu
     n_free = 0
     for u, row in enumerate(free):
         for k, is_free in enumerate(row):
-            ints = ([model.s[u][k]] if k else []) + [model.e[u][k], model.size[u][k]]  # copy 0 starts at a constant
-            lits = [x for x in (model.pres[u][k] if k else None, model.rc[u][k], model.sw[u][k]) if x is not None]
             if not is_free:
-                for v in ints + lits:
-                    _fix(proto, v, solution[v.Index()])
-            elif k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in [lo, hi)
-                dom = list(proto.variables[model.s[u][k].Index()].domain)
-                start_lo, start_hi = max(lo, dom[0]), min(hi - 1, dom[-1])
-                if start_lo > start_hi:
-                    for x in lits:
+                for v in copies.own[(u, k)]:
+                    _fix(proto, v, solution[v])
+            elif _absent(model, solution, u, k):
+                start = model.s[u][k].Index()
+                window = _start_window(list(proto.variables[start].domain), lo, hi)
+                if window is None:
+                    for x in copies.lits[(u, k)]:
                         _fix(proto, x, 0)
                 else:
-                    _set_domain(proto, model.s[u][k], start_lo, start_hi)
+                    _set_domain(proto, start, *window)
                     n_free += 1
             else:
                 n_free += 1
         if model.out[u] is not None and not any(row):
-            _fix(proto, model.out[u], solution[model.out[u].Index()])
+            _fix(proto, model.out[u].Index(), solution[model.out[u].Index()])
     sub.ClearHints()
     hint = proto.solution_hint
     hint.vars.extend(range(len(proto.variables)))
@@ -170,17 +168,32 @@ def _sub_model(base_model: cp_model.CpModel, model, free: list[list[bool]], solu
     return sub, n_free
 
 
+def _absent(model, solution: list[int], u: int, k: int) -> bool:
+    """Copy k of op u is absent from the incumbent (copy 0, the first compute, is always present)."""
+    return bool(k) and solution[model.pres[u][k].Index()] == 0
+
+
+def _start_window(domain, lo: int, hi: int) -> tuple[int, int] | None:
+    """Where an absent copy with start ``domain`` (CP-SAT's flat domain, as a list: the proto's field reads 0 at
+    [-1]) may start in a neighbourhood of [lo, hi): the bounds of both, or None where they do not meet (the copy
+    stays absent)."""
+    start_lo, start_hi = max(lo, domain[0]), min(hi - 1, domain[-1])
+    return None if start_lo > start_hi else (start_lo, start_hi)
+
+
 class _Copies:
-    """Per copy (op, copy) of the model, its own variables and the cover literals that name it (as input or as
-    compute), by index: what a neighbourhood frees when it frees the copy."""
+    """Per copy (op, copy) of the model, its own variables (its literals among them) and the cover literals that
+    name it (as input or as compute), by index: what a neighbourhood fixes or frees with the copy."""
 
     def __init__(self, model) -> None:
         self.own: dict[tuple[int, int], list[int]] = {}
+        self.lits: dict[tuple[int, int], list[int]] = {}  # a copy's presence, recompute and swap-in literals
         for u, starts in enumerate(model.s):
             for k in range(len(starts)):
-                own = ([model.s[u][k]] if k else []) + [model.e[u][k], model.size[u][k]]  # copy 0 starts at a constant
-                own += [x for x in (model.pres[u][k] if k else None, model.rc[u][k], model.sw[u][k]) if x is not None]
-                self.own[(u, k)] = [x.Index() for x in own]
+                ints = ([model.s[u][k]] if k else []) + [model.e[u][k], model.size[u][k]]  # copy 0 starts at a constant
+                lits = [x for x in (model.pres[u][k] if k else None, model.rc[u][k], model.sw[u][k]) if x is not None]
+                self.lits[(u, k)] = [x.Index() for x in lits]
+                self.own[(u, k)] = [x.Index() for x in ints] + self.lits[(u, k)]
         self.covers: dict[tuple[int, int], list[int]] = {}
         for (w, c, v, k), y in model.ys.items():
             self.covers.setdefault((w, c), []).append(y.Index())
@@ -201,12 +214,12 @@ def _free_vars(model, copies: _Copies, domains: list[tuple[int, ...]], free: lis
         for k, is_free in enumerate(row):
             if not is_free:
                 continue
-            if k and solution[model.pres[u][k].Index()] == 0:  # an absent copy may only start in [lo, hi)
+            if _absent(model, solution, u, k):  # an absent copy may only start in [lo, hi)
                 start = model.s[u][k].Index()
-                start_lo, start_hi = max(lo, domains[start][0]), min(hi - 1, domains[start][-1])
-                if start_lo > start_hi:
+                window = _start_window(domains[start], lo, hi)
+                if window is None:
                     continue
-                narrowed[start] = (start_lo, start_hi)
+                narrowed[start] = window
             any_free = True
             out.update(copies.own[(u, k)])
             out.update(copies.covers.get((u, k), []))
@@ -244,7 +257,7 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         state["easy"] = False
         t0 = time.perf_counter()
         if reducer is None:  # a clone of the whole model
-            sub, n_free = _sub_model(model.m, model, free, state["best"], lo, hi)
+            sub, n_free = _sub_model(model.m, model, copies, free, state["best"], lo, hi)
             back, items = None, 0
         else:
             free_vars, narrowed = _free_vars(model, copies, reducer.domains, free, state["best"], lo, hi)
@@ -301,7 +314,7 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
     big = variables > SUBMODEL_ABOVE
     if big and call.left() < READ_SECONDS_PER_VARIABLE * variables + load_s + MIN_WINDOW_S:
         return result()  # reading the model for sub-models, which nothing interrupts, would pass the deadline
-    reducer, copies = (Reducer(model.m), _Copies(model)) if big else (None, None)
+    reducer, copies = Reducer(model.m) if big else None, _Copies(model)
     while True:
         sweeps += 1
         before = state["obj"]
