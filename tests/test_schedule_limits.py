@@ -97,8 +97,9 @@ def test_the_bisection_does_not_depend_on_wall_time(monkeypatch):
     1.1 x the floor on a 300-op layered DAG: not met. (The wall-clock probes of before also probed the same
     budgets here, their share not being reached; the mechanism itself is tested below.) The work rates are halved,
     so each unit is charged twice the time it took on the host they were fitted on and the probes end on their
-    allowance, not on the call's wall-clock deadline, on a slower host too (on a day this host ran them 1.7x
-    slower, with the full rates the deadline cut them and the probes differed in every run; halved, in none of 13)."""
+    allowance, not on the call's wall-clock deadline, on a slower host too (on a day the probes took 1.7x their
+    charge in wall time, with the full rates the deadline cut them and the probes differed in every run; halved,
+    in none of 13)."""
     for rate in ("PROBE_DTR_PER_SECOND", "PROBE_GREEDY_PER_SECOND"):
         monkeypatch.setattr(solve_module, rate, getattr(solve_module, rate) // 2)
     p = layered_graph(300, 0)
@@ -200,13 +201,13 @@ def test_deterministic_shares_do_not_depend_on_wall_time(monkeypatch, workers):
     run, 1 worker); with half the limits 2 of 7 runs differed (2 workers); with a quarter, none of 11."""
     real_configure = mip.configure
 
-    def half_rate(*args, **kwargs):
+    def quarter_limit(*args, **kwargs):
         solver = real_configure(*args, **kwargs)
         solver.parameters.max_deterministic_time /= 4
         return solver
 
     for module in (mip, bounds, staged_bound):
-        monkeypatch.setattr(module, "configure", half_rate)
+        monkeypatch.setattr(module, "configure", quarter_limit)
     p = training_graph(40, 0)
     p = p.with_budget(int(1.1 * p.floor_bytes))
     main_limits: list[float] = []  # the steps in order, in the calling thread
