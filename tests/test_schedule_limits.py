@@ -158,12 +158,22 @@ def test_greedy_variants_equal_on_a_problems_flags_run_once():
 
 
 @pytest.mark.parametrize("n,seed", [(60, 2), (100, 0), (150, 1)])  # the cost policy swaps best on these
-def test_ours_is_never_worse_than_the_swap_only_baseline(n, seed):
+def test_ours_is_never_worse_than_the_swap_only_baseline(n, seed, monkeypatch):
+    """The swap_only baseline is the better of the two policies' swap-only runs; ours runs both before anything
+    else, so even with no time for more (heuristics' share 0, no DTR-style plan: it used to run the cost policy
+    last and skip it) its first schedule is no worse, and neither is its answer."""
     p = layered_graph(n, seed, swap=True)
     prob = p.with_budget(int(1.1 * p.floor_bytes))
-    ours, base = solve(prob, 1.0), solve(prob, 1.0, method="swap_only")
-    assert base.ok and ours.ok  # both within the budget
-    assert replay(prob, ours.events, prob.budget_bytes).time <= replay(prob, base.events).time
+    base = solve(prob, 1.0, method="swap_only")
+    assert base.ok
+    base_time = replay(prob, base.events).time
+    belady = greedy(prob, prob.budget_bytes, allow_recompute=False, policy="belady")
+    assert base_time < replay(prob, belady).time  # the case at hand: Belady alone is worse than the baseline
+    monkeypatch.setattr(solve_module, "dtr_plan", lambda *args, **kwargs: None)
+    events, _, _ = best_heuristic(prob, prob.budget_bytes, deadline_s=0.0)
+    assert independent_replay(prob, events, prob.budget_bytes).time <= base_time
+    ours = solve(prob, 1.0)
+    assert ours.ok and independent_replay(prob, ours.events, prob.budget_bytes).time <= base_time
 
 
 def test_with_swap_every_budget_above_the_floor_is_met_at_once():

@@ -314,7 +314,8 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
     big = variables > SUBMODEL_ABOVE
     if big and call.left() < READ_SECONDS_PER_VARIABLE * variables + load_s + MIN_WINDOW_S:
         return result()  # reading the model for sub-models, which nothing interrupts, would pass the deadline
-    reducer, copies = Reducer(model.m) if big else None, _Copies(model)
+    reducer = Reducer(model.m) if big else None
+    copies = _Copies(model)
     while True:
         sweeps += 1
         before = state["obj"]

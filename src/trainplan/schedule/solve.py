@@ -75,10 +75,6 @@ HINT_MAX_OVER_BOUND = 2.0  # CP-SAT gets the incumbent as a hint only if it take
 # layered DAG at 80% CP-SAT kept +204% in 60 s, from scratch it found +6%. Otherwise CP-SAT starts on the
 # default grid, without the hint, which stays the incumbent
 GREEDY_VARIANTS = {"swap+recompute": (True, True), "recompute": (False, True), "swap": (True, False)}
-SWAP_FIRST_POLICIES = ("belady", "cost")  # the swap-only runs before every other fast schedule, Belady first: on
-# layered DAGs with swap at 1.1x the memory floor (500-2000 ops) each took 0.03-0.21 s (median of 3, alone), and
-# the cost policy was the better one on two of three, which the 10 s limit's heuristic share did not reach when
-# it ran last (ours 213.28% against the swap_only baseline's 212.46% at 500 ops, 240.68% against 238.88% at 2000)
 
 
 def _valid(problem: Problem, events: Events | None, budget: int) -> float | None:
@@ -117,7 +113,11 @@ def greedy_variants(problem: Problem) -> list[tuple[str, bool, bool, str]]:
     they meet any budget at or above the memory floor (the swap_only baseline is the best of them, so ours is never
     worse than it)."""
     can_swap, can_rc = any(op.swap for op in problem.ops), any(op.recompute for op in problem.ops)
-    swap_first = [("swap", True, False, policy) for policy in SWAP_FIRST_POLICIES]
+    # Belady first, then every policy: on layered DAGs with swap at 1.1x the memory floor (500-2000 ops) each
+    # swap-only run took 0.03-0.21 s (median of 3, alone), and the cost policy was the better one on two of three,
+    # which the 10 s limit's heuristic share did not reach when it ran last (ours 213.28% against the swap_only
+    # baseline's 212.46% at 500 ops, 240.68% against 238.88% at 2000)
+    swap_first = [("swap", True, False, policy) for policy in ("belady", *POLICIES)]
     runs = swap_first + [(label, s, r, policy) for label, (s, r) in GREEDY_VARIANTS.items() for policy in POLICIES]
     seen: set[tuple[bool, bool, str]] = set()
     kept = []
@@ -155,11 +155,13 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
     can_swap = any(op.swap for op in problem.ops)
 
     def run_greedy(label: str, allow_swap: bool, allow_rc: bool, policy: str) -> bool:
-        """One greedy run, kept if it is the best so far; True if it was."""
+        """One greedy run, kept if it is the best so far; True if it was. Once one is valid, a swap-only run stops
+        only at the call's deadline, as the swap_only baseline does (so ours is never worse than it)."""
         nonlocal best, first
         cap = greedy_work if allowance is None else min(greedy_work or INF, allowance.units(PROBE_GREEDY_PER_SECOND))
+        end = call.end if label == "swap" else min(call.end, stop_at or call.end)
         sim = Simulator(problem, budget, allow_swap=allow_swap, allow_recompute=allow_rc, policy=policy,
-                        stop_at=first_stop.end if best is None else min(call.end, stop_at or call.end),
+                        stop_at=first_stop.end if best is None else end,
                         time_cap=None if best is None else best[0],  # a run slower than the best stops
                         work_cap=cap)
         events = sim.run()
@@ -177,7 +179,7 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
         best, first = (chain_time, chain_events, "chain-dp"), time.perf_counter() - t0
         if first_only:
             return best[1], best[2], first
-    while can_swap and variants and not variants[0][2]:  # the swap-only runs: a first schedule in milliseconds
+    while can_swap and variants and variants[0][0] == "swap":  # the swap-only runs: a first schedule in milliseconds
         if run_greedy(*variants.pop(0)) and first_only:
             return best[1], best[2], first
     for allow_swap in (True, False):  # the DTR-style plan: fast, and good on wide graphs
