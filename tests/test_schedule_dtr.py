@@ -75,25 +75,27 @@ def test_short_chains_failing_the_plan_is_made_with_chains_of_any_length(monkeyp
 
 
 def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
-    """Where short chains fail (250-op seed 1 at 80%, at most 8 recomputes), the unbounded plans are made as
-    often as the bounded ones would be (1 + restarts), and the cheapest is kept: never dearer than one plan."""
+    """Where short chains fail (250-op seed 1 at 80%, at most 6 recomputes, holding inputs or not), the unbounded
+    plans are made as often as the bounded ones would be (1 + restarts // 2, in each mode), and the cheapest is kept:
+    never dearer than one plan."""
     import trainplan.schedule.dtr as dtr
     p = layered_graph(250, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
-    monkeypatch.setattr(dtr, "MAX_CHAIN", 8)
-    made: list[int] = []
+    monkeypatch.setattr(dtr, "MAX_CHAIN", 6)
+    made: list[tuple[int, bool]] = []
     real_plan = dtr._plan
 
     def counting_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw):
-        made.append(max_chain)
+        made.append((max_chain, kw["hold"]))
         return real_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw)
 
     monkeypatch.setattr(dtr, "_plan", counting_plan)
     one = replay(p, dtr_plan(p, budget, allow_swap=False), budget).time
     made.clear()
     found: list[float] = []
-    several = replay(p, dtr_plan(p, budget, allow_swap=False, restarts=3, found=found), budget).time
-    assert made.count(p.n) == 4 and made.count(8) == 4  # every bounded plan failed, then four unbounded ones
+    several = replay(p, dtr_plan(p, budget, allow_swap=False, restarts=6, found=found), budget).time
+    # every bounded plan failed, then four unbounded ones in each mode
+    assert all(made.count((m, h)) == 4 for m in (6, p.n) for h in (False, True)) and len(made) == 16
     assert several <= one and len(found) == 1
 
 
@@ -148,19 +150,56 @@ def test_early_restores_recompute_before_the_next_reader_and_cost_less():
     assert t_early == early.time() < replay(p, late.events(), budget).time
 
 
-def test_keeping_every_evicted_gap_gives_back_the_plain_order():
+@pytest.mark.parametrize("hold", [False, True])
+def test_keeping_every_evicted_gap_gives_back_the_plain_order(hold):
     """evict and keep are inverses: a plan with every gap kept again has the plain order's excess, no
-    reserved reads, no transient bytes and the plain order's over-budget count."""
+    reserved reads or held inputs, no transient bytes and the plain order's over-budget count."""
     import trainplan.schedule.dtr as dtr
     p, budget = _layered(300, 2)
-    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True)
+    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True, hold=hold)
     fresh = dtr._Plan(p, budget, False, dtr.dl.NEVER, dtr.MAX_CHAIN, True)
     assert plan.paid and plan.excess != fresh.excess
+    assert any(plan.held_until(w) > plan.gaps.last[w] for w in range(p.n)) == hold
     for u, k in sorted(plan.paid):
         plan.keep(u, k)
     assert plan.excess == fresh.excess and plan.transient == fresh.transient
     assert all(not needs for needs in plan.needs_at) and not plan.chains and not plan.reads
     assert plan.counter.tree == fresh.counter.tree and plan.events() == fresh.events()
+
+
+def test_holding_inputs_past_their_last_reader_finds_a_plan_where_recomputing_them_does_not():
+    """The 100-op layered DAG, seed 0, at 80%: no plan recomputes its way through steps 83-91 (the chains reach
+    back to op 0 and do not fit); keeping small inputs alive until their reader's recompute does. The plan
+    frees a held input after the step whose restore reads it, replays within the budget and beats the greedy
+    runs (220.9% there), and ruin and recreate keeps it valid."""
+    import random
+
+    import trainplan.schedule.dtr as dtr
+    p = layered_graph(100, 0, swap=False)
+    budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
+    for max_chain in (dtr.MAX_CHAIN, p.n):
+        assert dtr._best_plan(p, budget, False, 3, 0, dtr.dl.NEVER, max_chain) is None
+    t0, plan = dtr._best_plan(p, budget, False, 3, 0, dtr.dl.NEVER, dtr.MAX_CHAIN, hold=True)
+    held = [w for w in range(p.n) if plan.held_until(w) > plan.gaps.last[w]]
+    assert held
+    events = plan.events()
+    rep = replay(p, events, budget)
+    assert rep.peak_bytes <= budget and rep.time == t0
+    for w in held:  # on the device at the first compute of the step it is held through
+        resident: set[str] = set()
+        for kind, op in events:
+            if kind == "compute" and op == p.ops[plan.held_until(w)].id:
+                break
+            if kind == "compute":
+                resident.add(op)
+            elif kind == "free":
+                resident.discard(op)
+        assert p.ops[w].id in resident
+    greedy_times = [replay(p, e).time for e in (greedy(p, budget, allow_swap=False, policy=q) for q in POLICIES)
+                    if e is not None]
+    assert all(t0 < t for t in greedy_times)
+    t1, better = dtr.refine_plan(plan.copy(), t0, 1_000_000, random.Random(0), dtr.dl.NEVER)
+    assert t1 <= t0 and replay(p, better.events(), budget).time == t1
 
 
 def test_ruin_and_recreate_improves_the_plan_and_is_reproducible():

@@ -7,6 +7,9 @@ planner works on the plain program order's live intervals instead of a clock: ea
 into gaps between consecutive first-compute readers, and a gap is evicted: the tensor is freed after the
 gap's first reader and restored by a swap-in (plus its first swap-out) or by recomputing it with the
 ancestors that are not on the device then (at most MAX_CHAIN ops, each freed after its last reader there).
+Plans of a second kind may instead hold an input of such a chain past its last reader, until the restore that
+reads it, where the bytes held fit outside the evicted gap and are fewer than the evicted tensor's inside it
+(CP-SAT's schedules on tight budgets keep small inputs so to make a recompute one op long).
 The restore comes just before the next reader, or earlier, right after the last step of the gap still over
 the budget or right after the step being relieved, where fewer ancestors are gone (a late restore relieves
 more steps, an early one costs less). While some first compute is over the budget, the gap and restore step
@@ -41,7 +44,7 @@ REFINE_IDLE = 200  # ruin and recreate ends after this many moves in a row witho
 # work units (about 0.22 us each here, fitted to refine runs on 100-2000-op layered DAGs within 10%): an input
 # looked at while building a chain is 1; these are the others
 CANDIDATE_WORK = 10  # a (gap, restore step) candidate scored while relieving
-THIN_WORK = 2  # a step looked at while thinning
+THIN_WORK = 2  # a step looked at while thinning or checking that a restore's holds fit
 COPY_WORK = 25  # an op's tables copied
 SHIFT_WORK = 25  # a step's excess updated when a gap is evicted or kept
 
@@ -118,21 +121,30 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
              refine: int = 0, stop: dl.Deadline | None = None, refine_wall_s: float | None = None,
              meter: list[int] | None = None, work_cap: float = INF, found: list[float] | None = None) -> Events | None:
     """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
-    the deadline passed). ``restarts``: that many more plans with the scores perturbed by up to
-    RESTART_NOISE (seeded: the same plans on any machine, unless the deadline cuts them short); the
+    the deadline passed). Plans of both kinds are made, holding inputs past their last reader
+    (:meth:`_Plan.chain`) or not, each 1 + ``restarts // 2`` times (:func:`_best_plan`: the restarts with the
+    scores perturbed by up to RESTART_NOISE, seeded: the same plans on any machine, unless the deadline cuts
+    them short); the
     cheapest replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
     recomputes, as many plans with chains of any length (slower: tight budgets on wide DAGs, where earlier
-    evictions leave long chains of missing ancestors; on the 2000-op seed 1 layered DAG at 80% one such plan
-    cost 18.7%, the best of five 16.5%). ``refine``: ruin and recreate on the kept plan for at most that much
-    work (:func:`refine_plan`), and at most ``refine_wall_s`` wall seconds from its start (a safety net; ``stop``
-    always ends it). ``meter``: a counter the plans add their work units to (:attr:`_Plan.work`); making plans
+    evictions leave long chains of missing ancestors). ``refine``: ruin and recreate on the kept plan for at
+    most that much work (:func:`refine_plan`), and at most ``refine_wall_s`` wall seconds from its start (a
+    safety net; ``stop`` always ends it). ``meter``: a counter the plans add their work units to (:attr:`_Plan.work`); making plans
     stops once it passes ``work_cap``.
     ``found``: gets the ``time.perf_counter()`` at which the kept plan (valid) was ready, before refinement."""
     stop = dl.current() if stop is None else stop
     meter = [0] if meter is None else meter
-    best = _best_plan(problem, budget_bytes, allow_swap, restarts, seed, stop, MAX_CHAIN, meter, work_cap)
-    if best is None and MAX_CHAIN < problem.n and not stop.passed() and meter[0] <= work_cap:
-        best = _best_plan(problem, budget_bytes, allow_swap, restarts, seed, stop, problem.n, meter, work_cap)
+    best = None
+    for max_chain in (MAX_CHAIN, problem.n) if MAX_CHAIN < problem.n else (problem.n,):
+        for hold in (False, True):
+            if stop.passed() or meter[0] > work_cap:
+                break
+            plan = _best_plan(problem, budget_bytes, allow_swap, restarts // 2, seed, stop, max_chain, meter,
+                              work_cap, hold)
+            if plan is not None and (best is None or plan[0] < best[0]):
+                best = plan
+        if best is not None:
+            break
     if best is None:
         return None
     if found is not None:
@@ -145,9 +157,10 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
 
 def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: int, seed: int,
                stop: dl.Deadline, max_chain: int, meter: list[int] | None = None,
-               work_cap: float = INF) -> tuple[float, _Plan] | None:
+               work_cap: float = INF, hold: bool = False) -> tuple[float, _Plan] | None:
     """The cheapest replay-valid plan of 1 + ``restarts`` (alternating early and late restores) with chains of
-    at most ``max_chain`` ops, and its replayed time; plans add their work to ``meter`` and stop past ``work_cap``."""
+    at most ``max_chain`` ops (``hold``: holding inputs past their last reader), and its replayed time; plans add
+    their work to ``meter`` and stop past ``work_cap``."""
     rng = random.Random(seed)
     best: tuple[float, _Plan] | None = None
     # attempts alternate early and late restores, the first two unperturbed; with no restart, the late plan
@@ -157,7 +170,7 @@ def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: 
             break
         try:
             plan = _plan(problem, budget_bytes, allow_swap, stop, rng if attempt > 1 else None, max_chain,
-                         early=attempt % 2 == 0, meter=meter, work_cap=work_cap)
+                         early=attempt % 2 == 0, meter=meter, work_cap=work_cap, hold=hold)
         except dl.OutOfTime:
             break
         t = None if plan is None else plan.time()
@@ -209,8 +222,9 @@ class _Plan:
     updated, so a plan can be relieved, thinned and partly undone (:func:`refine_plan`)."""
 
     def __init__(self, p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, max_chain: int,
-                 early: bool, meter: list[int] | None = None, work_cap: float = INF) -> None:
+                 early: bool, meter: list[int] | None = None, work_cap: float = INF, hold: bool = False) -> None:
         self.p, self.budget, self.allow_swap, self.stop, self.max_chain = p, budget, allow_swap, stop, max_chain
+        self.hold = hold  # a restore's chain may keep an input alive past its last reader (:meth:`chain`)
         self.early = early  # restores may come before the next reader (:meth:`restore_steps`)
         self.gaps = _Gaps(p)
         mem, self.live_at = plain_memory(p, stop)
@@ -219,6 +233,7 @@ class _Plan:
         self.swaps = [0] * p.n  # gaps of u restored by swap-in (after the first, a swap-in costs one transfer)
         self.by_swap: dict[tuple[int, int], bool] = {}
         self.needs_at: list[list[int]] = [[] for _ in range(p.n)]  # steps where u must be resident to recompute
+        # (past u's last reader too, when a chain holds u: :meth:`held_until`)
         self.chains: dict[tuple[int, int], list[int]] = {}  # ops recomputed (in order) to restore a gap
         self.reads: dict[tuple[int, int], set[int]] = {}  # the resident tensors a gap's chain reads
         self.paid: dict[tuple[int, int], float] = {}  # each evicted gap's restore cost
@@ -254,17 +269,25 @@ class _Plan:
 
     def resident_at(self, w: int, step: int) -> bool:
         """w is on the device at ``step`` under the plan (before any restore there)."""
-        if self.gaps.last[w] < step or w >= step:
+        if w >= step:
             return False
+        if self.gaps.last[w] < step:
+            return step <= self.held_until(w)
         k = self.gaps.covering(w, step)
         return k is None or k not in self.evicted[w] or step > self.evicted[w][k]
 
-    def chain(self, u: int, b: int, cap: float = INF) -> tuple[float, list[int], set[int]] | None:
+    def held_until(self, w: int) -> int:
+        """The last step w is on the device through, its last reader's or a later restore's that reads it."""
+        return max(self.gaps.last[w], *self.needs_at[w]) if self.needs_at[w] else self.gaps.last[w]
+
+    def chain(self, u: int, b: int, cap: float = INF,
+              hold: bool = False) -> tuple[float, list[int], set[int]] | None:
         """Recomputing u just before step b: (op time of u and of the ancestors that are not on the device
         then, those ancestors and u in program order, the resident tensors they read); None if an
         ancestor cannot be recomputed, the chain exceeds ``max_chain`` ops or costs more than ``cap``, or its
         ancestors' bytes (held while step b's restores run, freed before its compute) need more room than
-        that compute."""
+        that compute. ``hold``: an input whose life ended before b is read instead, kept on the device until
+        b's compute (:meth:`_holds_fit` says whether that fits)."""
         p = self.p
         members, reads, todo = {u}, set(), [u]
         cap *= 1 + 1e-9  # a running sum: prune only what is surely dearer
@@ -275,7 +298,7 @@ class _Plan:
                 return None
             self.work[0] += len(p.inputs[v]) + 1
             for w in p.inputs[v]:
-                if self.resident_at(w, b):
+                if self.resident_at(w, b) or (hold and self.gaps.last[w] < b):
                     reads.add(w)
                 elif w not in members:
                     members.add(w)
@@ -289,21 +312,44 @@ class _Plan:
             return None
         return math.fsum(p.ops[w].time for w in members), order, reads
 
-    def cost(self, u: int, k: int, c: int, cap: float = INF) -> tuple[float, bool]:
-        """Cheapest restore of u's gap k at step ``c`` (its cost, whether by swap-in); INF if none costs at
-        most ``cap``."""
+    def cost(self, u: int, k: int, c: int, cap: float = INF) -> tuple[float, bool, bool]:
+        """Cheapest restore of u's gap k at step ``c`` (its cost, whether by swap-in, whether its chain holds
+        inputs past their last reader); INF if none costs at most ``cap``."""
         p = self.p
         a, b = self.gaps.stops[u][k], self.gaps.stops[u][k + 1]
         if any(a < s < c for s in self.needs_at[u]):  # a reader's recompute needs u before the restore
-            return INF, False
+            return INF, False, False
         if b >= p.n:  # a keep op's last stretch: it must be on the device at the end
-            return INF, False
-        found = self.chain(u, c, cap)
+            return INF, False, False
+        found, held = None, False
+        if self.hold:
+            found = self.chain(u, c, cap, hold=True)
+            held = found is not None and self._holds_fit(u, k, c, found[1], found[2])
+        if not held:
+            found = self.chain(u, c, cap)
         rc = INF if found is None else found[0]
         sw = INF
         if self.allow_swap and p.ops[u].swap:
             sw = p.transfer_time(u) * (1 if self.swaps[u] else 2)
-        return (sw, True) if sw < rc else (rc, False)
+        return (sw, True, False) if sw < rc else (rc, False, held)
+
+    def _holds_fit(self, u: int, k: int, c: int, members: list[int], reads: set[int]) -> bool:
+        """Whether holding the ``reads`` whose life ended before c until c's compute, while u's gap k is
+        evicted until c and restored there by recomputing ``members``, frees bytes on every step inside the
+        gap and leaves every other step it touches, and c's restores, within the budget."""
+        p, a, size = self.p, self.gaps.stops[u][k], self.p.ops[u].bytes
+        starts = sorted((self.held_until(w) + 1, p.ops[w].bytes) for w in reads if self.held_until(w) < c)
+        if not starts:
+            return True
+        held, i = 0, 0  # bytes held at step t: the holds starting at or before t
+        for t in range(starts[0][0], c + 1):
+            while i < len(starts) and starts[i][0] <= t:
+                held += starts[i][1]
+                i += 1
+            self.work[0] += THIN_WORK
+            if not (held < size if a < t < c else max(self.excess[t], self.restoring(t)) + held <= 0):
+                return False
+        return self.restoring(c) + held + chain_peak(p, members) <= 0
 
     def restore_steps(self, u: int, k: int, s: int) -> list[int]:
         """Where u's gap k, which holds the over-budget step s, may be restored: before its next reader, or
@@ -346,7 +392,7 @@ class _Plan:
 
     def evict(self, u: int, k: int, c: int) -> None:
         """Evict u's gap k until step ``c``, restored there the cheapest way (its cost must be finite)."""
-        cost, sw = self.cost(u, k, c)
+        cost, sw, held = self.cost(u, k, c)
         if sw:
             c = self.gaps.stops[u][k + 1]  # a swap-in costs the same anywhere: as late as possible
         self.paid[(u, k)] = cost
@@ -355,15 +401,32 @@ class _Plan:
         self.swaps[u] += sw
         if not sw:
             b = c
-            found = self.chain(u, b)
+            found = self.chain(u, b, hold=held)
             assert found is not None
             _, members, reads = found
             self.chains[(u, k)], self.reads[(u, k)] = members, reads
             for w in reads:
-                self.needs_at[w].append(b)
+                self._need(w, b, +1)
             self.extra[(u, k)] = chain_peak(self.p, members)
             self.transient[b] += self.extra[(u, k)]  # held while restoring, freed before b's compute
         self._shift(u, k, -1)
+
+    def _need(self, w: int, b: int, sign: int) -> None:
+        """Add (sign +1) or drop (-1) a restore at step b that reads w, with w's bytes on the steps past its
+        last reader it is then held through."""
+        before = self.held_until(w)
+        if sign > 0:
+            self.needs_at[w].append(b)
+        else:
+            self.needs_at[w].remove(b)
+        after = self.held_until(w)
+        size = self.p.ops[w].bytes * (1 if after > before else -1)
+        self.work[0] += SHIFT_WORK * abs(after - before)  # as in :meth:`_shift`
+        for t in range(min(before, after) + 1, max(before, after) + 1):
+            was = self.excess[t] > 0
+            self.excess[t] += size
+            if was != (self.excess[t] > 0):
+                self.counter.add(t, 1 if self.excess[t] > 0 else -1)
 
     def keep(self, u: int, k: int) -> None:
         """Keep u's evicted gap k on the device again."""
@@ -375,7 +438,7 @@ class _Plan:
         if (u, k) in self.chains:
             del self.chains[(u, k)]
             for w in self.reads.pop((u, k)):
-                self.needs_at[w].remove(b)
+                self._need(w, b, -1)
             self.transient[b] -= self.extra.pop((u, k))
 
     def relieve(self, rng: random.Random | None, banned: frozenset[tuple[int, int]] = frozenset()) -> bool:
@@ -404,8 +467,9 @@ class _Plan:
                 for c in self.restore_steps(u, k, s):
                     self.work[0] += CANDIDATE_WORK
                     # a restore costs at least u's compute and its inputs' that are gone then, or a swap-in
-                    least = min(swap_in, p.ops[u].time + sum(p.ops[w].time for w in p.inputs[u]
-                                                             if not self.resident_at(w, c)))
+                    least = min(swap_in, p.ops[u].time + sum(
+                        p.ops[w].time for w in p.inputs[u]
+                        if not self.resident_at(w, c) and not (self.hold and self.gaps.last[w] < c)))
                     span = self.counter.prefix(min(c, p.n)) - self.counter.prefix(a + 1)
                     weight = noise / (max(1, p.ops[u].bytes) * span)
                     candidates.append((least * weight, weight, u, k, c))
@@ -415,7 +479,7 @@ class _Plan:
                 if best is not None and least > best[0]:
                     break  # branch and bound: no candidate left can beat the best score so far
                 self.check()
-                cost, _ = self.cost(u, k, c, INF if best is None else best[0] / weight)
+                cost, *_ = self.cost(u, k, c, INF if best is None else best[0] / weight)
                 if cost == INF:
                     continue
                 key = (cost * weight, -p.ops[u].bytes, u, k, c)
@@ -441,7 +505,8 @@ class _Plan:
     def events(self) -> Events:
         """The plan as events (:func:`_events`), each recomputed ancestor kept for the next restore that needs
         it where it fits (:func:`retain_recomputes`)."""
-        events = _events(self.p, self.gaps, self.evicted, self.by_swap, self.chains)
+        ends = [self.held_until(u) for u in range(self.p.n)]
+        events = _events(self.p, self.gaps, self.evicted, self.by_swap, self.chains, ends)
         try:
             # the call's deadline, not the plan's (refine_plan's share may have passed when its best plan is read)
             return retain_recomputes(self.p, events, self.budget, dl.current())
@@ -457,9 +522,10 @@ class _Plan:
 
 
 def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, rng: random.Random | None,
-          max_chain: int, early: bool, meter: list[int] | None = None, work_cap: float = INF) -> _Plan | None:
+          max_chain: int, early: bool, meter: list[int] | None = None, work_cap: float = INF,
+          hold: bool = False) -> _Plan | None:
     """A relieved and thinned plan (``rng``: perturbed scores), or None if some step cannot be relieved."""
-    plan = _Plan(p, budget, allow_swap, stop, max_chain, early, meter, work_cap)
+    plan = _Plan(p, budget, allow_swap, stop, max_chain, early, meter, work_cap, hold)
     if not plan.relieve(rng):
         return None
     plan.thin()
@@ -481,9 +547,10 @@ def chain_peak(p: Problem, members: list[int]) -> int:
 
 
 def _events(p: Problem, gaps: _Gaps, evicted: list[dict[int, int]], by_swap: dict[tuple[int, int], bool],
-            chains: dict[tuple[int, int], list[int]]) -> Events:
+            chains: dict[tuple[int, int], list[int]], ends: list[int] | None = None) -> Events:
     """The plan as events: restores before each first compute, frees after it (a tensor after its last
-    reader, or at the start of an evicted gap, swapped out first when the gap is restored by swap-in)."""
+    reader, or after ``ends[u]`` where a restore holds it longer, or at the start of an evicted gap, swapped
+    out first when the gap is restored by swap-in)."""
     restore_at: list[list[tuple[int, int]]] = [[] for _ in range(p.n + 1)]
     free_after: list[list[tuple[int, int]]] = [[] for _ in range(p.n)]
     for u in range(p.n):
@@ -492,7 +559,7 @@ def _events(p: Problem, gaps: _Gaps, evicted: list[dict[int, int]], by_swap: dic
             free_after[stops[k]].append((u, k))
             restore_at[c].append((u, k))
         if u not in p.keep_idx:
-            free_after[stops[-1]].append((u, -1))
+            free_after[stops[-1] if ends is None else ends[u]].append((u, -1))
     events: Events = []
     on_host: set[int] = set()
     resident: set[int] = set()
