@@ -46,6 +46,27 @@ def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic, submod
     assert objective_ticks(p, r.events) * time_unit(p) == pytest.approx(stats["objective"])
 
 
+def test_lns_in_a_worker_thread_stops_at_the_runs_wall_clock_end():
+    """A worker thread (CP-SAT beside the staged model) does not see the call's deadline, only the wall cap its
+    caller passes: window LNS stops there, however much of its deterministic limit is left. Before, its windows
+    went on 0.05 s each past the cap (the 100-op layered DAG seed 0 with swap at 80%, 10 s: the call took
+    10.9-11.2 s on a slow day)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = layered_graph(100, 0)
+    p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
+    hint = dtr_plan(p, p.budget_bytes, allow_swap=False)
+    cap = 1.5
+    with ThreadPoolExecutor(1) as pool:
+        t0 = time.perf_counter()
+        r = pool.submit(solve_mip, p, p.budget_bytes, time_limit_s=60, workers=1, seed=0, hint=hint,
+                        deterministic=True, wall_cap_s=cap, lns_share=0.9).result()
+        wall = time.perf_counter() - t0
+    assert r.events is not None and r.stats["lns"] is not None  # LNS ran after the first search
+    assert wall <= cap + 0.3, wall
+
+
 def test_lns_does_not_start_sub_models_where_reading_the_model_would_pass_the_deadline(monkeypatch):
     """Reading a big model for its sub-models cannot be interrupted: with less of the call's time left than it
     takes, LNS returns the incumbent at once; with the time, it searches."""

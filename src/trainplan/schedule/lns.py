@@ -230,18 +230,18 @@ def _free_vars(model, copies: _Copies, domains: list[tuple[int, ...]], free: lis
 
 def improve(model, fpos: list[int], base: list[int], horizon: int, solution: list[int], objective: int,
             time_limit_s: float, make_solver, deterministic: bool, inputs: list[list[int]] | None = None,
-            seed: int = 0, stop=None, load_s: float = 0.0) -> LnsResult:
+            seed: int = 0, stop=None, load_s: float = 0.0, deadline: dl.Deadline | None = None) -> LnsResult:
     """Window LNS from ``solution`` (objective ``objective``, in ticks) for ``time_limit_s`` seconds of the
     limit. ``make_solver(seconds)`` returns a configured CP-SAT solver for one neighbourhood. A sweep that
     improves nothing doubles the window; each sweep is followed by op neighbourhoods if ``inputs`` (each op's
     input ops) is given, drawn with ``seed``. Stops after a sweep over the whole order in which nothing
-    improved, at the call's deadline (or less than ``load_s``, the model's load time, before it), when the limit
-    is used, or when ``stop`` (a mip.SearchStop) is requested."""
+    improved, at ``deadline`` (default: the call's; or less than ``load_s``, the model's load time, before it),
+    when the limit is used, or when ``stop`` (a mip.SearchStop) is requested."""
     n = len(fpos)
     blocks = WINDOW_BLOCKS
     state = {"used": 0.0, "best": list(solution), "obj": objective}
     tried, improved, sweeps, op_sets, op_improved = 0, 0, 0, 0, 0
-    call = dl.current()
+    call = dl.current() if deadline is None else deadline
 
     def out_of_time() -> bool:
         return (time_limit_s - state["used"] < MIN_WINDOW_S or call.left() < load_s + MIN_WINDOW_S

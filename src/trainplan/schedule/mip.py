@@ -440,13 +440,15 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         log.info("mip %s", note)
         return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
                          {"copies": g.copies, "slots": max(g.slots), "note": note})
-    build_end = dl.current().earlier(t0 + wall_cap(time_limit_s, deterministic, wall_cap_s))
-    if size_estimate * (BUILD_SECONDS_PER_VARIABLE + LOAD_SECONDS_PER_VARIABLE) > build_end.left():
-        note = f"model not built: about {size_estimate} variables do not fit in {max(0.0, build_end.left()):.2f} s"
+    # the run's wall-clock end, model build and LNS included: the call's deadline, or the cap if sooner (a worker
+    # thread does not see the call's deadline: its caller passes wall_cap_s)
+    run_end = dl.current().earlier(t0 + wall_cap(time_limit_s, deterministic, wall_cap_s))
+    if size_estimate * (BUILD_SECONDS_PER_VARIABLE + LOAD_SECONDS_PER_VARIABLE) > run_end.left():
+        note = f"model not built: about {size_estimate} variables do not fit in {max(0.0, run_end.left()):.2f} s"
         return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
                          {"copies": g.copies, "slots": max(g.slots), "note": note})
     try:
-        model = _build(p, g, cap, tu, bu, lower_bound_ticks, build_end)
+        model = _build(p, g, cap, tu, bu, lower_bound_ticks, run_end)
         if hint_copies is not None:
             _add_hint(p, g, model, hint_copies, hint_cover)
     except dl.OutOfTime:
@@ -456,7 +458,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
 
     build_s = time.perf_counter() - t0  # the model build counts against the wall-clock limit
     variables = len(m.Proto().variables)
-    if variables * LOAD_SECONDS_PER_VARIABLE > build_end.left():  # the build took longer than estimated
+    if variables * LOAD_SECONDS_PER_VARIABLE > run_end.left():  # the build took longer than estimated
         return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
                          {"copies": g.copies, "slots": max(g.slots), "variables": variables,
                           "note": f"built in {build_s:.2f} s; no time left to load it"})
@@ -503,7 +505,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     if lns_share > 0 and code == cp_model.FEASIBLE and not stopped and time_limit_s - work > lns.MIN_WINDOW_S:
         found = lns.improve(model, g.fpos, g.base, g.horizon, list(solver.ResponseProto().solution),
                             round(solver.ObjectiveValue()), time_limit_s - work, make_solver, deterministic,
-                            inputs=p.inputs, seed=seed, stop=stop, load_s=load_s)
+                            inputs=p.inputs, seed=seed, stop=stop, load_s=load_s, deadline=run_end)
         work += found.work_s
         values = _Values(found.solution)
         lns_stats = {"windows": found.windows, "improved": found.improved, "sweeps": found.sweeps,
