@@ -138,6 +138,27 @@ def test_probe_work_is_charged_to_its_allowance_and_stops_there():
     assert small.spent() and -small.seconds < charged[0] / 4
 
 
+def test_a_probe_makes_only_the_plans_that_hold_no_input(monkeypatch):
+    """A bisection probe (first_only) asks only whether a budget can be met: it makes the DTR-style plans that
+    hold no input past its last reader (they fail sooner where no plan exists); a full run makes both kinds."""
+    import trainplan.schedule.dtr as dtr
+    p = layered_graph(150, 0)
+    budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
+    made: list[bool] = []
+    real_plan = dtr._plan
+
+    def recording_plan(*args, **kwargs):
+        made.append(kwargs["hold"])
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(dtr, "_plan", recording_plan)
+    assert best_heuristic(p, budget, first_only=True, chain_dp=False, allowance=dl.Allowance(100.0))[0] is not None
+    assert made and not any(made)
+    made.clear()
+    assert best_heuristic(p, budget, deadline_s=1.0)[0] is not None
+    assert set(made) == {False, True}
+
+
 def test_a_greedy_run_past_its_work_cap_is_abandoned():
     p = layered_graph(120, 0)
     budget = int(0.85 * replay(p, no_recompute_events(p)).peak_bytes)

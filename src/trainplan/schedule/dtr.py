@@ -119,28 +119,30 @@ def plain_memory(p: Problem, stop: dl.Deadline = dl.NEVER) -> tuple[list[int], l
 
 def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, restarts: int = 0, seed: int = 0,
              refine: int = 0, stop: dl.Deadline | None = None, refine_wall_s: float | None = None,
-             meter: list[int] | None = None, work_cap: float = INF, found: list[float] | None = None) -> Events | None:
+             meter: list[int] | None = None, work_cap: float = INF, found: list[float] | None = None,
+             holds: bool = True) -> Events | None:
     """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
     the deadline passed). Plans of both kinds are made, holding inputs past their last reader
-    (:meth:`_Plan.chain`) or not, each 1 + ``restarts // 2`` times (:func:`_best_plan`: the restarts with the
+    (:meth:`_Plan.chain`) or not (``holds`` false: only the latter, which fail sooner where no plan exists), each
+    1 + ``restarts // 2`` times (:func:`_best_plan`: the restarts with the
     scores perturbed by up to RESTART_NOISE, seeded: the same plans on any machine, unless the deadline cuts
-    them short); the
-    cheapest replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
+    them short); the cheapest replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
     recomputes, as many plans with chains of any length (slower: tight budgets on wide DAGs, where earlier
     evictions leave long chains of missing ancestors). ``refine``: ruin and recreate on the kept plan for at
     most that much work (:func:`refine_plan`), and at most ``refine_wall_s`` wall seconds from its start (a
-    safety net; ``stop`` always ends it). ``meter``: a counter the plans add their work units to (:attr:`_Plan.work`); making plans
-    stops once it passes ``work_cap``.
+    safety net; ``stop`` always ends it). ``meter``: a counter the plans add their work units to
+    (:attr:`_Plan.work`); making plans stops once it passes ``work_cap``.
     ``found``: gets the ``time.perf_counter()`` at which the kept plan (valid) was ready, before refinement."""
     stop = dl.current() if stop is None else stop
     meter = [0] if meter is None else meter
     best = None
+    kinds = (False, True) if holds else (False,)
     for max_chain in (MAX_CHAIN, problem.n) if MAX_CHAIN < problem.n else (problem.n,):
-        for hold in (False, True):
+        for hold in kinds:
             if stop.passed() or meter[0] > work_cap:
                 break
-            plan = _best_plan(problem, budget_bytes, allow_swap, restarts // 2, seed, stop, max_chain, meter,
-                              work_cap, hold)
+            plan = _best_plan(problem, budget_bytes, allow_swap, restarts // len(kinds), seed, stop, max_chain,
+                              meter, work_cap, hold)
             if plan is not None and (best is None or plan[0] < best[0]):
                 best = plan
         if best is not None:
@@ -382,11 +384,14 @@ class _Plan:
     def _shift(self, u: int, k: int, sign: int) -> None:
         """Add (sign -1: evicted) or give back (+1) u's bytes on the steps where its gap k is evicted."""
         a, c = self.gaps.stops[u][k], self.evicted[u][k]
-        size = self.p.ops[u].bytes
         self.work[0] += SHIFT_WORK * (c - a)
-        for t in range(a + 1, min(c, self.p.n)):
+        self._add(a + 1, min(c, self.p.n), sign * self.p.ops[u].bytes)
+
+    def _add(self, lo: int, hi: int, size: int) -> None:
+        """Add ``size`` bytes to the excess of steps [lo, hi), keeping the over-budget counter in step."""
+        for t in range(lo, hi):
             before = self.excess[t] > 0
-            self.excess[t] += sign * size
+            self.excess[t] += size
             if before != (self.excess[t] > 0):
                 self.counter.add(t, 1 if self.excess[t] > 0 else -1)
 
@@ -420,13 +425,8 @@ class _Plan:
         else:
             self.needs_at[w].remove(b)
         after = self.held_until(w)
-        size = self.p.ops[w].bytes * (1 if after > before else -1)
-        self.work[0] += SHIFT_WORK * abs(after - before)  # as in :meth:`_shift`
-        for t in range(min(before, after) + 1, max(before, after) + 1):
-            was = self.excess[t] > 0
-            self.excess[t] += size
-            if was != (self.excess[t] > 0):
-                self.counter.add(t, 1 if self.excess[t] > 0 else -1)
+        self.work[0] += SHIFT_WORK * abs(after - before)
+        self._add(min(before, after) + 1, max(before, after) + 1, self.p.ops[w].bytes * (1 if after > before else -1))
 
     def keep(self, u: int, k: int) -> None:
         """Keep u's evicted gap k on the device again."""

@@ -140,9 +140,10 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
                    allowance: dl.Allowance | None = None) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, the DTR-style
     plan with and without swaps, greedy policies x swap/recompute options, sqrt(n) checkpointing), its
-    name, and the seconds until the first
-    valid one (``first_only``: stop there; once one is valid, the greedy runs stop at ``deadline_s``: a
-    running variant is abandoned, none starts; before, at ``first_deadline_s``; always at the call's deadline).
+    name, and the seconds until the first valid one (``first_only``: stop there, and make only the DTR-style
+    plans that hold no input past its last reader, which fail sooner where no plan exists: a bisection probe;
+    once one is valid, the greedy runs stop at ``deadline_s``: a running variant is abandoned, none starts;
+    before, at ``first_deadline_s``; always at the call's deadline).
     ``greedy_work``: each greedy run's work cap (see ``heuristic.Simulator``). ``allowance``: the DTR-style plans'
     and greedy runs' work is charged to it, and no run goes past it (deterministic, unlike the deadlines)."""
     t0 = time.perf_counter()
@@ -191,7 +192,7 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
         events = dtr_plan(problem, budget, allow_swap=allow_swap, restarts=restarts, refine=refine, stop=stop,
                           refine_wall_s=None if deadline_s is None else WALL_SAFETY * share * deadline_s,
                           meter=meter, work_cap=INF if allowance is None else allowance.units(PROBE_DTR_PER_SECOND),
-                          found=found)
+                          found=found, holds=not first_only)
         if allowance is not None:
             allowance.charge(meter[0], PROBE_DTR_PER_SECOND)
         t = _valid(problem, events, budget)  # the plan's events are polished already
