@@ -122,11 +122,11 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
              meter: list[int] | None = None, work_cap: float = INF, found: list[float] | None = None,
              holds: bool = True) -> Events | None:
     """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
-    the deadline passed). Plans of both kinds are made, holding inputs past their last reader
-    (:meth:`_Plan.chain`) or not (``holds`` false: only the latter, which fail sooner where no plan exists), each
-    1 + ``restarts // 2`` times (:func:`_best_plan`: the restarts with the
-    scores perturbed by up to RESTART_NOISE, seeded: the same plans on any machine, unless the deadline cuts
-    them short); the cheapest replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
+    the deadline passed). Plans of two kinds are made, holding inputs past their last reader
+    (:meth:`_Plan.chain`) and not (``holds`` false: only the latter, which fail sooner where no plan exists),
+    the restarts shared between the kinds (:func:`_best_plan`: restarts have their scores perturbed by up to
+    RESTART_NOISE, seeded: the same plans on any machine, unless the deadline cuts them short); the cheapest
+    replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
     recomputes, as many plans with chains of any length (slower: tight budgets on wide DAGs, where earlier
     evictions leave long chains of missing ancestors). ``refine``: ruin and recreate on the kept plan for at
     most that much work (:func:`refine_plan`), and at most ``refine_wall_s`` wall seconds from its start (a
@@ -273,8 +273,8 @@ class _Plan:
         """w is on the device at ``step`` under the plan (before any restore there)."""
         if w >= step:
             return False
-        if self.gaps.last[w] < step:
-            return step <= self.held_until(w)
+        if self.gaps.last[w] < step:  # past its last reader: only a plan that holds inputs keeps it
+            return self.hold and step <= self.held_until(w)
         k = self.gaps.covering(w, step)
         return k is None or k not in self.evicted[w] or step > self.evicted[w][k]
 
@@ -340,7 +340,8 @@ class _Plan:
         evicted until c and restored there by recomputing ``members``, frees bytes on every step inside the
         gap and leaves every other step it touches, and c's restores, within the budget."""
         p, a, size = self.p, self.gaps.stops[u][k], self.p.ops[u].bytes
-        starts = sorted((self.held_until(w) + 1, p.ops[w].bytes) for w in reads if self.held_until(w) < c)
+        ends = {w: self.held_until(w) for w in reads}
+        starts = sorted((ends[w] + 1, p.ops[w].bytes) for w in reads if ends[w] < c)
         if not starts:
             return True
         held, i = 0, 0  # bytes held at step t: the holds starting at or before t
