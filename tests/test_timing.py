@@ -49,15 +49,21 @@ class _Node:
         self.me = self  # a reference cycle: only the cyclic collector frees it
 
 
+def _tracked(obj: object) -> bool:
+    """Whether ``obj`` is in one of the collector's generations (frozen objects are in none of them)."""
+    return any(o is obj for o in gc.get_objects())
+
+
 def test_frozen_objects_leave_collections_which_still_free_new_cycles():
     before = [_Node() for _ in range(1000)]  # alive at the start: scanned by every collection unless frozen
     with live_objects_frozen():
-        frozen = gc.get_freeze_count()
-        assert frozen >= len(before)
+        assert gc.get_freeze_count() >= len(before) and not _tracked(before[0])
         node = _Node()
         gone = weakref.ref(node)
         del node
         with gc_paused():  # the collection at the start of a timed block frees the cycle made since the freeze
             assert gone() is None and not gc.isenabled()
-        assert gc.isenabled() and gc.get_freeze_count() == frozen
-    assert gc.get_freeze_count() == 0  # unfrozen after: the process's objects are collectable again
+        # still frozen after the collection. Not the freeze count: it falls whenever any frozen object is freed
+        # by its reference count (another thread's, a cache's), as it did by 2 on CI (2026-11-28)
+        assert gc.isenabled() and not _tracked(before[0]) and not _tracked(before[-1])
+    assert gc.get_freeze_count() == 0 and _tracked(before[0])  # unfrozen after: collectable again
