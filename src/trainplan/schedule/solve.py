@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.retain import retain_recomputes
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
+from trainplan.schedule.scratch import scratch_bound, scratch_events
 from trainplan.schedule.staged_bound import solve_staged, staged_variables
 from trainplan.schedule.staged_schedule import staged_events
 
@@ -48,6 +50,8 @@ STAGED_SHARE = 0.3  # the staged bound (small problems), with one worker: at mos
 # with 2+ workers it runs beside CP-SAT, and both get all that is left)
 STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at most this many variables per
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
+SCRATCH_WORK_PER_SECOND = 800_000  # recomputing from scratch: work units per second (scratch._Run; 0.83-1.17M here on
+# 100-2000-op layered DAGs on a slow day): its cap is this x the heuristics' share of the limit, or the allowance
 DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
 DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
 REFINE_SHARE = 0.5  # ruin and recreate on the DTR-style plan: this share of the heuristics' time x
@@ -139,7 +143,9 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
                    first_deadline_s: float | None = None, chain_dp: bool = True, greedy_work: int | None = None,
                    allowance: dl.Allowance | None = None) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, the DTR-style
-    plan with and without swaps, greedy policies x swap/recompute options, sqrt(n) checkpointing), its
+    plan with and without swaps, where none of these fits the run recomputing from scratch (``scratch``) if its
+    uncached run's computes are within its work cap, greedy policies x swap/recompute options, sqrt(n)
+    checkpointing), its
     name, and the seconds until the first valid one (``first_only``: stop there, and make only the DTR-style
     plans that hold no input past its last reader, which fail sooner where no plan exists: a bisection probe;
     once one is valid, the greedy runs stop at ``deadline_s``: a running variant is abandoned, none starts;
@@ -203,6 +209,21 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
                 return best[1], best[2], first
         if not can_swap:
             break  # both runs would be the same
+    if best is None:  # recomputing from scratch: slow schedules, but they fit budgets where nothing above does
+        cap = INF if deadline_s is None else deadline_s * SCRATCH_WORK_PER_SECOND
+        cap = cap if allowance is None else min(cap, allowance.units(SCRATCH_WORK_PER_SECOND))
+        bound = scratch_bound(problem)
+        if bound is not None and bound.computes <= cap:  # where its uncached run would fit the work cap
+            meter = [0]
+            events = scratch_events(problem, budget, work_cap=cap, stop=call, meter=meter)  # past first_stop: the
+            # last try before a bisection, bounded by its work cap
+            if allowance is not None:
+                allowance.charge(meter[0], SCRATCH_WORK_PER_SECOND)
+            events, t = _polish(problem, events, budget)
+            if t is not None:
+                best, first = (t, events, "scratch-recompute"), time.perf_counter() - t0
+                if first_only:
+                    return best[1], best[2], first
     for variant in variants:
         if run_greedy(*variant) and first_only:
             return best[1], best[2], first
@@ -623,6 +644,13 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
                               f"by bisection (tolerance {BISECT_TOLERANCE:.1%}): {found} B"})
     if not new.ok:
         new.extra["note"] = f"requested budget {budget} B is {known}, and no schedule was found at {found} B either"
+    scratch = scratch_bound(prob)
+    if scratch is not None and not proof:  # where a schedule is known to exist, though maybe not one to run
+        new.extra["scratch_bound"] = {"bytes": scratch.bytes, **{k: v if math.isfinite(v) else None for k, v in (
+            ("computes", scratch.computes), ("time_s", scratch.time_s))}}  # beyond a float on very deep graphs
+        new.extra["note"] += (f"; a recompute-only schedule exists at {scratch.bytes} B (recomputing from scratch: "
+                              f"{scratch.computes:.3g} computes, {scratch.time_s / prob.compute_time:.3g}x the "
+                              f"compute time)")
     # what is known about the requested budget (not the raised one the schedule meets)
     return set_budget_status(new, "proven_infeasible" if proof else "not_found", proof)
 

@@ -1,0 +1,118 @@
+"""Recomputing from scratch: the bound is exact on trees (against every input order), met by its own run on
+DAGs, and through the CLI it meets recompute-only budgets no other fast schedule meets."""
+
+import itertools
+import json
+import math
+import random
+
+import pytest
+
+from trainplan import cli
+from trainplan.schedule.dtr import dtr_plan
+from trainplan.schedule.heuristic import greedy
+from trainplan.schedule.problem import Op, Problem, save_problem
+from trainplan.schedule.scratch import scratch_bound, scratch_events
+from trainplan.schedule.solve import solve
+from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
+
+from test_schedule_deadline import independent_replay
+
+
+def _tree(n: int, seed: int) -> Problem:
+    """A random in-tree in program order: each op but the last has one reader, a later op (fan-in up to 3, or more
+    at the root where no other op is left)."""
+    rng = random.Random(seed)
+    readers: dict[int, list[int]] = {}
+    for u in range(n - 1):
+        choices = [v for v in range(u + 1, n) if len(readers.get(v, [])) < 3] or [n - 1]
+        readers.setdefault(rng.choice(choices), []).append(u)
+    ops = tuple(Op(f"t{v}", float(rng.randint(1, 9)), rng.randint(1, 100), tuple(f"t{u}" for u in readers.get(v, [])),
+                   workspace=rng.choice([0, 0, rng.randint(1, 50)])) for v in range(n))
+    return Problem(ops, 10**12, 1.0, fixed_bytes=rng.randint(0, 20), keep=(f"t{n - 1}",))
+
+
+def _least_peak(p: Problem, v: int) -> int:
+    """The least peak of making ``v`` in a tree, over every order of its inputs (each held once made)."""
+    ins, best = p.inputs[v], math.inf
+    for order in itertools.permutations(ins):
+        held = peak = 0
+        for u in order:
+            peak = max(peak, held + _least_peak(p, u))
+            held += p.ops[u].bytes
+        best = min(best, max(peak, held + p.ops[v].bytes + p.ops[v].workspace))
+    return best
+
+
+def _made(p: Problem, v: int) -> tuple[int, float]:
+    """Computes and seconds of making ``v`` from nothing, by plain recursion."""
+    sub = [_made(p, u) for u in p.inputs[v]]
+    return 1 + sum(c for c, _ in sub), p.ops[v].time + math.fsum(t for _, t in sub)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_on_a_tree_the_bound_is_the_least_peak_over_every_input_order(seed):
+    p = _tree(14, seed)
+    bound = scratch_bound(p)
+    # in a tree every op is made once, at its root's least peak (the Sethi-Ullman order is optimal there)
+    assert bound.bytes == p.fixed_bytes + max(_least_peak(p, v) for v in range(p.n))
+    computes = sum(_made(p, v)[0] for v in range(p.n)) + _made(p, p.n - 1)[0]  # and the kept root made again
+    assert bound.computes == computes
+    events = scratch_events(p, bound.bytes)
+    assert independent_replay(p, events)[1] <= bound.bytes
+    assert scratch_events(p, bound.bytes - 1) is None  # nothing can make the root in less
+
+
+@pytest.mark.parametrize("make,n,seed", [(layered_graph, 90, 21), (layered_graph, 160, 22),
+                                         (lambda n, s: random_dag(n, s, flags=False), 70, 23),
+                                         (lambda n, s: random_dag(n, s, flags=False), 120, 24)])
+def test_the_run_meets_the_bound_on_dags_with_at_most_the_uncached_computes(make, n, seed):
+    p = make(n, seed)
+    bound = scratch_bound(p)
+    assert p.floor_bytes <= bound.bytes
+    events = scratch_events(p, bound.bytes)
+    time_s, peak = independent_replay(p, events)
+    assert peak <= bound.bytes
+    # the cache only saves computes: at most the uncached run's (counted here by plain recursion)
+    assert sum(1 for kind, _ in events if kind == "compute") <= bound.computes == (
+        sum(_made(p, v)[0] for v in range(p.n)) + sum(_made(p, k)[0] for k in p.keep_idx))
+    assert time_s <= bound.time_s * (1 + 1e-12)
+
+
+def test_it_needs_every_op_recomputable_and_stops_at_its_work_cap():
+    p = training_graph(60, 0)  # some ops cannot be recomputed
+    assert not all(op.recompute for op in p.ops)
+    assert scratch_bound(p) is None and scratch_events(p, 10 * p.floor_bytes) is None
+    q = layered_graph(120, 25)
+    bound = scratch_bound(q)
+    meter = [0]
+    assert scratch_events(q, bound.bytes, meter=meter) is not None
+    assert scratch_events(q, bound.bytes, work_cap=meter[0] - 1) is None
+    assert scratch_events(q, q.floor_bytes - 1) is None
+
+
+def test_the_cli_meets_a_recompute_only_budget_no_other_fast_schedule_meets(tmp_path):
+    p = layered_graph(150, 9)  # never seen by the other tests
+    budget = scratch_bound(p).bytes
+    prob = p.with_budget(budget)
+    assert all(greedy(prob, budget, allow_swap=False, policy=policy) is None for policy in ("belady", "cost"))
+    assert dtr_plan(prob, budget, allow_swap=False, restarts=4) is None
+    src, out = tmp_path / "p.json", tmp_path / "s.json"
+    save_problem(src, prob)
+    assert cli.main(["schedule", str(src), "-o", str(out), "--time-limit", "4"]) == 0
+    sched = json.loads(out.read_text())
+    assert sched["budget_bytes"] == budget and sched["budget_status"] == "met"
+    assert sched["heuristic"] == "scratch-recompute"  # the first schedule: nothing before it fits
+    time_s, peak = independent_replay(prob, sched["events"])
+    assert peak <= budget and math.isclose(time_s, sched["time"], rel_tol=1e-9)
+
+
+def test_an_unmet_budget_says_where_a_schedule_exists_and_the_bisection_gets_there():
+    p = layered_graph(100, 26, swap=False)
+    prob = p.with_budget(int(1.05 * p.floor_bytes))
+    bound = scratch_bound(prob)
+    sched = solve(prob, 3.0)
+    assert sched.extra["budget_status"] == "not_found" and bound.bytes > prob.budget_bytes
+    assert sched.extra["scratch_bound"]["bytes"] == bound.bytes and f"{bound.bytes} B" in sched.extra["note"]
+    assert sched.ok and sched.budget_bytes <= 1.005 * bound.bytes  # a probe recomputing from scratch met it
+    assert independent_replay(prob, sched.events)[1] <= sched.budget_bytes
