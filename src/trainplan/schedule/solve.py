@@ -92,6 +92,21 @@ def _valid(problem: Problem, events: Events | None, budget: int) -> float | None
         return None
 
 
+def _from_scratch(problem: Problem, budget: int, work_cap: float, stop: dl.Deadline,
+                  allowance: dl.Allowance | None = None) -> tuple[Events | None, float | None]:
+    """The polished run recomputing from scratch (scratch.scratch_events) and its time, if it is valid within
+    ``budget``; tried only where its uncached run's computes fit ``work_cap`` (and the ``allowance``, charged)."""
+    cap = work_cap if allowance is None else min(work_cap, allowance.units(SCRATCH_WORK_PER_SECOND))
+    bound = scratch_bound(problem)
+    if bound is None or bound.computes > cap:
+        return None, None
+    meter = [0]
+    events = scratch_events(problem, budget, work_cap=cap, stop=stop, meter=meter)
+    if allowance is not None:
+        allowance.charge(meter[0], SCRATCH_WORK_PER_SECOND)
+    return _polish(problem, events, budget)
+
+
 def _polish(problem: Problem, events: Events | None, budget: int) -> tuple[Events | None, float | None]:
     """``events`` with each recompute that fits replaced by keeping the tensor (:func:`retain_recomputes`), and
     their replayed time; (None, None) if ``events`` are not valid within ``budget``."""
@@ -210,20 +225,12 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
         if not can_swap:
             break  # both runs would be the same
     if best is None:  # recomputing from scratch: slow schedules, but they fit budgets where nothing above does
-        cap = INF if deadline_s is None else deadline_s * SCRATCH_WORK_PER_SECOND
-        cap = cap if allowance is None else min(cap, allowance.units(SCRATCH_WORK_PER_SECOND))
-        bound = scratch_bound(problem)
-        if bound is not None and bound.computes <= cap:  # where its uncached run would fit the work cap
-            meter = [0]
-            events = scratch_events(problem, budget, work_cap=cap, stop=call, meter=meter)  # past first_stop: the
-            # last try before a bisection, bounded by its work cap
-            if allowance is not None:
-                allowance.charge(meter[0], SCRATCH_WORK_PER_SECOND)
-            events, t = _polish(problem, events, budget)
-            if t is not None:
-                best, first = (t, events, "scratch-recompute"), time.perf_counter() - t0
-                if first_only:
-                    return best[1], best[2], first
+        events, t = _from_scratch(problem, budget, INF if deadline_s is None else deadline_s * SCRATCH_WORK_PER_SECOND,
+                                  call, allowance)  # past first_stop: the last try before a bisection, work-capped
+        if t is not None:
+            best, first = (t, events, "scratch-recompute"), time.perf_counter() - t0
+            if first_only:
+                return best[1], best[2], first
     for variant in variants:
         if run_greedy(*variant) and first_only:
             return best[1], best[2], first
@@ -623,8 +630,16 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
         return peak
 
     deadline = min(t0 + (WALL_SAFETY if deterministic else 1.0) * share, dl.current().end)
+    scratch = scratch_bound(prob)
+    hi = nr_peak
     with dl.scope(dl.Deadline(deadline)):  # a probe's greedy runs stop there too
-        found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), nr_peak, deadline=deadline,
+        if scratch is not None and max(budget, prob.floor_bytes) <= scratch.bytes < nr_peak:
+            # the budget known to be feasible first, where recomputing from scratch gets there in the allowance
+            events, _ = _from_scratch(prob, scratch.bytes, INF, dl.current(), allowance)
+            if events is not None:
+                hi = replay(prob, events).peak_bytes
+                found_events[hi], found_at[hi] = events, time.perf_counter() - t_start
+        found = min_feasible_budget(probe, max(budget, prob.floor_bytes - 1), hi, deadline=deadline,
                                     spent=allowance.spent)
     bisect_s = time.perf_counter() - t0
     wall_s = max(0.1, time_limit_s - (time.perf_counter() - t_start))
@@ -644,7 +659,6 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
                               f"by bisection (tolerance {BISECT_TOLERANCE:.1%}): {found} B"})
     if not new.ok:
         new.extra["note"] = f"requested budget {budget} B is {known}, and no schedule was found at {found} B either"
-    scratch = scratch_bound(prob)
     if scratch is not None and not proof:  # where a schedule is known to exist, though maybe not one to run
         new.extra["scratch_bound"] = {"bytes": scratch.bytes, **{k: v if math.isfinite(v) else None for k, v in (
             ("computes", scratch.computes), ("time_s", scratch.time_s))}}  # beyond a float on very deep graphs
