@@ -158,15 +158,15 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
                    first_deadline_s: float | None = None, chain_dp: bool = True, greedy_work: int | None = None,
                    allowance: dl.Allowance | None = None) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, the DTR-style
-    plan with and without swaps, where none of these fits the run recomputing from scratch (``scratch``) if its
-    uncached run's computes are within its work cap, greedy policies x swap/recompute options, sqrt(n)
-    checkpointing), its
-    name, and the seconds until the first valid one (``first_only``: stop there, and make only the DTR-style
-    plans that hold no input past its last reader, which fail sooner where no plan exists: a bisection probe;
+    plan with and without swaps; where none of these fits, the run recomputing from scratch if its uncached
+    run's computes fit its work cap; greedy policies x swap/recompute options, sqrt(n) checkpointing), its name,
+    and the seconds until the first valid one (``first_only``: stop there, and make only the DTR-style plans that
+    hold no input past its last reader, which fail sooner where no plan exists: a bisection probe;
     once one is valid, the greedy runs stop at ``deadline_s``: a running variant is abandoned, none starts;
     before, at ``first_deadline_s``; always at the call's deadline).
-    ``greedy_work``: each greedy run's work cap (see ``heuristic.Simulator``). ``allowance``: the DTR-style plans'
-    and greedy runs' work is charged to it, and no run goes past it (deterministic, unlike the deadlines)."""
+    ``greedy_work``: each greedy run's work cap (see ``heuristic.Simulator``). ``allowance``: the work of the
+    DTR-style plans, the run from scratch and the greedy runs is charged to it, and no run goes past it
+    (deterministic, unlike the deadlines)."""
     t0 = time.perf_counter()
     stop_at = None if deadline_s is None else t0 + deadline_s
     call = dl.current()  # the call's deadline ends every run, even before a first valid schedule
@@ -662,9 +662,9 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
     if scratch is not None and not proof:  # where a schedule is known to exist, though maybe not one to run
         new.extra["scratch_bound"] = {"bytes": scratch.bytes, **{k: v if math.isfinite(v) else None for k, v in (
             ("computes", scratch.computes), ("time_s", scratch.time_s))}}  # beyond a float on very deep graphs
+        slower = f", {scratch.time_s / prob.compute_time:.3g}x the compute time" if prob.compute_time > 0 else ""
         new.extra["note"] += (f"; a recompute-only schedule exists at {scratch.bytes} B (recomputing from scratch: "
-                              f"{scratch.computes:.3g} computes, {scratch.time_s / prob.compute_time:.3g}x the "
-                              f"compute time)")
+                              f"{scratch.computes:.3g} computes{slower})")
     # what is known about the requested budget (not the raised one the schedule meets)
     return set_budget_status(new, "proven_infeasible" if proof else "not_found", proof)
 
