@@ -102,6 +102,8 @@ def test_the_bisection_does_not_depend_on_wall_time(monkeypatch):
     in none of 13)."""
     for rate in ("PROBE_DTR_PER_SECOND", "PROBE_GREEDY_PER_SECOND"):
         monkeypatch.setattr(solve_module, rate, getattr(solve_module, rate) // 2)
+    # the run from scratch is tested so in test_schedule_scratch; here it would take most of the allowance
+    monkeypatch.setattr(solve_module, "_from_scratch", lambda *args, **kwargs: (None, None))
     p = layered_graph(300, 0)
     p = p.with_budget(int(1.1 * p.floor_bytes))
     real_chain_dp = solve_module.chain_dp_events

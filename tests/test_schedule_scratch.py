@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import random
+import time
 
 import pytest
 
@@ -116,3 +117,27 @@ def test_an_unmet_budget_says_where_a_schedule_exists_and_the_bisection_gets_the
     assert sched.extra["scratch_bound"]["bytes"] == bound.bytes and f"{bound.bytes} B" in sched.extra["note"]
     assert sched.ok and sched.budget_bytes <= 1.005 * bound.bytes  # a probe recomputing from scratch met it
     assert independent_replay(prob, sched.events)[1] <= sched.budget_bytes
+
+
+def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypatch):
+    """Slowed by 50 ms of wall time a run (a slow or loaded machine), the runs from scratch of the first attempt
+    and the bisection charge the same work, and the call raises the budget to the same one, by the same events."""
+    import importlib
+    solve_module = importlib.import_module("trainplan.schedule.solve")
+    p = layered_graph(100, 27)
+    prob = p.with_budget(int(1.05 * p.floor_bytes))
+    real = solve_module.scratch_events
+    runs = []
+    for delay in (0.0, 0.05):
+        calls: list[int] = []
+
+        def slow(problem, budget, *args, delay=delay, calls=calls, **kwargs):
+            calls.append(budget)
+            time.sleep(delay)
+            return real(problem, budget, *args, **kwargs)
+
+        monkeypatch.setattr(solve_module, "scratch_events", slow)
+        s = solve(prob, 3.0)
+        assert s.extra["budget_status"] == "not_found" and s.ok
+        runs.append((calls, s.budget_bytes, s.extra["bisection_work_seconds"], s.events))
+    assert len(runs[0][0]) >= 2 and runs[0] == runs[1]
