@@ -128,10 +128,10 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
     RESTART_NOISE, seeded: the same plans on any machine, unless the deadline cuts them short); the cheapest
     replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
     recomputes, plans with chains of any length (slower: tight budgets on wide DAGs, where earlier evictions
-    leave long chains of missing ancestors), those that hold inputs first, until one kind finds a plan. ``refine``: ruin and recreate on the kept plan for at
-    most that much work (:func:`refine_plan`), and at most ``refine_wall_s`` wall seconds from its start (a
-    safety net; ``stop`` always ends it). ``meter``: a counter the plans add their work units to
-    (:attr:`_Plan.work`); making plans stops once it passes ``work_cap``.
+    leave long chains of missing ancestors), those that hold inputs first, until one kind finds a plan.
+    ``refine``: ruin and recreate on the kept plan for at most that much work (:func:`refine_plan`), and at most
+    ``refine_wall_s`` wall seconds from its start (a safety net; ``stop`` always ends it). ``meter``: a counter
+    the plans add their work units to (:attr:`_Plan.work`); making plans stops once it passes ``work_cap``.
     ``found``: gets the ``time.perf_counter()`` at which the kept plan (valid) was ready, before refinement."""
     stop = dl.current() if stop is None else stop
     meter = [0] if meter is None else meter

@@ -27,11 +27,12 @@ class ScratchBound:
     bytes: int
     computes: float
     time_s: float
+    peaks: tuple[int, ...]  # scratch_peaks, for the run
 
 
-def _order(problem: Problem, peaks: list[int], v: int) -> list[int]:
-    """v's inputs in Sethi–Ullman order: the largest need beyond its own output first (then by index)."""
-    return sorted(problem.inputs[v], key=lambda u: (problem.ops[u].bytes - peaks[u], u))
+def _order(problem: Problem, peaks: list[int] | tuple[int, ...], ops: tuple[int, ...] | frozenset[int]) -> list[int]:
+    """``ops`` in Sethi–Ullman order: the largest need beyond its own output first (then by index)."""
+    return sorted(ops, key=lambda u: (problem.ops[u].bytes - peaks[u], u))
 
 
 def _held_peak(problem: Problem, peaks: list[int], order: list[int]) -> tuple[int, int]:
@@ -48,7 +49,7 @@ def scratch_peaks(problem: Problem) -> list[int]:
     order, each held once made, then its output and workspace."""
     peaks: list[int] = []
     for v, op in enumerate(problem.ops):
-        peak, held = _held_peak(problem, peaks, _order(problem, peaks, v))
+        peak, held = _held_peak(problem, peaks, _order(problem, peaks, problem.inputs[v]))
         peaks.append(max(peak, held + op.bytes + op.workspace))
     return peaks
 
@@ -60,7 +61,7 @@ def scratch_bound(problem: Problem) -> ScratchBound | None:
     if not all(op.recompute for op in p.ops):
         return None
     peaks = scratch_peaks(p)
-    keep = sorted(p.keep_idx, key=lambda u: (p.ops[u].bytes - peaks[u], u))
+    keep = _order(p, peaks, p.keep_idx)
     end_peak, end_held = _held_peak(p, peaks, keep)  # the keep set made again at the end
     made: list[float] = []  # computes and seconds of making each op from nothing
     took: list[float] = []
@@ -69,7 +70,7 @@ def scratch_bound(problem: Problem) -> ScratchBound | None:
         took.append(op.time + math.fsum(took[u] for u in p.inputs[v]))
     return ScratchBound(p.fixed_bytes + max(max(peaks, default=0), end_peak, end_held),
                         math.fsum(made) + math.fsum(made[u] for u in keep),
-                        math.fsum(took) + math.fsum(took[u] for u in keep))
+                        math.fsum(took) + math.fsum(took[u] for u in keep), tuple(peaks))
 
 
 class _OutOfWork(Exception):
@@ -82,14 +83,14 @@ class _Run:
     the events so far."""
 
     problem: Problem
+    peaks: tuple[int, ...]
     cap: int
     work_cap: float
     stop: dl.Deadline
 
     def __post_init__(self) -> None:
         p = self.problem
-        self.peaks = scratch_peaks(p)
-        self.orders = [_order(p, self.peaks, v) for v in range(p.n)]
+        self.orders = [_order(p, self.peaks, p.inputs[v]) for v in range(p.n)]
         self.resident: set[int] = set()
         self.pins = [0] * p.n
         self.used = 0
@@ -174,19 +175,22 @@ class _Run:
 
 
 def scratch_events(problem: Problem, budget_bytes: int, *, work_cap: float = math.inf,
-                   stop: dl.Deadline | None = None, meter: list[int] | None = None) -> Events | None:
+                   stop: dl.Deadline | None = None, meter: list[int] | None = None,
+                   bound: ScratchBound | None = None) -> Events | None:
     """A recompute-only schedule within ``budget_bytes``: each first compute recomputes its missing inputs from
     scratch in Sethi–Ullman order, what fits kept as a cache; None if an op cannot be recomputed, the cap is not
     met, or after ``work_cap`` units of work (computes and eviction candidates), or past ``stop`` (default: the
-    call's deadline). ``meter``: gets the work done added to its first item. Meets any budget of at least
-    ``scratch_bound(problem).bytes`` given the work."""
-    if not all(op.recompute for op in problem.ops):
+    call's deadline). ``meter``: gets the work done added to its first item. ``bound``: the problem's
+    :func:`scratch_bound`, if the caller has it. Meets any budget of at least its ``bytes`` given the work."""
+    bound = scratch_bound(problem) if bound is None else bound
+    if bound is None:
         return None
-    run = _Run(problem, budget_bytes - problem.fixed_bytes, work_cap, dl.current() if stop is None else stop)
+    run = _Run(problem, bound.peaks, budget_bytes - problem.fixed_bytes, work_cap,
+               dl.current() if stop is None else stop)
     try:
         ok = all(run.first_compute(i) for i in range(problem.n))
-        keep = sorted(problem.keep_idx, key=lambda u: (problem.ops[u].bytes - run.peaks[u], u))
-        ok = ok and run.make(-1, keep)  # the keep set, recomputed where it was dropped, at the end
+        # the keep set, recomputed where it was dropped, at the end
+        ok = ok and run.make(-1, _order(problem, bound.peaks, problem.keep_idx))
     except (_OutOfWork, dl.OutOfTime):
         ok = False
     if meter is not None:
