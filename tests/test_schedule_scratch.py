@@ -10,11 +10,14 @@ import time
 import pytest
 
 from trainplan import cli
+from trainplan.schedule import deadline as dl
+from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.dtr import dtr_plan
 from trainplan.schedule.heuristic import greedy
 from trainplan.schedule.problem import Op, Problem, save_problem
 from trainplan.schedule.scratch import scratch_bound, scratch_events
-from trainplan.schedule.solve import solve
+from trainplan.schedule.replay import replay
+from trainplan.schedule.solve import SCRATCH_WORK_PER_SECOND, best_heuristic, solve
 from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
 
 from test_schedule_deadline import independent_replay
@@ -90,6 +93,23 @@ def test_it_needs_every_op_recomputable_and_stops_at_its_work_cap():
     assert scratch_events(q, bound.bytes, meter=meter) is not None
     assert scratch_events(q, bound.bytes, work_cap=meter[0] - 1) is None
     assert scratch_events(q, q.floor_bytes - 1) is None
+
+
+def test_outside_a_probe_the_run_goes_until_its_work_cap_whatever_its_uncached_computes():
+    """Far above the bound, the budget's slack as a cache makes the run far cheaper than its uncached computes: a
+    call whose work cap lies between the two meets the budget from scratch, where the DTR-style plan does not;
+    a bisection probe with that allowance does not try it (a failed run would spend the other probes' work)."""
+    p = layered_graph(100, 31)
+    budget = int(0.7 * replay(p, no_recompute_events(p)).peak_bytes)
+    prob, meter = p.with_budget(budget), [0]
+    assert scratch_events(prob, budget, meter=meter) is not None
+    share_s = 2 * meter[0] / SCRATCH_WORK_PER_SECOND
+    assert scratch_bound(prob).computes > 4 * share_s * SCRATCH_WORK_PER_SECOND
+    assert dtr_plan(prob, budget, allow_swap=False, restarts=2) is None
+    events, name, _ = best_heuristic(prob, budget, first_only=True, deadline_s=share_s)
+    assert name == "scratch-recompute" and independent_replay(prob, events)[1] <= budget
+    _, name, _ = best_heuristic(prob, budget, first_only=True, allowance=dl.Allowance(share_s))
+    assert name != "scratch-recompute"
 
 
 def test_the_cli_meets_a_recompute_only_budget_no_other_fast_schedule_meets(tmp_path):
