@@ -95,10 +95,11 @@ def test_it_needs_every_op_recomputable_and_stops_at_its_work_cap():
     assert scratch_events(q, q.floor_bytes - 1) is None
 
 
-def test_outside_a_probe_the_run_goes_until_its_work_cap_whatever_its_uncached_computes():
+def test_outside_a_probe_the_run_goes_until_its_work_cap_whatever_its_uncached_computes(monkeypatch):
     """Far above the bound, the budget's slack as a cache makes the run far cheaper than its uncached computes: a
     call whose work cap lies between the two meets the budget from scratch, where the DTR-style plan does not;
-    a bisection probe with that allowance does not try it (a failed run would spend the other probes' work)."""
+    a bisection probe with that allowance does not try it (a failed run would spend the other probes' work),
+    nor does a call below the bound (where the run may fail after all its work)."""
     p = layered_graph(100, 31)
     budget = int(0.7 * replay(p, no_recompute_events(p)).peak_bytes)
     prob, meter = p.with_budget(budget), [0]
@@ -110,6 +111,13 @@ def test_outside_a_probe_the_run_goes_until_its_work_cap_whatever_its_uncached_c
     assert name == "scratch-recompute" and independent_replay(prob, events)[1] <= budget
     _, name, _ = best_heuristic(prob, budget, first_only=True, allowance=dl.Allowance(share_s))
     assert name != "scratch-recompute"
+    import importlib
+    solve_module, runs = importlib.import_module("trainplan.schedule.solve"), []
+    monkeypatch.setattr(solve_module, "scratch_events", lambda *args, **kwargs: runs.append(args[1]))
+    below = scratch_bound(prob).bytes - 1
+    best_heuristic(prob.with_budget(below), below, first_only=True, deadline_s=share_s)
+    best_heuristic(prob, budget, first_only=True, deadline_s=share_s)
+    assert runs == [budget]
 
 
 def test_the_cli_meets_a_recompute_only_budget_no_other_fast_schedule_meets(tmp_path):
