@@ -1,6 +1,7 @@
 """Recomputing from scratch: the bound is exact on trees (against every input order), met by its own run on
 DAGs, and through the CLI it meets recompute-only budgets no other fast schedule meets."""
 
+import importlib
 import itertools
 import json
 import math
@@ -21,6 +22,8 @@ from trainplan.schedule.solve import SCRATCH_WORK_PER_SECOND, best_heuristic, so
 from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
 
 from test_schedule_deadline import independent_replay
+
+SOLVE = importlib.import_module("trainplan.schedule.solve")  # the module (the package exports the function solve)
 
 
 def _tree(n: int, seed: int) -> Problem:
@@ -111,9 +114,8 @@ def test_outside_a_probe_the_run_goes_until_its_work_cap_whatever_its_uncached_c
     assert name == "scratch-recompute" and independent_replay(prob, events)[1] <= budget
     _, name, _ = best_heuristic(prob, budget, first_only=True, allowance=dl.Allowance(share_s))
     assert name != "scratch-recompute"
-    import importlib
-    solve_module, runs = importlib.import_module("trainplan.schedule.solve"), []
-    monkeypatch.setattr(solve_module, "scratch_events", lambda *args, **kwargs: runs.append(args[1]))
+    runs = []
+    monkeypatch.setattr(SOLVE, "scratch_events", lambda *args, **kwargs: runs.append(args[1]))
     below = scratch_bound(prob).bytes - 1
     best_heuristic(prob.with_budget(below), below, first_only=True, deadline_s=share_s)
     best_heuristic(prob, budget, first_only=True, deadline_s=share_s)
@@ -151,15 +153,13 @@ def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypat
     """Slowed by 20 ms of wall time a run (a slow or loaded machine), the runs from scratch of the first attempt
     and the bisection give the same events and charge the same work, and the call raises the budget to the same
     one. (Not the final run's, at the raised budget: it stops at the call's wall-clock deadline.)"""
-    import importlib
-    solve_module = importlib.import_module("trainplan.schedule.solve")
     for rate in ("PROBE_DTR_PER_SECOND", "PROBE_GREEDY_PER_SECOND", "SCRATCH_WORK_PER_SECOND"):
         # each unit charged twice its time here, so the probes end on their allowance, not on the wall-clock
         # safety net, on a slower or loaded host too (as in test_the_bisection_does_not_depend_on_wall_time)
-        monkeypatch.setattr(solve_module, rate, getattr(solve_module, rate) // 2)
+        monkeypatch.setattr(SOLVE, rate, getattr(SOLVE, rate) // 2)
     p = layered_graph(100, 27)
     prob = p.with_budget(int(1.05 * p.floor_bytes))
-    real_run, real_bisect = solve_module.scratch_events, solve_module.min_feasible_budget
+    real_run, real_bisect = SOLVE.scratch_events, SOLVE.min_feasible_budget
     runs = []
     for delay in (0.0, 0.02):
         calls: list = []
@@ -175,8 +175,8 @@ def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypat
             calls.append("bisection ends")
             return found
 
-        monkeypatch.setattr(solve_module, "scratch_events", slow)
-        monkeypatch.setattr(solve_module, "min_feasible_budget", bisect)
+        monkeypatch.setattr(SOLVE, "scratch_events", slow)
+        monkeypatch.setattr(SOLVE, "min_feasible_budget", bisect)
         s = solve(prob, 6.0)
         assert s.extra["budget_status"] == "not_found" and s.ok
         before = calls[:calls.index("bisection ends")]
