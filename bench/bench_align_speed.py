@@ -25,30 +25,17 @@ from typing import Any
 
 import pandas as pd
 import torch
-import yaml
 
 from trainplan.align.classes import MATMUL_RULES
 from trainplan.align.prove import proof_rows, run_padded_step
 from trainplan.align.speed import OpClock
+from trainplan.io import merged_yaml
 from trainplan.models import build_model, on_device
 from trainplan.precision.assign import assign_precision
 from trainplan.precision.policy import load_policy
 from trainplan.trace import trace_training_step
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def merged_config(files: list[str]) -> dict[str, Any]:
-    """The config files deep-merged in order, as snakemake's --configfile does."""
-    def merge(a: dict, b: dict) -> dict:
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-        return out
-    cfg: dict[str, Any] = {}
-    for f in files:
-        cfg = merge(cfg, yaml.safe_load(Path(f).read_text()))
-    return cfg
 
 
 def device_name(device: torch.device) -> str:
@@ -127,7 +114,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="output prefix (default bench/results/align_speed_<device type>)")
     args = ap.parse_args()
     device = torch.device(args.device)
-    cfg = merged_config(args.configfile)
+    cfg = merged_yaml(args.configfile)
     clock = OpClock(args.repeats, args.warmup, args.calls)
     rows = [r for m in args.models for rule in args.matmul_rules
             for r in model_rows(m, cfg, device, args.granularities, clock, rule)]

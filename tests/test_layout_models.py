@@ -157,6 +157,18 @@ def test_a_shape_that_crashes_torch_is_left_out_and_the_sweep_goes_on():
     assert model.n_features_in_ == len(FEATURES)
 
 
+def test_the_sweep_starts_no_shape_after_its_time_limit_and_keeps_a_prefix():
+    crash = ConvInfo("crash", (2, 3, 64, 64), (160, 3, 1, 1), (2, 160, 32, 32), (2, 2), (0, 0), (1, 1), 1, False,
+                     "float32")  # known_crash on the CPU: never run, its row is written without a worker
+    plain = ConvInfo("plain", (1, 16, 8, 8), (16, 16, 3, 3), (1, 16, 8, 8), (1, 1), (1, 1), (1, 1), 1, False,
+                     "float32")
+    late = measure_sweep([crash, plain, crash], ["nchw", "nhwc"], FAST, time_limit=1e-9)
+    assert list(late.conv) == ["crash"]  # the rows before the first shape left untimed, and none after it
+    timed = measure_sweep([crash, plain, crash], ["nchw", "nhwc"], FAST, time_limit=600)
+    assert list(timed.conv) == ["crash", "plain", "crash"] and timed.error[1] == "" and timed.fwd_nhwc[1] > 0
+    assert measure_sweep([plain], ["nchw"], FAST, time_limit=1e-9).empty
+
+
 @pytest.mark.parametrize("arch, cfg", [
     ("ResNetForImageClassification", {"depths": [1, 1], "hidden_sizes": [32, 64], "embedding_size": 16}),
     ("ConvNextForImageClassification", {"depths": [1, 1, 1, 1], "hidden_sizes": [8, 16, 32, 64]}),

@@ -106,3 +106,17 @@ def read_table(path: str | os.PathLike[str], columns: list[str] | None = None) -
     if missing:
         raise ArtifactError(f"artifact {path} lacks column(s) {missing}")
     return frame
+
+
+def merged_yaml(paths: list[str | Path]) -> dict[str, Any]:
+    """YAML files deep-merged in order (a later file's keys replace or extend an earlier one's), as snakemake's
+    ``--configfile`` merges config files."""
+    def merge(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merged = merge(merged, yaml.safe_load(Path(path).read_text()) or {})
+    return merged

@@ -15,4 +15,8 @@ with log_to(snakemake.log[0]) as log:
                           settings["image_size"])
     log.info("timing %d conv shapes in %s on %s (%s clock, %d thread(s))", len(shapes), settings["layouts"], device,
              settings["clock"], settings["threads"])
-    write_table(snakemake.output.table, measure_sweep(shapes, settings["layouts"], timing_of(settings, device=device), log))
+    table = measure_sweep(shapes, settings["layouts"], timing_of(settings, device=device), log, sweep.get("time_limit"))
+    if table.empty:
+        raise SystemExit(f"layout.sweep.time_limit of {sweep['time_limit']} s ran out before the first conv shape was "
+                         f"timed: raise it")
+    write_table(snakemake.output.table, table)

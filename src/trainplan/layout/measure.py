@@ -133,32 +133,37 @@ def conv_row(conv: ConvInfo, input_grad: bool = True) -> dict[str, Any]:
 
 
 def time_in_worker(shapes: list[ConvInfo], input_grad: list[bool], layouts: list[str], timing: Timing,
-                   log: logging.Logger | None = None, progress_every: int = 0) -> list[dict[str, Any]]:
+                   log: logging.Logger | None = None, progress_every: int = 0,
+                   deadline: float | None = None) -> list[dict[str, Any]]:
     """Forward and backward time of every conv shape in every layout, timed in a worker process
     (``trainplan.layout.sweep_worker``): one row per shape (:func:`conv_row`, ``error``, ``fwd_``/``bwd_`` times).
     A shape PyTorch is known to crash on in one of ``layouts`` (:func:`known_crash`) is not run; one torch refuses,
     or one that kills its worker, keeps its row with ``error`` set and no times (after a crash a new worker goes on
-    with the next shape)."""
+    with the next shape). With a ``deadline`` (``time.time()`` seconds), no shape is started after it: the rows
+    are those of the shapes before the first one left untimed."""
     known = {i: why for i, c in enumerate(shapes)
              if (why := "; ".join(w for lay in layouts if (w := known_crash(c, lay, timing.device))))}
     for i, why in known.items():
         if log is not None:
             log.warning("conv %s %s not run: %s", shapes[i].id, conv_row(shapes[i], input_grad[i]), why)
     run = [i for i in range(len(shapes)) if i not in known]
-    rows = dict(zip(run, _run_worker([shapes[i] for i in run], [input_grad[i] for i in run], layouts, timing, log,
-                                     progress_every)))
+    timed = _run_worker([shapes[i] for i in run], [input_grad[i] for i in run], layouts, timing, log, progress_every,
+                        deadline)
+    rows = dict(zip(run, timed))
     rows.update({i: {**conv_row(shapes[i], input_grad[i]), "error": why} for i, why in known.items()})
-    return [rows[i] for i in range(len(shapes))]
+    return [rows[i] for i in range(run[len(timed)] if len(timed) < len(run) else len(shapes))]
 
 
 def _run_worker(shapes: list[ConvInfo], input_grad: list[bool], layouts: list[str], timing: Timing,
-                log: logging.Logger | None, progress_every: int) -> list[dict[str, Any]]:
-    """The rows of :func:`time_in_worker` for shapes that are run, one worker after another until all are."""
+                log: logging.Logger | None, progress_every: int, deadline: float | None) -> list[dict[str, Any]]:
+    """The rows of :func:`time_in_worker` for shapes that are run, one worker after another until all are (or a
+    worker stops at the ``deadline``: it exits normally with shapes left)."""
     rows: list[dict[str, Any]] = []
     while len(rows) < len(shapes):
         todo, grads = shapes[len(rows):], input_grad[len(rows):]
         job = json.dumps({"layouts": layouts, "timing": dataclasses.asdict(timing),
-                          "shapes": [dataclasses.asdict(c) for c in todo], "input_grad": grads}, default=_scalar)
+                          "shapes": [dataclasses.asdict(c) for c in todo], "input_grad": grads,
+                          "deadline": deadline}, default=_scalar)
         with subprocess.Popen([sys.executable, "-m", "trainplan.layout.sweep_worker"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) as worker:
             assert worker.stdin is not None and worker.stdout is not None
@@ -175,6 +180,8 @@ def _run_worker(shapes: list[ConvInfo], input_grad: list[bool], layouts: list[st
         if code > 0 and len(rows) == before:  # an error, not a crash on a shape: it would fail on every one
             raise RuntimeError(f"the conv timing worker failed (exit code {code}) before timing any shape "
                                f"(its error is printed above)")
+        if code == 0 and len(rows) < len(shapes):  # it stopped at the deadline
+            break
         if len(rows) < len(shapes):
             conv, grad = shapes[len(rows)], input_grad[len(rows)]
             rows.append({**conv_row(conv, grad), "error": f"the timing process died (exit code {code})"})
@@ -277,6 +284,12 @@ def group_forward(graph: ConvGraph, group: str, layout: str, device: str = "cpu"
     return forward
 
 
+def input_grads(graph: ConvGraph) -> dict[str, bool]:
+    """Whether each conv's backward computes its input's gradient (not for a conv reading the model's input)."""
+    first = {dst for (src, dst) in graph.edges if src == INPUT}
+    return {cid: cid not in first for cid in graph.convs}
+
+
 def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing,
                   log: logging.Logger | None = None) -> dict[str, pd.DataFrame]:
     """Every conv, group and edge of ``graph`` timed in every layout; three tables (convs, groups, edges). A conv
@@ -288,8 +301,7 @@ def measure_graph(graph: ConvGraph, layouts: list[str], timing: Timing,
     keep_freed_memory()
     torch.set_num_threads(timing.threads)
     conv_rows, group_rows, edge_rows = [], [], []
-    first = {dst for (src, dst) in graph.edges if src == INPUT}
-    grads = {cid: cid not in first for cid in graph.convs}
+    grads = input_grads(graph)
     unsafe = unsafe_layouts(graph.convs, grads, layouts, timing, log)
     with live_objects_frozen():  # the model's and torch's objects out of each collection
         for cid, conv in graph.convs.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from typing import Any
 
 import numpy as np
@@ -74,13 +75,19 @@ def sweep_shapes(count: int, seed: int, batch_size: int = 2, max_macs: float = 4
     return shapes
 
 
-def measure_sweep(shapes: list[ConvInfo], layouts: list[str], timing: Timing,
-                  log: logging.Logger | None = None) -> pd.DataFrame:
+def measure_sweep(shapes: list[ConvInfo], layouts: list[str], timing: Timing, log: logging.Logger | None = None,
+                  time_limit: float | None = None) -> pd.DataFrame:
     """Forward and backward time of every sweep shape in every layout (one row per shape), timed in a worker
     process (:func:`trainplan.layout.measure.time_in_worker`): a shape torch refuses or one that kills its
-    worker keeps its row with ``error`` set and no times. ``log`` gets progress every PROGRESS_EVERY shapes."""
-    return pd.DataFrame(time_in_worker(shapes, [_input_grad(c) for c in shapes], layouts, timing, log,
-                                       progress_every=PROGRESS_EVERY))
+    worker keeps its row with ``error`` set and no times. ``log`` gets progress every PROGRESS_EVERY shapes.
+    With a ``time_limit`` (seconds), no shape is started after it: the table holds the shapes timed before (a
+    prefix of ``shapes``, which are drawn at random, so a random sample of them)."""
+    deadline = None if time_limit is None else time.time() + time_limit
+    rows = time_in_worker(shapes, [_input_grad(c) for c in shapes], layouts, timing, log,
+                          progress_every=PROGRESS_EVERY, deadline=deadline)
+    if len(rows) < len(shapes) and log is not None:
+        log.warning("sweep time limit of %g s reached: %d of %d shapes timed", time_limit, len(rows), len(shapes))
+    return pd.DataFrame(rows)
 
 
 def _input_grad(conv: ConvInfo) -> bool:

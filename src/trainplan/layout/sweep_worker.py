@@ -1,12 +1,13 @@
-"""Worker process of the conv sweep: reads ``{"layouts", "timing", "shapes", "input_grad"}`` as JSON on stdin,
-times each shape in every layout and writes one JSON line of times (or of the error torch raised) per shape on
-stdout, in order. Run as ``python -m trainplan.layout.sweep_worker``; a shape that crashes PyTorch ends the
+"""Worker process of the conv sweep: reads ``{"layouts", "timing", "shapes", "input_grad", "deadline"}`` as JSON on
+stdin, times each shape in every layout and writes one JSON line of times (or of the error torch raised) per shape
+on stdout, in order, starting no shape after the deadline (``time.time()`` seconds, or null: none). Run as ``python -m trainplan.layout.sweep_worker``; a shape that crashes PyTorch ends the
 process, and the caller (:func:`trainplan.layout.measure.time_in_worker`) knows which one from the lines written."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 
@@ -22,13 +23,15 @@ def conv_info(fields: dict) -> ConvInfo:
 
 def main() -> None:
     """Time the shapes given on stdin, with freed host memory kept (``keep_freed_memory``); one line per shape
-    on stdout."""
+    on stdout, until the shapes or the time run out."""
     keep_freed_memory()
     job = json.load(sys.stdin)
     timing = Timing(**job["timing"])
     torch.set_num_threads(timing.threads)
     with live_objects_frozen():  # torch's own objects out of each shape's collection
         for fields, input_grad in zip(job["shapes"], job["input_grad"]):
+            if job.get("deadline") is not None and time.time() >= job["deadline"]:
+                break
             conv = conv_info(fields)
             times = {}
             try:
