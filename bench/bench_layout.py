@@ -79,24 +79,58 @@ def predictor(results: str, device: str, sweep_path: str | None) -> tuple[dict, 
     for path in conv_paths:
         c = read_table(path)
         name = Path(path).parts[-3]
-        per_model.append({"model": name, **score(model, c, ["nchw", "nhwc"]), "outside_sweep": outside_sweep(sweep, c)})
+        per_model.append({"model": name, **score(model, c, ["nchw", "nhwc"]), "outside_sweep": outside_sweep(sweep, c),
+                          "spread": measured_spread(c)})
         convs.append(c)
-    pooled = score(model, pd.concat(convs, ignore_index=True), ["nchw", "nhwc"])
-    return {"sweep_shapes": len(sweep), "sweep": sweep_path, **pooled, "in_range_r2": sweep_split_r2(sweep)}, \
-        pd.DataFrame(per_model)
+    every = pd.concat(convs, ignore_index=True)
+    pooled = score(model, every, ["nchw", "nhwc"])
+    prefixes = {n: score(fit(sweep.iloc[:n], ["nchw", "nhwc"], seed=0), every, ["nchw", "nhwc"])["r2"]
+                for n in (400, 800, 1200) if n < len(sweep)}
+    return {"sweep_shapes": len(sweep), "sweep": sweep_path, **pooled, "in_range": sweep_split_r2(sweep),
+            "prefixes": prefixes,
+            "spread": measured_spread(every)}, pd.DataFrame(per_model)
 
 
-def sweep_split_r2(sweep: pd.DataFrame, splits: int = 5, held: float = 0.2) -> list[float]:
-    """R^2 on a random fifth of the sweep's shapes when trained on the rest, per split: how well the predictor
-    does on shapes inside the sweep's range, against the models' convs, which may lie beyond it."""
+def measured_spread(convs: pd.DataFrame) -> float:
+    """The largest measured forward + backward time over the smallest, over every timed conv and layout: R^2 on
+    seconds is small where this is, since a constant-efficiency guess already lies near every conv."""
+    times = np.concatenate([(convs[f"fwd_{lay}"] + convs[f"bwd_{lay}"]).dropna().to_numpy() for lay in ("nchw", "nhwc")])
+    return float(times.max() / times.min())
+
+
+def sweep_split_r2(sweep: pd.DataFrame, splits: int = 5, held: float = 0.2) -> list[tuple[float, float]]:
+    """R^2 on seconds and on log seconds on a random fifth of the sweep's shapes when trained on the rest, per
+    split: how well the predictor does on shapes inside the sweep's range, against the models' convs, which may
+    lie beyond it."""
     rng = np.random.default_rng(0)
     r2 = []
     for _ in range(splits):
         order = rng.permutation(len(sweep))
         cut = int(held * len(sweep))
         model = fit(sweep.iloc[order[cut:]], ["nchw", "nhwc"], seed=0)
-        r2.append(score(model, sweep.iloc[order[:cut]], ["nchw", "nhwc"])["r2"])
+        scores = score(model, sweep.iloc[order[:cut]], ["nchw", "nhwc"])
+        r2.append((scores["r2"], scores["r2_log"]))
     return r2
+
+
+def timed_by(results: str) -> str:
+    """Where ``bench/layout_device_data.py`` wrote the predictor's data (its ``meta.json``): what it timed on, at
+    which settings, and how much of the sweep its budget reached."""
+    path = Path(results) / "layout" / "meta.json"
+    if not path.exists():
+        return ""
+    meta = read_json(path)
+    lay, dev = meta["layout"], meta["runs"][0]["device"]
+    where = (f"{dev['name']}, torch {dev['torch']}, CUDA {dev['cuda']}, cuDNN {dev['cudnn']}, TF32 "
+             f"{'on' if dev['cudnn_allow_tf32'] else 'off'}" if dev["type"] == "cuda" else dev["type"])
+    sweeps = [r["sweep"] for r in meta["runs"] if "sweep" in r]
+    budgets = ", ".join(f"{r['budget_s']:g} s" for r in meta["runs"])
+    return (f" Timed by `bench/layout_device_data.py` in {len(meta['runs'])} run(s) on {where}: batch "
+            f"{lay['batch_size']} x {lay['image_size']} px, {CLOCKS.get(lay['clock'], lay['clock'])}, median of "
+            f"{lay['repeats']} runs of {lay.get('calls', 1)} back-to-back calls after {lay['warmup']} warm-up; the "
+            f"sweep's first {sweeps[-1]['timed']} of {sweeps[-1]['drawn']} drawn shapes (at most "
+            f"{lay['sweep']['max_macs']:.0e} multiply-adds) were timed within the runs' budgets "
+            f"({budgets}).")
 
 
 def timed_on(results: str, device: str) -> str:
@@ -210,13 +244,19 @@ def predictor_part(args: argparse.Namespace) -> str:
     return (f"## 2. Conv-time predictor on held-out model convs\n\nGradient-boosted trees (scikit-learn, log time "
             f"per multiply-add) on "
             f"{pooled['sweep_shapes']} random sweep shapes x 2 layouts (`{pooled['sweep']}`); scored on every model's own convs "
-            f"(never in training). Pooled: R^2 = {pooled['r2']:.3f} (on log time {pooled['r2_log']:.3f}), "
+            f"(never in training).{timed_by(args.results)} Pooled: R^2 = {pooled['r2']:.3f} (on log time "
+            f"{pooled['r2_log']:.3f}; the measured times span {pooled['spread']:.0f}x), "
             f"median relative error {pooled['median_rel_error']:.3f}, faster layout picked right "
             f"{pooled['layout_choice_agreement']:.0%} of convs. Target R^2 >= 0.9: "
-            f"**{'met' if pooled['r2'] >= 0.9 else 'NOT met'}**. `outside_sweep`: the model's convs with more "
+            f"**{'met' if pooled['r2'] >= 0.9 else 'NOT met'}**. Trained on the sweep's first shapes only (a random "
+            f"sample of it), pooled R^2: "
+            + "".join(f"{n}: {r2:.3f}, " for n, r2 in pooled["prefixes"].items())
+            + f"all {pooled['sweep_shapes']}: {pooled['r2']:.3f}. `outside_sweep`: the model's convs with more "
             f"multiply-adds or a larger input side than any sweep shape (the trees predict them as the sweep's "
-            f"largest). Within the sweep's range (trained on a random 80% of its shapes, scored on the rest, 5 "
-            f"splits): R^2 {', '.join(f'{v:.3f}' for v in pooled['in_range_r2'])}.\n\n" + table(per_model))
+            f"largest). `spread`: the model's largest measured conv time over its smallest (R^2 on seconds is low "
+            f"where it is small). Within the sweep's range (trained on a random 80% of its shapes, scored on the "
+            f"rest, 5 splits): R^2 {', '.join(f'{a:.3f}' for a, _ in pooled['in_range'])}; on log time "
+            f"{', '.join(f'{b:.3f}' for _, b in pooled['in_range'])}.\n\n" + table(per_model))
 
 
 def execution_part(args: argparse.Namespace) -> str:
