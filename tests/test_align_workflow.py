@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,11 @@ def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedPr
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[Path, Path]:
-    workdir = tmp_path_factory.mktemp("align")
+def run(tiny_study, tmp_path_factory) -> tuple[Path, Path]:
+    """A copy of the tiny study (its exports and overflow loop kept: file times kept, they do not rerun), the
+    alignment stage rerun there at granularity 32."""
+    workdir = tmp_path_factory.mktemp("align") / "w"
+    shutil.copytree(tiny_study, workdir, symlinks=True)
     cfg = yaml.safe_load(TINY.read_text())
     cfg["align"] = {"prove_granularities": [32], "repeats": 2}
     config = workdir / "config.yaml"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,8 @@ from overflow_cases import op_nodes, traced_case
 from trainplan.precision.policy import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {
-    "architecture": "GPT2LMHeadModel",
-    "config": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 64},
-    "inputs": {"batch_size": 2, "seq_len": 16},
-}
+TINY_CONFIG = REPO / "tests" / "config" / "config.yaml"
+TINY = yaml.safe_load(TINY_CONFIG.read_text())["models"]["tiny_gpt2"]
 TARGETS = ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
 
 pytestmark = pytest.mark.workflow
@@ -27,26 +25,23 @@ pytestmark = pytest.mark.workflow
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), "--cores", "2", *args]
+           "--configfile", str(TINY_CONFIG), "--cores", "2", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[Path, list[str]]:
+def run(tiny_study, tmp_path_factory) -> tuple[Path, list[str]]:
+    """A copy of the tiny study, whose overflow loop on tiny_gpt2 has two injected roots: the forward addmm of
+    h.1.mlp.c_fc and the backward mm of h.0.attn.c_attn (found here in the traced step, independently of the
+    node names the config gives)."""
     traced, _ = traced_case("tiny_gpt2", TINY)
-    roots = [op_nodes(traced, "aten.addmm.default", "h.1.mlp.c_fc", "forward")[0],
-             op_nodes(traced, "aten.mm.default", "h.0.attn.c_attn", "backward")[0]]
-    workdir = tmp_path_factory.mktemp("overflow")
-    (workdir / "config").mkdir()
-    (workdir / "config" / "precision_policy.yaml").write_text((REPO / "config" / "precision_policy.yaml").read_text())
-    config = {
-        "seed": 0, "device": "cpu", "devices": {"cpu": {"type": "cpu", "memory_gib": 1.0, "host_link_gbytes_per_s": 16.0}},
-        "models": {"tiny_gpt2": TINY}, "study": {"plan": ["tiny_gpt2"], "overflow": ["tiny_gpt2"]},
-        "budgets": [0.6], "stages": [1],
-        "overflow": {"max_iterations": 5, "repeats": 1, "warmup": 0,
-                     "inject": {"tiny_gpt2": [{"node": r, "scale": 2.0**40} for r in roots]}},
-    }
-    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    injected = yaml.safe_load(TINY_CONFIG.read_text())["overflow"]["inject"]["tiny_gpt2"]
+    roots = [i["node"] for i in injected]
+    assert roots[0] in op_nodes(traced, "aten.addmm.default", "h.1.mlp.c_fc", "forward")
+    assert roots[1] in op_nodes(traced, "aten.mm.default", "h.0.attn.c_attn", "backward")
+    assert all(i["scale"] == 2.0**40 for i in injected)
+    workdir = tmp_path_factory.mktemp("overflow") / "w"
+    shutil.copytree(tiny_study, workdir, symlinks=True)
     out = snakemake(workdir, *TARGETS)
     assert out.returncode == 0, out.stderr[-4000:]
     return workdir, roots

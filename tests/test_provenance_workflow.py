@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from overflow_cases import op_nodes, traced_case
 
 from trainplan.cli import main as trainplan
 from trainplan.execute import PlanError, load_plan
@@ -25,33 +24,21 @@ from trainplan.stage_schedule import read_stage_schedules
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "config" / "config.yaml"
-GPT = {"architecture": "GPT2LMHeadModel", "config": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 64},
-       "inputs": {"batch_size": 2, "seq_len": 16}}
 
 pytestmark = pytest.mark.workflow
 
 
-def snakemake(workdir: Path, *args: str, config: str = "config.yaml", snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess[str]:
+def snakemake(workdir: Path, *args: str, config: str | Path = TINY, snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
            "--configfile", str(workdir / config), "--cores", "2", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, check=False)
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
-    """The tiny study with a two-root overflow loop on tiny_gpt2 (three passes), report built."""
-    traced, _ = traced_case("tiny_gpt2", GPT)
-    roots = [op_nodes(traced, "aten.addmm.default", "h.1.mlp.c_fc", "forward")[0],
-             op_nodes(traced, "aten.mm.default", "h.0.attn.c_attn", "backward")[0]]
-    workdir = tmp_path_factory.mktemp("study")
-    (workdir / "config").mkdir()
-    shutil.copy(REPO / "config" / "precision_policy.yaml", workdir / "config")
-    cfg = yaml.safe_load(TINY.read_text())
-    cfg["study"] = {"plan": ["tiny_gpt2", "small_cnn"], "overflow": ["tiny_gpt2"]}
-    cfg["overflow"] = {"repeats": 1, "warmup": 0, "inject": {"tiny_gpt2": [{"node": r, "scale": 2.0**40} for r in roots]}}
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    out = snakemake(workdir)
-    assert out.returncode == 0, out.stderr[-4000:]
+def study(tiny_study, tmp_path_factory) -> Path:
+    """A copy of the tiny study (its overflow loop has two roots on tiny_gpt2: three passes), report built."""
+    workdir = tmp_path_factory.mktemp("provenance") / "study"
+    shutil.copytree(tiny_study, workdir, symlinks=True)  # file times kept: nothing reruns
     out = snakemake(workdir, "--report", "report.html")
     assert out.returncode == 0, out.stderr[-4000:]
     return workdir
