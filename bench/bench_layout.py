@@ -94,7 +94,8 @@ def predictor(results: str, device: str, sweep_path: str | None) -> tuple[dict, 
 def measured_spread(convs: pd.DataFrame) -> float:
     """The largest measured forward + backward time over the smallest, over every timed conv and layout: R^2 on
     seconds is small where this is, since a constant-efficiency guess already lies near every conv."""
-    times = np.concatenate([(convs[f"fwd_{lay}"] + convs[f"bwd_{lay}"]).dropna().to_numpy() for lay in ("nchw", "nhwc")])
+    times = np.concatenate([(convs[f"fwd_{lay}"] + convs[f"bwd_{lay}"]).dropna().to_numpy()
+                            for lay in ("nchw", "nhwc")])
     return float(times.max() / times.min())
 
 

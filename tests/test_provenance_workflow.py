@@ -28,7 +28,8 @@ TINY = REPO / "tests" / "config" / "config.yaml"
 pytestmark = pytest.mark.workflow
 
 
-def snakemake(workdir: Path, *args: str, config: str | Path = TINY, snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess[str]:
+def snakemake(workdir: Path, *args: str, config: str | Path = TINY,
+              snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
            "--configfile", str(workdir / config), "--cores", "2", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, check=False)

@@ -1,7 +1,8 @@
 """Worker process of the conv sweep: reads ``{"layouts", "timing", "shapes", "input_grad", "deadline"}`` as JSON on
 stdin, times each shape in every layout and writes one JSON line of times (or of the error torch raised) per shape
-on stdout, in order, starting no shape after the deadline (``time.time()`` seconds, or null: none). Run as ``python -m trainplan.layout.sweep_worker``; a shape that crashes PyTorch ends the
-process, and the caller (:func:`trainplan.layout.measure.time_in_worker`) knows which one from the lines written."""
+on stdout, in order, starting no shape after the deadline (``time.time()`` seconds, or null: none). Run as
+``python -m trainplan.layout.sweep_worker``; a shape that crashes PyTorch ends the process, and the caller
+(:func:`trainplan.layout.measure.time_in_worker`) knows which one from the lines written."""
 
 from __future__ import annotations
 
