@@ -3,10 +3,10 @@
 Every study CNN's convs at the config's layout size (the held-out set: ``RESULTS/layout/<model>/<device>/
 convs.parquet``), then the sweep's random conv shapes until the budget ends (``RESULTS/layout/sweep/<device>/
 sweep.parquet``: the shapes timed before it, a random sample of the config's sweep; ``--resume`` goes on from
-there). Timed as the workflow's
-``layout_measure`` and ``layout_sweep`` rules time them (the same ``Timing`` from the config, the same worker
-process), without the groups and transforms the predictor does not use: for a lent GPU whose time is too short for
-the whole study there (docs/layout.md). ``meta.json`` beside the tables says what ran where and for how long.
+there). Timed with the ``Timing`` the config gives the workflow's rules, each conv by ``conv_time`` in the sweep's
+worker process (``layout_measure`` times the models' convs in its own process), without the groups and
+transforms the predictor does not use: for a lent GPU whose time is too short for the whole study there
+(docs/layout.md). ``meta.json`` beside the tables says what ran where and for how long.
 
     python bench/layout_device_data.py --configfile config/config.yaml config/cuda.yaml --budget 480
     python bench/bench_layout.py --results RESULTS --device cuda --parts 2 --out bench/results/layout_cuda_predictor.md
