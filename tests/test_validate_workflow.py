@@ -4,6 +4,7 @@ corrupt plan file stops the rule with a clear message."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from trainplan.schedule import problem_from_dict, replay
 from trainplan.trace import trace_training_step
 
 REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "tests" / "config" / "config.yaml"
 RULES = ["validate", "plot_validate", "validate_summary"]  # the plans are given here, not balanced
 
 pytestmark = pytest.mark.workflow
@@ -43,17 +45,19 @@ def _wrong(plan: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(tiny_study, tmp_path_factory) -> Path:
+    """A copy of the tiny study (small_cnn's export and profile kept: file times kept, they do not rerun) with two
+    plans written where the balance rule would put them, at budgets the tiny study does not plan."""
     built = build_model("small_cnn", SMALL_CNN, seed=0)
     traced, _ = trace_training_step(built)
     tables = graph_tables(traced)
     names = [tables.nodes.name.tolist()]
-    work = tmp_path_factory.mktemp("validate")
-    config = {
-        "seed": 0, "device": "cpu", "devices": {"cpu": {"type": "cpu", "memory_gib": 1.0, "host_link_gbytes_per_s": 16.0}},
-        "models": {"small_cnn": SMALL_CNN}, "study": {"plan": ["small_cnn"]}, "budgets": [0.7, 0.5], "stages": [1],
-        "validate": {"repeats": 1, "warmup": 0, "threads": 1, "tolerances": {"time_rel": 1.0e9, "load_rel": 1.0e9}},
-    }
+    work = tmp_path_factory.mktemp("validate") / "w"
+    shutil.copytree(tiny_study, work, symlinks=True)
+    config = yaml.safe_load(TINY.read_text())
+    config.update(study={"plan": ["small_cnn"], "overflow": [], "layout": []}, budgets=[0.7, 0.5],
+                  validate={"repeats": 1, "warmup": 0, "threads": 1,
+                            "tolerances": {"time_rel": 1.0e9, "load_rel": 1.0e9}})
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     out = snakemake(work, "results/profile/small_cnn/cpu/summary.json", rules=("export", "profile"))
     assert out.returncode == 0, out.stderr[-4000:]
