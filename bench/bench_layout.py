@@ -126,11 +126,12 @@ def timed_by(results: str) -> str:
              f"{'on' if dev['cudnn_allow_tf32'] else 'off'}" if dev["type"] == "cuda" else dev["type"])
     sweeps = [r["sweep"] for r in meta["runs"] if "sweep" in r]
     budgets = ", ".join(f"{r['budget_s']:g} s" for r in meta["runs"])
+    reached = (f"the sweep's first {sweeps[-1]['timed']} of {sweeps[-1]['drawn']} drawn shapes" if sweeps
+               else "no sweep shape")
     return (f" Timed by `bench/layout_device_data.py` in {len(meta['runs'])} run(s) on {where}: batch "
             f"{lay['batch_size']} x {lay['image_size']} px, {CLOCKS.get(lay['clock'], lay['clock'])}, median of "
-            f"{lay['repeats']} runs of {lay.get('calls', 1)} back-to-back calls after {lay['warmup']} warm-up; the "
-            f"sweep's first {sweeps[-1]['timed']} of {sweeps[-1]['drawn']} drawn shapes (at most "
-            f"{lay['sweep']['max_macs']:.0e} multiply-adds) were timed within the runs' budgets "
+            f"{lay['repeats']} runs of {lay.get('calls', 1)} back-to-back calls after {lay['warmup']} warm-up; "
+            f"{reached} (at most {lay['sweep']['max_macs']:.0e} multiply-adds) timed within the runs' budgets "
             f"({budgets}).")
 
 

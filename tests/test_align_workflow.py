@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from workflow_run import copy_of_study
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "config" / "config.yaml"
@@ -30,8 +30,7 @@ def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedPr
 def run(tiny_study, tmp_path_factory) -> tuple[Path, Path]:
     """A copy of the tiny study (its exports and overflow loop kept: file times kept, they do not rerun), the
     alignment stage rerun there at granularity 32."""
-    workdir = tmp_path_factory.mktemp("align") / "w"
-    shutil.copytree(tiny_study, workdir, symlinks=True)
+    workdir = copy_of_study(tiny_study, tmp_path_factory.mktemp("align") / "w")
     cfg = yaml.safe_load(TINY.read_text())
     cfg["align"] = {"prove_granularities": [32], "repeats": 2}
     config = workdir / "config.yaml"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -14,14 +13,14 @@ from trainplan.fuse.check import check_grouping
 from trainplan.fuse.exported import graph_from_export
 
 from test_workflow import TINY, snakemake
+from workflow_run import copy_of_study
 
 
 @pytest.mark.workflow
 def test_fuse_and_measure_on_the_tiny_study(tiny_study: Path, tmp_path: Path) -> None:
     """In a copy of the tiny study (its exports and groups kept): the groups checked, two compiled and measured,
     the fused training step."""
-    work = tmp_path / "w"
-    shutil.copytree(tiny_study, work, symlinks=True)
+    work = copy_of_study(tiny_study, tmp_path / "w")
     root = "results/fuse/small_cnn/cpu"
     out = snakemake(work, TINY, f"{root}/acclib/groups.json", f"{root}/inductor/measure.json",
                     "results/plots/small_cnn/cpu/fuse_inductor.png", "results/plots/small_cnn/cpu/fuse_train_inductor.png")
@@ -57,7 +56,7 @@ def test_plans_on_the_fused_graph_next_to_the_raw_graph(tiny_study: Path, tmp_pa
     """fuse.plan: the tiny models' fused graphs go through partition, schedule, balance and validate; the
     comparison has both graphs, the fused one with fewer ops, and its plans run with exact peaks. Runs in a copy
     of the tiny study: the raw graphs' plans are its own (file times kept: they do not rerun)."""
-    shutil.copytree(tiny_study, tmp_path / "w", symlinks=True)
+    copy_of_study(tiny_study, tmp_path / "w")
     cfg = yaml.safe_load(TINY.read_text())
     cfg["fuse"] = {"plan": ["inductor"], "measure": {**cfg["fuse"]["measure"], "targets": ["inductor"]}}
     config = tmp_path / "config.yaml"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +11,14 @@ import pandas as pd
 import pytest
 import yaml
 from overflow_cases import op_nodes, traced_case
+from workflow_run import copy_of_study
 
 from trainplan.precision.policy import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = REPO / "tests" / "config" / "config.yaml"
-TINY = yaml.safe_load(TINY_CONFIG.read_text())["models"]["tiny_gpt2"]
+TINY_STUDY = yaml.safe_load(TINY_CONFIG.read_text())
+TINY = TINY_STUDY["models"]["tiny_gpt2"]
 TARGETS = ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
 
 pytestmark = pytest.mark.workflow
@@ -35,13 +36,12 @@ def run(tiny_study, tmp_path_factory) -> tuple[Path, list[str]]:
     h.1.mlp.c_fc and the backward mm of h.0.attn.c_attn (found here in the traced step, independently of the
     node names the config gives)."""
     traced, _ = traced_case("tiny_gpt2", TINY)
-    injected = yaml.safe_load(TINY_CONFIG.read_text())["overflow"]["inject"]["tiny_gpt2"]
+    injected = TINY_STUDY["overflow"]["inject"]["tiny_gpt2"]
     roots = [i["node"] for i in injected]
     assert roots[0] in op_nodes(traced, "aten.addmm.default", "h.1.mlp.c_fc", "forward")
     assert roots[1] in op_nodes(traced, "aten.mm.default", "h.0.attn.c_attn", "backward")
     assert all(i["scale"] == 2.0**40 for i in injected)
-    workdir = tmp_path_factory.mktemp("overflow") / "w"
-    shutil.copytree(tiny_study, workdir, symlinks=True)
+    workdir = copy_of_study(tiny_study, tmp_path_factory.mktemp("overflow") / "w")
     out = snakemake(workdir, *TARGETS)
     assert out.returncode == 0, out.stderr[-4000:]
     return workdir, roots

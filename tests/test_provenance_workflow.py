@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from workflow_run import copy_of_study
 
 from trainplan.cli import main as trainplan
 from trainplan.execute import PlanError, load_plan
@@ -38,8 +38,7 @@ def snakemake(workdir: Path, *args: str, config: str | Path = TINY,
 @pytest.fixture(scope="module")
 def study(tiny_study, tmp_path_factory) -> Path:
     """A copy of the tiny study (its overflow loop has two roots on tiny_gpt2: three passes), report built."""
-    workdir = tmp_path_factory.mktemp("provenance") / "study"
-    shutil.copytree(tiny_study, workdir, symlinks=True)  # file times kept: nothing reruns
+    workdir = copy_of_study(tiny_study, tmp_path_factory.mktemp("provenance") / "study")  # nothing reruns
     out = snakemake(workdir, "--report", "report.html")
     assert out.returncode == 0, out.stderr[-4000:]
     return workdir
@@ -81,7 +80,7 @@ def test_published_archive_rebuilds_the_report(study, tmp_path, capsys):
     assert rebuilt == original and "results/provenance.json" in rebuilt and len(rebuilt) > 10
     # A result changed after the provenance was written: publishing refuses, naming it (exit 2, no archive).
     damaged = tmp_path / "damaged"
-    shutil.copytree(study, damaged)
+    copy_of_study(study, damaged)
     (damaged / "results/validate/summary.csv").write_text("model\n")
     capsys.readouterr()
     assert trainplan(["publish", "-d", str(damaged), "--repo", str(REPO), "-o", str(tmp_path / "x.tar.gz")]) == 2
@@ -97,7 +96,7 @@ def damage(path: Path, edit) -> None:
 
 def test_damaged_artifacts_are_named(study, tmp_path):
     work = tmp_path / "study"
-    shutil.copytree(study, work)
+    copy_of_study(study, work)
     base = work / "results"
     def reader(schema):
         return lambda path: read_json(path, schema=schema)

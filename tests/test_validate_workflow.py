@@ -4,7 +4,6 @@ corrupt plan file stops the rule with a clear message."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from workflow_run import copy_of_study
 
 from tests.conftest import SMALL_CNN
 from tests.test_execute import no_recompute, plan_for, swap_and_recompute
@@ -52,8 +52,7 @@ def workdir(tiny_study, tmp_path_factory) -> Path:
     traced, _ = trace_training_step(built)
     tables = graph_tables(traced)
     names = [tables.nodes.name.tolist()]
-    work = tmp_path_factory.mktemp("validate") / "w"
-    shutil.copytree(tiny_study, work, symlinks=True)
+    work = copy_of_study(tiny_study, tmp_path_factory.mktemp("validate") / "w")
     config = yaml.safe_load(TINY.read_text())
     config.update(study={"plan": ["small_cnn"], "overflow": [], "layout": []}, budgets=[0.7, 0.5],
                   validate={"repeats": 1, "warmup": 0, "threads": 1,

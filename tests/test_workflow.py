@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from workflow_run import TINY, snakemake
+from workflow_run import TINY, copy_of_study, snakemake
 
 from trainplan.stage_schedule import read_stage_schedules
 
@@ -121,10 +121,11 @@ def test_dry_run_names_each_stages_models_and_the_tiny_study_stays_tiny(tmp_path
     assert not re.search(r"model=(gpt2|resnet50|t5_ff)\b", text)
 
 
-def test_a_deleted_or_damaged_schedules_file_is_noticed(study):
+def test_a_deleted_or_damaged_schedules_file_is_noticed(study, tmp_path):
     """Every stage's schedules live in one declared file, a target of the study: deleting it reruns the
     schedule rule, and a damaged one stops the balance rule with an error naming the file and the stage.
-    (Runs last: it alters the study.)"""
+    (In a copy of the study: it alters it.)"""
+    study = copy_of_study(study, tmp_path / "w")
     path = study / "results/schedule/small_cnn/cpu/k1/b0.6/schedules.json"
     original = path.read_text()
     path.unlink()
@@ -137,4 +138,3 @@ def test_a_deleted_or_damaged_schedules_file_is_noticed(study):
     log = (study / "logs/balance/small_cnn/cpu/k1/b0.6.log").read_text()
     assert out.returncode != 0
     assert f"{path.relative_to(study)}: stage 0: event 0 free '{events[1][1]}': op is not resident" in log
-    path.write_text(original)

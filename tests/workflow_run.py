@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,3 +16,11 @@ def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedPr
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
            "--cores", "2", *args, "--configfile", str(config)]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+
+
+def copy_of_study(study: Path, dest: Path) -> Path:
+    """A copy of a finished study at ``dest`` (results, logs, Snakemake's metadata), file times kept so that only
+    what a changed config or target touches reruns there. Tests that rerun or alter a study work in a copy: the
+    session's tiny study stays as its rules left it, whatever order the tests run in."""
+    shutil.copytree(study, dest, symlinks=True)
+    return dest

@@ -31,7 +31,7 @@ def main() -> None:
     torch.set_num_threads(timing.threads)
     with live_objects_frozen():  # torch's own objects out of each shape's collection
         for fields, input_grad in zip(job["shapes"], job["input_grad"]):
-            if job.get("deadline") is not None and time.time() >= job["deadline"]:
+            if job["deadline"] is not None and time.time() >= job["deadline"]:
                 break
             conv = conv_info(fields)
             times = {}
