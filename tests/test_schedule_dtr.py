@@ -240,3 +240,74 @@ def test_graphs_with_many_edges_get_the_larger_refinement_share(monkeypatch):
         monkeypatch.setattr(sm, "REFINE_LARGE_EDGES", threshold)
         sm.best_heuristic(p, budget, deadline_s=1.0)
     assert works == [int(share * sm.REFINE_WORK_PER_SECOND) for share in (sm.REFINE_SHARE, sm.REFINE_LARGE_SHARE)]
+
+
+def test_kept_chain_walks_answer_as_fresh_walks_do():
+    """A plan keeps each restore's walk over its missing ancestors while the residency of what it looked at is
+    unchanged: on a refined plan that holds inputs (gaps evicted and kept again, inputs held and let go), every
+    kept walk gives the chain a plan without kept walks finds, at any cost cap; and the holds' fit, checked
+    stretch by stretch, agrees with a step-by-step count."""
+    import random
+
+    import trainplan.schedule.dtr as dtr
+    p, budget = _layered(300, 2)
+    t0, plan = dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, dtr.MAX_CHAIN, hold=True)
+    _, plan = dtr.refine_plan(plan.copy(), t0, 300_000, random.Random(1), dtr.dl.NEVER)
+    fresh = dtr._Plan(p, budget, False, dtr.dl.NEVER, dtr.MAX_CHAIN, True, hold=True)
+    partial = fresh.copy()  # half the plan's gaps evicted: steps over the budget, restores' transient bytes
+    for (u, k), c in sorted(((u, k), c) for u in range(p.n) for k, c in plan.evicted[u].items())[::2]:
+        if partial.cost(u, k, c)[0] < dtr.INF:
+            partial.evict(u, k, c)
+    assert len(plan.walks) > 100 and any(partial.transient) and max(partial.excess) > 0
+    jolted = plan.copy()  # room on every step, and restores' bytes there up to twice an op's: the fit's
+    rng = random.Random(0)  # terms other than the gap (made-up tables, checked only by the fit's two versions)
+    big = max(op.bytes + op.workspace for op in p.ops)
+    jolted.transient = [rng.randint(0, 2 * big) for _ in p.ops]
+    jolted.excess = [e - rng.randint(0, 4 * big) for e in plan.excess]
+    checked = fits = 0
+    for start in (fresh, partial, jolted, plan):
+        for u, b, hold in sorted(plan.walks):
+            cold = start.copy()
+            cold.walks = {}
+            for cap in (dtr.INF, p.ops[u].time * 3):
+                kept, new = start.chain(u, b, cap, hold), cold.chain(u, b, cap, hold)
+                assert (kept is None) == (new is None)
+                if kept is not None:
+                    checked += 1
+                    assert (kept.time, kept.order, kept.reads, kept.peak) == (new.time, new.order, new.reads, new.peak)
+                    # the walk's own residency test (inlined) agrees with the plan's
+                    assert all(read == cold._resident_or_held(w, b, hold) for w, read in zip(new.seen, new.read))
+            k = start.gaps.covering(u, b - 1) if b - 1 > u else None
+            walk = start.chain(u, b, hold=True) if start.hold else None
+            if k is not None and walk is not None:
+                fits += start._holds_fit(u, k, b, walk)
+                assert start._holds_fit(u, k, b, walk) == _holds_fit_by_steps(start, u, k, b, walk)
+    assert checked > 100 and 0 < fits
+
+
+def _holds_fit_by_steps(plan, u, k, c, walk):
+    """_Plan._holds_fit, one step at a time."""
+    p, a, size = plan.p, plan.gaps.stops[u][k], plan.p.ops[u].bytes
+    starts = [(plan.held_until(w) + 1, p.ops[w].bytes) for w in walk.reads if plan.held_until(w) < c]
+    if not starts:
+        return True
+    held = 0
+    for t in range(min(s for s, _ in starts), c + 1):
+        held = sum(b for s, b in starts if s <= t)
+        if a < t < c and held >= size:
+            return False
+        if not a < t < c and max(plan.excess[t], plan.restoring(t)) + held > 0:
+            return False
+    return plan.restoring(c) + held + chain_peak(p, walk.order) <= 0
+
+
+def test_the_last_step_over_the_budget_is_found_by_one_descent():
+    import random
+
+    import trainplan.schedule.dtr as dtr
+    rng = random.Random(0)
+    for n in (1, 2, 7, 64, 100):
+        flags = [rng.random() < 0.3 for _ in range(n)]
+        counter = dtr._Counter(flags)
+        for b in range(n + 1):
+            assert counter.last_before(b) == max([i for i in range(b) if flags[i]], default=-1)
