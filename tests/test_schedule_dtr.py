@@ -60,12 +60,11 @@ def test_a_large_recompute_only_graph_at_80_percent_gets_a_plan():
 
 def test_short_chains_failing_the_plan_is_made_with_chains_of_any_length(monkeypatch):
     """The 250-op layered DAG, seed 1, at 80%: no plan restores every gap with at most 8 recomputes (early or
-    late restores); with chains of any length one does, and it fits."""
+    late restores); with chains of any length one does (holding inputs, restoring late first), and it fits."""
     import trainplan.schedule.dtr as dtr
     p = layered_graph(250, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
-    monkeypatch.setattr(dtr, "MAX_CHAIN", p.n)  # only the unbounded plans
-    unbounded = dtr_plan(p, budget, allow_swap=False)
+    unbounded = dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, p.n, hold=True, late_first=True)[1].events()
     monkeypatch.setattr(dtr, "MAX_CHAIN", 8)
     assert dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, 8) is None
     assert max(len(c) for c in dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, p.n)[1].chains.values()) > 8
@@ -77,8 +76,8 @@ def test_short_chains_failing_the_plan_is_made_with_chains_of_any_length(monkeyp
 def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
     """Where short chains fail (250-op seed 1 at 80%, at most 6 recomputes, holding inputs or not), the bounded
     plans stop after the two unperturbed ones of each kind fail, and the unbounded plans that hold inputs are made
-    as often as the bounded ones would be (1 + restarts // 2); they find a plan, so the other kind is not made, and
-    the cheapest is kept: never dearer than one plan."""
+    as often as the bounded ones would be (1 + restarts // 2), restoring late first; they find a plan, so the other
+    kind is not made, and the cheapest is kept: never dearer than one plan."""
     import trainplan.schedule.dtr as dtr
     p = layered_graph(250, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
@@ -87,7 +86,7 @@ def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
     real_plan = dtr._plan
 
     def counting_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw):
-        made.append((max_chain, kw["hold"]))
+        made.append((max_chain, kw["hold"], kw["early"]))
         return real_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw)
 
     monkeypatch.setattr(dtr, "_plan", counting_plan)
@@ -95,8 +94,9 @@ def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
     made.clear()
     found: list[float] = []
     several = replay(p, dtr_plan(p, budget, allow_swap=False, restarts=6, found=found), budget).time
-    # two bounded plans of each kind failed, then four unbounded ones holding inputs
-    assert made == [(6, False)] * 2 + [(6, True)] * 2 + [(p.n, True)] * 4
+    # two bounded plans of each kind failed (early, then late), then four unbounded ones holding inputs (late first)
+    assert made == [(6, False, True), (6, False, False), (6, True, True), (6, True, False)] + [
+        (p.n, True, False), (p.n, True, True)] * 2
     assert several <= one and len(found) == 1
 
 
