@@ -77,27 +77,36 @@ def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
     """Where short chains fail (250-op seed 1 at 80%, at most 6 recomputes, holding inputs or not), the bounded
     plans stop after the two unperturbed ones of each kind fail, and the unbounded plans that hold inputs are made
     as often as the bounded ones would be (1 + restarts // 2), restoring late first; they find a plan, so the other
-    kind is not made, and the cheapest is kept: never dearer than one plan."""
+    kind is not made, and the cheapest is kept: never dearer than one plan. ``found`` is when the first valid plan
+    was ready, before the restarts after it."""
+    import time
+
     import trainplan.schedule.dtr as dtr
     p = layered_graph(250, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
     monkeypatch.setattr(dtr, "MAX_CHAIN", 6)
     made: list[tuple[int, bool]] = []
+    ready: list[float] = []  # when each plan that fits was made
     real_plan = dtr._plan
 
     def counting_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw):
         made.append((max_chain, kw["hold"], kw["early"]))
-        return real_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw)
+        plan = real_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw)
+        if plan is not None:
+            ready.append(time.perf_counter())
+        return plan
 
     monkeypatch.setattr(dtr, "_plan", counting_plan)
     one = replay(p, dtr_plan(p, budget, allow_swap=False), budget).time
     made.clear()
+    ready.clear()
     found: list[float] = []
     several = replay(p, dtr_plan(p, budget, allow_swap=False, restarts=6, found=found), budget).time
     # two bounded plans of each kind failed (early, then late), then four unbounded ones holding inputs (late first)
     assert made == [(6, False, True), (6, False, False), (6, True, True), (6, True, False)] + [
         (p.n, True, False), (p.n, True, True)] * 2
     assert several <= one and len(found) == 1
+    assert len(ready) > 1 and ready[0] <= found[0] < ready[1]
 
 
 def test_refinement_gets_its_work_however_long_the_plan_took(monkeypatch):

@@ -150,7 +150,8 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
     ``refine``: ruin and recreate on the kept plan for at most that much work (:func:`refine_plan`), and at most
     ``refine_wall_s`` wall seconds from its start (a safety net; ``stop`` always ends it). ``meter``: a counter
     the plans add their work units to (:attr:`_Plan.work`); making plans stops once it passes ``work_cap``.
-    ``found``: gets the ``time.perf_counter()`` at which the kept plan (valid) was ready, before refinement."""
+    ``found``: gets the ``time.perf_counter()`` at which the first valid plan was ready (the deadline passing
+    then would have returned it; the restarts after it may keep a cheaper one)."""
     stop = dl.current() if stop is None else stop
     meter = [0] if meter is None else meter
     best = None
@@ -165,15 +166,13 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
             if stop.passed() or meter[0] > work_cap or (fallback and best is not None):
                 break
             plan = _best_plan(problem, budget_bytes, allow_swap, restarts // len(kinds), seed, stop, max_chain,
-                              meter, work_cap, hold, late_first=fallback)
+                              meter, work_cap, hold, late_first=fallback, found=found)
             if plan is not None and (best is None or plan[0] < best[0]):
                 best = plan
         if best is not None:
             break
     if best is None:
         return None
-    if found is not None:
-        found.append(time.perf_counter())
     if refine:
         refine_stop = stop.earlier(None if refine_wall_s is None else time.perf_counter() + refine_wall_s)
         best = refine_plan(best[1], best[0], refine, random.Random(seed), refine_stop)
@@ -182,11 +181,12 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
 
 def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: int, seed: int,
                stop: dl.Deadline, max_chain: int, meter: list[int] | None = None,
-               work_cap: float = INF, hold: bool = False, late_first: bool = False) -> tuple[float, _Plan] | None:
+               work_cap: float = INF, hold: bool = False, late_first: bool = False,
+               found: list[float] | None = None) -> tuple[float, _Plan] | None:
     """The cheapest replay-valid plan of 1 + ``restarts`` (alternating early and late restores, early first
     unless ``late_first``; none after the first two if both fail) with chains of at most ``max_chain`` ops
     (``hold``: holding inputs past their last reader), and its replayed time; plans add their work to ``meter``
-    and stop past ``work_cap``."""
+    and stop past ``work_cap``; ``found`` (if empty) gets the time the first valid plan was ready."""
     rng = random.Random(seed)
     best: tuple[float, _Plan] | None = None
     # attempts alternate early and late restores, the first two unperturbed; with no restart, the second plan
@@ -201,6 +201,8 @@ def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: 
         except dl.OutOfTime:
             break
         t = None if plan is None else plan.time()
+        if t is not None and found is not None and not found:
+            found.append(time.perf_counter())
         if t is not None and (best is None or t < best[0]):
             best = (t, plan)
     return best
