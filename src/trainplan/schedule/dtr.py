@@ -185,9 +185,9 @@ def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: 
                found: list[float] | None = None) -> tuple[float, _Plan] | None:
     """The cheapest replay-valid plan of 1 + ``restarts`` (alternating early and late restores, early first
     unless ``late_first``, and then only late ones once the first fits; none after the first two if both
-    fail) with chains of at most ``max_chain`` ops
-    (``hold``: holding inputs past their last reader), and its replayed time; plans add their work to ``meter``
-    and stop past ``work_cap``; ``found`` (if empty) gets the time the first valid plan was ready."""
+    fail) with chains of at most ``max_chain`` ops (``hold``: holding inputs past their last reader), and its
+    replayed time; plans add their work to ``meter`` and stop past ``work_cap``; ``found`` (if empty) gets the
+    time the first valid plan was ready."""
     rng = random.Random(seed)
     best: tuple[float, _Plan] | None = None
     # attempts alternate early and late restores, the first two unperturbed; with no restart, the second plan
