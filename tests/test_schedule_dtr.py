@@ -85,7 +85,7 @@ def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
     p = layered_graph(250, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
     monkeypatch.setattr(dtr, "MAX_CHAIN", 6)
-    made: list[tuple[int, bool]] = []
+    made: list[tuple[int, bool, bool]] = []  # (max_chain, hold, early) of each plan made
     ready: list[float] = []  # when each plan that fits was made
     real_plan = dtr._plan
 
@@ -106,6 +106,28 @@ def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
     assert made == [(6, False, True), (6, False, False), (6, True, True), (6, True, False)] + [(p.n, True, False)] * 2
     assert several <= one and len(found) == 1
     assert len(ready) > 1 and ready[0] <= found[0] < ready[1]
+
+
+def test_where_the_late_fallback_plan_does_not_fit_the_early_one_is_made(monkeypatch):
+    """The same case with every late plan of unbounded chains made to fail: the fallback then makes the early plan,
+    and its restarts alternate again (late, then early)."""
+    import trainplan.schedule.dtr as dtr
+    p = layered_graph(250, 1)
+    budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
+    monkeypatch.setattr(dtr, "MAX_CHAIN", 6)
+    made: list[tuple[int, bool, bool]] = []
+    real_plan = dtr._plan
+
+    def no_late_fallback(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw):
+        made.append((max_chain, kw["hold"], kw["early"]))
+        if max_chain == problem.n and not kw["early"]:
+            return None
+        return real_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw)
+
+    monkeypatch.setattr(dtr, "_plan", no_late_fallback)
+    events = dtr_plan(p, budget, allow_swap=False, restarts=6)
+    assert events is not None and replay(p, events, budget).peak_bytes <= budget
+    assert made[4:] == [(p.n, True, False), (p.n, True, True)] * 2  # 1 + 6 // 2 attempts
 
 
 def test_refinement_gets_its_work_however_long_the_plan_took(monkeypatch):
