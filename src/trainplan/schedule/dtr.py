@@ -293,7 +293,7 @@ class _Plan:
         self.paid: dict[tuple[int, int], float] = {}  # each evicted gap's restore cost
         self.extra: dict[tuple[int, int], int] = {}  # bytes of a restore's missing ancestors, held at its step
         self.transient = [0] * p.n  # peak bytes of the recomputes before step s beyond the restored tensors
-        self.base = [op.bytes + op.workspace for op in p.ops]  # a compute's own bytes: excess - restoring + transient
+        self.base = [op.bytes + op.workspace for op in p.ops]  # a compute's own bytes (output, workspace)
         self.counter = _Counter([e > 0 for e in self.excess])
         self.work = [0] if meter is None else meter  # work units done (CANDIDATE_WORK...): shared by copies
         self.work_cap = work_cap  # relieve and thin stop (OutOfTime) once the meter passes it
@@ -324,7 +324,7 @@ class _Plan:
     def restoring(self, s: int) -> int:
         """Excess bytes while step s's restores run: what stays resident before its compute and the peak of
         the recomputes that restore (ancestors freed after their last reader there)."""
-        return self.excess[s] - self.p.ops[s].bytes - self.p.ops[s].workspace + self.transient[s]
+        return self.excess[s] - self.base[s] + self.transient[s]
 
     def resident_at(self, w: int, step: int) -> bool:
         """w is on the device at ``step`` under the plan (before any restore there)."""
