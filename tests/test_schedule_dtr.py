@@ -64,10 +64,10 @@ def test_short_chains_failing_the_plan_is_made_with_chains_of_any_length(monkeyp
     import trainplan.schedule.dtr as dtr
     p = layered_graph(250, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
-    unbounded = dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, p.n, hold=True, late_first=True)[1].events()
+    unbounded = dtr._plan(p, budget, False, dtr.dl.NEVER, None, p.n, early=False, hold=True).events()
     monkeypatch.setattr(dtr, "MAX_CHAIN", 8)
-    assert dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, 8) is None
-    assert max(len(c) for c in dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, p.n)[1].chains.values()) > 8
+    assert _kind_best(p, budget, 8) is None
+    assert max(len(c) for c in dtr._plan(p, budget, False, dtr.dl.NEVER, None, p.n, early=True).chains.values()) > 8
     events = dtr_plan(p, budget, allow_swap=False)
     assert events is not None and events == unbounded
     assert replay(p, events, budget).peak_bytes <= budget
@@ -102,8 +102,10 @@ def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
     ready.clear()
     found: list[float] = []
     several = replay(p, dtr_plan(p, budget, allow_swap=False, restarts=6, found=found), budget).time
-    # two bounded plans of each kind failed (early, then late), then the unbounded ones holding inputs: late only
-    assert made == [(6, False, True), (6, False, False), (6, True, True), (6, True, False)] + [(p.n, True, False)] * 2
+    # the bounded late plans failed, the unbounded late one holding inputs fitted, the bounded early ones failed,
+    # and the restarts went to the unbounded plans holding inputs: late only
+    assert made == [(6, False, False), (6, True, False), (p.n, True, False), (6, False, True), (6, True, True),
+                    (p.n, True, False)]
     assert several <= one and len(found) == 1
     assert len(ready) > 1 and ready[0] <= found[0] < ready[1]
 
@@ -127,7 +129,8 @@ def test_where_the_late_fallback_plan_does_not_fit_the_early_one_is_made(monkeyp
     monkeypatch.setattr(dtr, "_plan", no_late_fallback)
     events = dtr_plan(p, budget, allow_swap=False, restarts=6)
     assert events is not None and replay(p, events, budget).peak_bytes <= budget
-    assert made[4:] == [(p.n, True, False), (p.n, True, True)] * 2  # 1 + 6 // 2 attempts
+    assert made[2] == (p.n, True, False)  # before the bounded early plans
+    assert made[5:] == [(p.n, True, True), (p.n, True, False), (p.n, True, True)]  # 1 + 6 // 2 attempts in all
 
 
 def test_refinement_gets_its_work_however_long_the_plan_took(monkeypatch):
@@ -142,23 +145,34 @@ def test_refinement_gets_its_work_however_long_the_plan_took(monkeypatch):
     p, budget = _layered(300, 2)
     deadline_s = 2.0
     refined: list[tuple[float, float]] = []
-    real_best, real_refine = dtr._best_plan, dtr.refine_plan
+    real_plan, real_refine = dtr._plan, dtr.refine_plan
+    slept: list[bool] = []
 
     def recording_refine(plan, plan_time, work, rng, stop):
         out = real_refine(plan, plan_time, work, rng, stop)
         refined.append((plan_time, out[0]))
         return out
 
-    def slow_best(*args, **kwargs):
-        time.sleep(REFINE_SHARE * deadline_s + 0.1)
-        return real_best(*args, **kwargs)
+    def slow_plan(*args, **kwargs):
+        if not slept:
+            time.sleep(REFINE_SHARE * deadline_s + 0.1)
+            slept.append(True)
+        return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(dtr, "refine_plan", recording_refine)
     best_heuristic(p, budget, deadline_s=deadline_s)
-    monkeypatch.setattr(dtr, "_best_plan", slow_best)
+    monkeypatch.setattr(dtr, "_plan", slow_plan)
     best_heuristic(p, budget, deadline_s=deadline_s)
     (before, after), (slow_before, slow_after) = refined
     assert after < before and (slow_before, slow_after) == (before, after)
+
+
+def _kind_best(p, budget: int, max_chain: int, *, hold: bool = False, restarts: int = 0):
+    """The cheapest plan of one kind (recompute only; late, then early restores, then restarts) and its time."""
+    import trainplan.schedule.dtr as dtr
+    kind = dtr._Kind(max_chain, hold, 0)
+    dtr._Search(p, budget, False, dtr.dl.NEVER, [0], dtr.INF, None).rest(kind, restarts)
+    return kind.best
 
 
 def _layered(n: int, seed: int, frac: float = 0.8):
@@ -209,8 +223,8 @@ def test_holding_inputs_past_their_last_reader_finds_a_plan_where_recomputing_th
     p = layered_graph(100, 0, swap=False)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
     for max_chain in (dtr.MAX_CHAIN, p.n):
-        assert dtr._best_plan(p, budget, False, 3, 0, dtr.dl.NEVER, max_chain) is None
-    t0, plan = dtr._best_plan(p, budget, False, 3, 0, dtr.dl.NEVER, dtr.MAX_CHAIN, hold=True)
+        assert _kind_best(p, budget, max_chain, restarts=3) is None
+    t0, plan = _kind_best(p, budget, dtr.MAX_CHAIN, hold=True, restarts=3)
     held = [w for w in range(p.n) if plan.held_until(w) > plan.gaps.last[w]]
     assert held
     events = plan.events()
@@ -238,7 +252,7 @@ def test_ruin_and_recreate_improves_the_plan_and_is_reproducible():
 
     import trainplan.schedule.dtr as dtr
     p, budget = _layered(300, 2)
-    t0, plan = dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, dtr.MAX_CHAIN)
+    t0, plan = _kind_best(p, budget, dtr.MAX_CHAIN)
     t1, better = dtr.refine_plan(plan.copy(), t0, 1_000_000, random.Random(3), dtr.dl.NEVER)
     assert t1 < t0 and plan.time() == t0  # the plan it started from is untouched
     assert replay(p, better.events(), budget).time == t1
@@ -281,7 +295,8 @@ def test_kept_chain_walks_answer_as_fresh_walks_do():
 
     import trainplan.schedule.dtr as dtr
     p, budget = _layered(300, 2)
-    t0, plan = dtr._best_plan(p, budget, False, 0, 0, dtr.dl.NEVER, dtr.MAX_CHAIN, hold=True)
+    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True, hold=True)
+    t0 = plan.time()
     _, plan = dtr.refine_plan(plan.copy(), t0, 300_000, random.Random(1), dtr.dl.NEVER)
     fresh = dtr._Plan(p, budget, False, dtr.dl.NEVER, dtr.MAX_CHAIN, True, hold=True)
     partial = fresh.copy()  # half the plan's gaps evicted: steps over the budget, restores' transient bytes

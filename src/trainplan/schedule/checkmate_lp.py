@@ -12,7 +12,6 @@ the cheapest that fits is the answer, else the one of least peak (reported over 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any

@@ -141,79 +141,100 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
     """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
     the deadline passed). Plans of two kinds are made, holding inputs past their last reader
     (:meth:`_Plan.chain`) and not (``holds`` false: only the latter, which fail sooner where no plan exists),
-    the restarts shared between the kinds (:func:`_best_plan`: restarts have their scores perturbed by up to
-    RESTART_NOISE, seeded: the same plans on any machine, unless the deadline cuts them short); the cheapest
-    replay-valid plan is kept. If no plan restores every gap with at most MAX_CHAIN
-    recomputes, plans with chains of any length (slower: tight budgets on wide DAGs, where earlier evictions
-    leave long chains of missing ancestors), those that hold inputs first, until one kind finds a plan; these
-    restore late first.
+    with chains of at most MAX_CHAIN recomputes, each kind restoring late and early, and the restarts shared
+    between the kinds (:class:`_Kind`: restarts have their scores perturbed by up to RESTART_NOISE, seeded: the
+    same plans on any machine, unless the deadline cuts them short); the cheapest replay-valid plan is kept.
+    Where no such plan fits, plans with chains of any length (slower: tight budgets on wide DAGs, where earlier
+    evictions leave long chains of missing ancestors), those that hold inputs first, until one kind finds a
+    plan; these restore late first, and only late once that fits. Late plans come first everywhere: where no
+    plan fits they fail sooner, so a tight budget reaches the fallback's late plan before the early plans.
     ``refine``: ruin and recreate on the kept plan for at most that much work (:func:`refine_plan`), and at most
     ``refine_wall_s`` wall seconds from its start (a safety net; ``stop`` always ends it). ``meter``: a counter
     the plans add their work units to (:attr:`_Plan.work`); making plans stops once it passes ``work_cap``.
     ``found``: gets the ``time.perf_counter()`` at which the first valid plan was ready (the deadline passing
-    then would have returned it; the restarts after it may keep a cheaper one)."""
-    stop = dl.current() if stop is None else stop
-    meter = [0] if meter is None else meter
-    best = None
+    then would have returned it; the plans after it may be cheaper)."""
+    search = _Search(problem, budget_bytes, allow_swap, dl.current() if stop is None else stop,
+                     [0] if meter is None else meter, work_cap, found)
     kinds = (False, True) if holds else (False,)
-    for max_chain in (MAX_CHAIN, problem.n) if MAX_CHAIN < problem.n else (problem.n,):
-        # chains of any length are the fallback of tight budgets: there plans that hold inputs come first (they
-        # fit more often), and the first kind that finds a plan ends the search; late restores come first there:
-        # on the 1000- and 2000-op layered DAGs at 70% (seeds 0-1) the late plan fitted 3-7x sooner, and cheaper
-        # (18.3-60.0% against 20.6-102.7%, and one early plan did not fit)
-        fallback = max_chain > MAX_CHAIN
-        for hold in reversed(kinds) if fallback else kinds:
-            if stop.passed() or meter[0] > work_cap or (fallback and best is not None):
-                break
-            plan = _best_plan(problem, budget_bytes, allow_swap, restarts // len(kinds), seed, stop, max_chain,
-                              meter, work_cap, hold, late_first=fallback, found=found)
-            if plan is not None and (best is None or plan[0] < best[0]):
-                best = plan
-        if best is not None:
-            break
+    each = restarts // len(kinds)
+    bounded = [_Kind(MAX_CHAIN, hold, seed) for hold in kinds] if MAX_CHAIN < problem.n else []
+    fallback = [_Kind(problem.n, hold, seed, late_only=True) for hold in reversed(kinds)]
+    try:
+        # late plans first: on the 2000-op layered DAG at 70% (recompute only) the bounded late plans failed in
+        # 0.19 and 0.57 s, the early ones in 1.03 and 1.83 s, and the fallback's late plan fitted in 1.49 s
+        for kind in bounded:
+            search.make(kind, early=False)
+        if not any(kind.best for kind in bounded):
+            search.make(fallback[0], early=False)
+        for kind in bounded:
+            search.rest(kind, each)
+        if not any(kind.best for kind in bounded):
+            for kind in fallback:
+                search.rest(kind, each)
+                if kind.best is not None:
+                    break
+    except dl.OutOfTime:
+        pass
+    best = min((kind.best for kind in bounded + fallback if kind.best is not None), key=lambda b: b[0], default=None)
     if best is None:
         return None
     if refine:
-        refine_stop = stop.earlier(None if refine_wall_s is None else time.perf_counter() + refine_wall_s)
+        refine_stop = search.stop.earlier(None if refine_wall_s is None else time.perf_counter() + refine_wall_s)
         best = refine_plan(best[1], best[0], refine, random.Random(seed), refine_stop)
     return best[1].events()
 
 
-def _best_plan(problem: Problem, budget_bytes: int, allow_swap: bool, restarts: int, seed: int,
-               stop: dl.Deadline, max_chain: int, meter: list[int] | None = None,
-               work_cap: float = INF, hold: bool = False, late_first: bool = False,
-               found: list[float] | None = None) -> tuple[float, _Plan] | None:
-    """The cheapest replay-valid plan of 1 + ``restarts`` (alternating early and late restores, early first
-    unless ``late_first``, and then only late ones once the first fits; none after the first two if both
-    fail) with chains of at most ``max_chain`` ops (``hold``: holding inputs past their last reader), and its
-    replayed time; plans add their work to ``meter`` and stop past ``work_cap``; ``found`` (if empty) gets the
-    time the first valid plan was ready."""
-    rng = random.Random(seed)
-    best: tuple[float, _Plan] | None = None
-    # attempts alternate early and late restores, the first two unperturbed; with no restart, the second plan
-    # is made only if the first one fails; if both fail, no restart is made (perturbed scores rarely fit where
-    # neither does, and the time goes to longer chains). Late first (the unbounded chains' fallback): once the
-    # late plan fits, no early one is made (there they were 3-7x slower to make and never cheaper: bench notes)
-    late_fits = False
-    for attempt in range(1 + restarts if restarts else 2):
-        if (attempt == 1 and not restarts and best is not None) or (attempt == 2 and best is None):
-            break
-        early = attempt % 2 == late_first
-        if early and late_first and late_fits:
-            continue
-        try:
-            plan = _plan(problem, budget_bytes, allow_swap, stop, rng if attempt > 1 else None, max_chain,
-                         early=early, meter=meter, work_cap=work_cap, hold=hold)
-        except dl.OutOfTime:
-            break
+class _Kind:
+    """The plans of one kind: chains of at most ``max_chain`` recomputes, holding inputs past their last reader
+    or not. Its first two plans restore late and early, unperturbed (with no restarts, the early one only if the
+    late one fails); restarts follow, numbered from 2, early on even numbers (``late_only``: on odd ones, and
+    none once the late plan fits), none if neither first plan fits. Each kind draws its perturbations from its
+    own seeded generator: the same plans whatever order the kinds are made in."""
+
+    def __init__(self, max_chain: int, hold: bool, seed: int, late_only: bool = False) -> None:
+        self.max_chain, self.hold, self.late_only = max_chain, hold, late_only
+        self.rng = random.Random(seed)
+        self.late_fits: bool | None = None  # None until the late plan is made
+        self.best: tuple[float, _Plan] | None = None  # the cheapest plan that fits, and its replayed time
+
+
+class _Search:
+    """The plans :func:`dtr_plan` makes, under one deadline and work cap; the time the first valid one was ready is
+    stamped in ``found``."""
+
+    def __init__(self, problem: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, meter: list[int],
+                 work_cap: float, found: list[float] | None) -> None:
+        self.problem, self.budget, self.allow_swap, self.stop = problem, budget, allow_swap, stop
+        self.meter, self.work_cap, self.found = meter, work_cap, found
+
+    def make(self, kind: _Kind, early: bool, perturbed: bool = False) -> None:
+        """One plan of ``kind``, kept as its best if it fits and is cheaper; OutOfTime past the deadline or the
+        work cap."""
+        if self.stop.passed() or self.meter[0] > self.work_cap:
+            raise dl.OutOfTime
+        plan = _plan(self.problem, self.budget, self.allow_swap, self.stop, kind.rng if perturbed else None,
+                     kind.max_chain, early=early, meter=self.meter, work_cap=self.work_cap, hold=kind.hold)
         t = None if plan is None else plan.time()
-        if attempt == 0:
-            late_fits = late_first and t is not None
-        if t is not None and found is not None and not found:
-            found.append(time.perf_counter())
-        if t is not None and (best is None or t < best[0]):
-            best = (t, plan)
-    return best
+        if not early and not perturbed:
+            kind.late_fits = t is not None
+        if t is not None and self.found is not None and not self.found:
+            self.found.append(time.perf_counter())
+        if t is not None and (kind.best is None or t < kind.best[0]):
+            kind.best = (t, plan)
+
+    def rest(self, kind: _Kind, restarts: int) -> None:
+        """The plans of ``kind`` after its late one (made first if it was not): the early one, then the
+        ``restarts`` - 1 perturbed ones (see :class:`_Kind`)."""
+        if kind.late_fits is None:
+            self.make(kind, early=False)
+        if not kind.late_fits or (restarts and not kind.late_only):
+            self.make(kind, early=True)
+        if kind.best is None:
+            return
+        for attempt in range(2, 1 + restarts):
+            early = attempt % 2 == kind.late_only
+            if not (early and kind.late_only and kind.late_fits):
+                self.make(kind, early=early, perturbed=True)
 
 
 def refine_plan(plan: _Plan, plan_time: float, work: int, rng: random.Random,
