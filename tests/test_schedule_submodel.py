@@ -32,10 +32,10 @@ def start():
 
 
 def _neighbourhoods(p, g, model, solution):
-    """Three windows of 8-16 blocks (the last two improve the start) and two op neighbourhoods of 8 ops of
+    """Three windows of 8-16 blocks (the second improves the start) and two op neighbourhoods of 8 ops of
     ``solution``, as (free copies, lo, hi): small enough for CP-SAT to prove optima in the whole model too."""
     out = [(lns._free_copies(model, g.fpos, solution, g.base[a], g.base[a + w]), g.base[a], g.base[a + w])
-           for a, w in ((20, 8), (60, 12), (80, 16))]
+           for a, w in ((20, 8), (48, 16), (80, 16))]
     rng = random.Random(3)
     for seed_op in rng.sample(lns._rematerialised(model, solution), 2):
         out.append((lns._op_free(model, lns._op_set(model, p.inputs, solution, seed_op)), 0, g.horizon))
