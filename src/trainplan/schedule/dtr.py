@@ -321,6 +321,7 @@ class _Plan:
         self.walks: dict[tuple[int, int, bool], _Walk] = {}  # chain walks kept (:meth:`chain`)
         self.clock = [0]  # residency changes made so far, by this plan and its copies (shared, so epochs are unique)
         self.changed = [0] * p.n  # the clock when each tensor's residency last changed
+        self.polished: Events | None = None  # :meth:`events` until the plan next changes (evict, keep)
 
     def copy(self) -> _Plan:
         """An independent copy (the problem and the plain order's tables are shared)."""
@@ -530,6 +531,7 @@ class _Plan:
 
     def evict(self, u: int, k: int, c: int) -> None:
         """Evict u's gap k until step ``c``, restored there the cheapest way (its cost must be finite)."""
+        self.polished = None
         cost, sw, held = self.cost(u, k, c)
         if sw:
             c = self.gaps.stops[u][k + 1]  # a swap-in costs the same anywhere: as late as possible
@@ -569,6 +571,7 @@ class _Plan:
 
     def keep(self, u: int, k: int) -> None:
         """Keep u's evicted gap k on the device again."""
+        self.polished = None
         b = self.evicted[u][k]
         self._shift(u, k, +1)
         del self.evicted[u][k]
@@ -643,7 +646,13 @@ class _Plan:
 
     def events(self) -> Events:
         """The plan as events (:func:`_events`), each recomputed ancestor kept for the next restore that needs
-        it where it fits (:func:`retain_recomputes`)."""
+        it where it fits (:func:`retain_recomputes`); made once per state of the plan, so the events returned are
+        those :meth:`time` measured, even once the deadline that would cut their polish has passed."""
+        if self.polished is None:
+            self.polished = self._polish()
+        return self.polished
+
+    def _polish(self) -> Events:
         ends = [self.held_until(u) for u in range(self.p.n)]
         events = _events(self.p, self.gaps, self.evicted, self.by_swap, self.chains, ends)
         try:
