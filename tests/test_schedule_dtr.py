@@ -379,3 +379,29 @@ def test_the_last_step_over_the_budget_is_found_by_one_descent():
         counter = dtr._Counter(flags)
         for b in range(n + 1):
             assert counter.last_before(b) == max([i for i in range(b) if flags[i]], default=-1)
+
+
+def test_a_raised_plan_is_its_kind_s_plan_where_that_fits_and_raises_its_budget_where_it_is_stuck():
+    """The plan for a bisection's upper end: at 80% of the plain peak of the 100-op layered DAG (recompute only)
+    its kind's late plan fits, and it is that plan; at 1.1x the memory floor no DTR-style plan fits, and it
+    raises its budget to a valid schedule between the two, or gives nothing where that would pass its ceiling;
+    out of work, the plan so far, still valid; past the deadline, nothing."""
+    import time
+
+    import trainplan.schedule.dtr as dtr
+    p = layered_graph(100, 0, swap=False)
+    peak = replay(p, no_recompute_events(p)).peak_bytes
+    budget = int(0.8 * peak)
+    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=False, hold=True)
+    assert plan is not None and plan.time() is not None
+    assert dtr.raised_plan(p, budget, 1, peak, allow_swap=False) == plan.events()
+    low = int(1.1 * p.floor_bytes)
+    assert dtr_plan(p, low, allow_swap=False) is None
+    raised = replay(p, dtr.raised_plan(p, low, 1, peak, allow_swap=False)).peak_bytes
+    assert low < raised < peak
+    assert dtr.raised_plan(p, low, 1, (low + raised) // 2, allow_swap=False) is None
+    meter = [0]
+    dtr.raised_plan(p, low, 1, peak, allow_swap=False, meter=meter)
+    short = dtr.raised_plan(p, low, 1, peak, allow_swap=False, work_cap=meter[0] // 10)
+    assert short is not None and replay(p, short).peak_bytes > low
+    assert dtr.raised_plan(p, low, 1, peak, stop=dtr.dl.Deadline(time.perf_counter() - 1)) is None

@@ -15,7 +15,7 @@ from trainplan.schedule import deadline as dl
 from trainplan.schedule.bounds import RELAXATION_PROOF, Bound, floor_proof, relaxation_bound, trivial_bound
 from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.checkmate import checkmate
-from trainplan.schedule.dtr import dtr_plan
+from trainplan.schedule.dtr import dtr_plan, raised_plan
 from trainplan.schedule.heuristic import INF, POLICIES, Simulator, guided
 from trainplan.schedule.mip import (HINT_MAX_GROWTH, WALL_SAFETY, MipResult, SearchStop, hint_growth, objective_ticks,
                                     solve_mip)
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 Events = list[tuple[str, str]]
 METHODS = ("ours", "no_recompute", "sqrt_checkpoint", "checkmate", "swap_only")
 BISECT_TOLERANCE = 0.005
+RAISE_STEP = 0.005  # the raised plan's least raise, as a share of the way from the budget to the plain peak
 BISECT_SPLIT = 0.75  # the bisection's first probe sits this far up from the floor to the plain peak, not halfway:
 # a failed probe is the slow one (1-10 s for the DTR-style plan on 1000-2000-op recompute-only layered DAGs, 0.05-3 s
 # where it succeeds), and a first probe at the midpoint spent the whole share failing there, keeping the plain peak
@@ -294,13 +295,14 @@ class _Incumbent:
 
 def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, seed: int,
              deterministic: bool, copies: int | None, verbose: bool,
-             limit_if_no_heuristic_s: float | None = None, wall_limit_s: float | None = None) -> Schedule:
+             limit_if_no_heuristic_s: float | None = None, wall_limit_s: float | None = None,
+             start: Events | None = None) -> Schedule:
     """Greedy schedules, then the relaxation bound, its guided schedule and CP-SAT restricted to the ops it
     rematerialises, the staged bound, then full CP-SAT from the best hint; the answer is the best
     replay-valid schedule with the best proven bound.
     ``limit_if_no_heuristic_s``: the (shorter) limit to use when no greedy schedule fits, so a
     budget that is probably infeasible leaves time for the bisection. ``wall_limit_s``: a wall-clock limit
-    below ``time_limit_s`` (see ``_Clock``)."""
+    below ``time_limit_s`` (see ``_Clock``). ``start``: a valid schedule to improve (a bisection's probe's)."""
     clock = _Clock(time_limit_s, deterministic, time_limit_s if wall_limit_s is None else wall_limit_s)
     t0 = clock.t0
     events, name, first = best_heuristic(problem, budget, deadline_s=HEURISTIC_SHARE * time_limit_s,
@@ -310,6 +312,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         time_limit_s = clock.limit_s = min(time_limit_s, limit_if_no_heuristic_s)
         clock.wall_limit_s = min(clock.wall_limit_s, limit_if_no_heuristic_s)
     inc = _Incumbent(events, name, _valid(problem, events, budget), first)
+    if start is not None:
+        inc.offer(*_polish(problem, start, budget), "bisection-probe", t0)
     relax_s = max(0.1, min(time_limit_s / 2, clock.left()))
     if clock.wall_left() > MIN_STEP_S:
         relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
@@ -639,7 +643,16 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
     scratch = scratch_bound(prob)
     hi = nr_peak
     with dl.scope(dl.Deadline(deadline)):  # a probe's greedy runs stop there too
-        if scratch is not None and max(budget, prob.floor_bytes) <= scratch.bytes < nr_peak:
+        # one plan raising its budget where it is stuck: the bisection's upper end, near where plans start to fit
+        # (first: where the run from scratch takes the allowance and fails, it is left with nothing)
+        meter = [0]
+        events = raised_plan(prob, max(budget, prob.floor_bytes), int(RAISE_STEP * (nr_peak - budget)), hi - 1,
+                             meter=meter, work_cap=allowance.units(PROBE_DTR_PER_SECOND))
+        allowance.charge(meter[0], PROBE_DTR_PER_SECOND)
+        if events is not None:
+            hi = replay(prob, events).peak_bytes
+            found_events[hi], found_at[hi] = events, time.perf_counter() - t_start
+        if scratch is not None and max(budget, prob.floor_bytes) <= scratch.bytes < hi:
             # the budget known to be feasible first, where recomputing from scratch gets there in the allowance
             events, _ = _from_scratch(prob, scratch.bytes, INF, dl.current(), allowance)
             if events is not None:
@@ -650,8 +663,14 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
     bisect_s = time.perf_counter() - t0
     wall_s = max(0.1, time_limit_s - (time.perf_counter() - t_start))
     final_s = max(0.1, time_limit_s - charged - (share - allowance.seconds)) if deterministic else wall_s
+    if found <= budget:  # met after all (a first attempt that ran out of time): the requested budget, not raised
+        met = _ours_at(prob, budget, final_s, workers, seed, deterministic, copies, verbose,
+                       wall_limit_s=min(final_s, wall_s), start=found_events[found])
+        met.solve_seconds = time.perf_counter() - t_start
+        met.extra.update({"bisection_seconds": round(bisect_s, 3), "bisection_mip_probes": mip_probes})
+        return met
     new = _ours_at(prob.with_budget(found), found, final_s, workers, seed, deterministic, copies, verbose,
-                   wall_limit_s=min(final_s, wall_s))
+                   wall_limit_s=min(final_s, wall_s), start=found_events[found])
     if not new.ok:  # the final run had too little time: fall back on the probe's schedule
         new = from_events(prob, found_events[found], budget_bytes=found, method="ours",
                           solve_seconds=new.solve_seconds, extra={**new.extra, "heuristic": "bisection-probe",
