@@ -133,7 +133,7 @@ def test_an_unmet_budget_is_raised_no_higher_than_the_raised_plan_reaches():
     p = layered_graph(300, 0, swap=False)
     p = p.with_budget(int(1.1 * p.floor_bytes))
     plain = independent_replay(p, no_recompute_events(p)).peak_bytes
-    plan = raised_plan(p, p.budget_bytes, int(solve_module.RAISE_STEP * (plain - p.budget_bytes)), plain - 1)
+    plan = raised_plan(p, p.budget_bytes, int(solve_module.RAISE_STEP * p.budget_bytes), plain - 1)
     reached = independent_replay(p, plan).peak_bytes
     s = solve(p, time_limit_s=4.0, workers=1, seed=0)
     assert s.extra["budget_status"] == "not_found"

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 Events = list[tuple[str, str]]
 METHODS = ("ours", "no_recompute", "sqrt_checkpoint", "checkmate", "swap_only")
 BISECT_TOLERANCE = 0.005
-RAISE_STEP = 0.005  # the raised plan's least raise, as a share of the way from the budget to the plain peak
+RAISE_STEP = 0.001  # the raised plan's least raise, as a share of the budget it starts from (a fifth of the
+# bisection's tolerance)
 BISECT_SPLIT = 0.75  # the bisection's first probe sits this far up from the floor to the plain peak, not halfway:
 # a failed probe is the slow one (1-10 s for the DTR-style plan on 1000-2000-op recompute-only layered DAGs, 0.05-3 s
 # where it succeeds), and a first probe at the midpoint spent the whole share failing there, keeping the plain peak
@@ -646,8 +647,9 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
         # one plan raising its budget where it is stuck: the bisection's upper end, near where plans start to fit
         # (first: where the run from scratch takes the allowance and fails, it is left with nothing)
         meter = [0]
-        events = raised_plan(prob, max(budget, prob.floor_bytes), int(RAISE_STEP * (nr_peak - budget)), hi - 1,
-                             meter=meter, work_cap=allowance.units(PROBE_DTR_PER_SECOND))
+        start = max(budget, prob.floor_bytes)
+        events = raised_plan(prob, start, int(RAISE_STEP * start), hi - 1, meter=meter,
+                             work_cap=allowance.units(PROBE_DTR_PER_SECOND))
         allowance.charge(meter[0], PROBE_DTR_PER_SECOND)
         if events is not None:
             hi = replay(prob, events).peak_bytes
