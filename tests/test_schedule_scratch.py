@@ -157,6 +157,10 @@ def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypat
         # each unit charged twice its time here, so the probes end on their allowance, not on the wall-clock
         # safety net, on a slower or loaded host too (as in test_the_bisection_does_not_depend_on_wall_time)
         monkeypatch.setattr(SOLVE, rate, getattr(SOLVE, rate) // 2)
+    # no CP-SAT probes: each is charged its limit (0.3 s here) and took up to 0.6 s of wall time on a slow host
+    # (a 1e7-addition loop at 1.2-1.6 s), so with four of them the bisection took 2.4 s of its 3 s wall-clock
+    # safety net and a loaded run was cut by it; without them it takes 0.5 s
+    monkeypatch.setattr(SOLVE, "MAX_MIP_PROBES", 0)
     p = layered_graph(100, 27)
     prob = p.with_budget(int(1.05 * p.floor_bytes))
     real_run, real_bisect = SOLVE.scratch_events, SOLVE.min_feasible_budget
