@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT2
-from trainplan.export import graph_tables, is_inplace, memory_table
+from trainplan.aten_ops import is_inplace
+from trainplan.export import graph_tables, memory_table
 from trainplan.models import BuiltModel, ModelSpecError, build_model, default_loss, on_device
 from trainplan.trace import TraceError, trace_training_step
 

@@ -160,12 +160,6 @@ def graph_tables(traced: TracedStep) -> GraphTables:
     return GraphTables(nodes, tensors, summary)
 
 
-def is_inplace(op: str) -> bool:
-    """True for an aten op that mutates an input (``aten.add_.Tensor``, ``aten.copy_.default``)."""
-    parts = op.split(".")
-    return len(parts) >= 2 and parts[1].endswith("_") and not parts[1].startswith("_")
-
-
 def memory_table(tables: GraphTables) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Per-op live bytes of the in-order execution and its summary (fixed bytes, peak, peak op)."""
     mem = memory_profile(tables.nodes, tables.tensors)

@@ -12,7 +12,7 @@ import torch
 from torch.fx.node import map_arg
 from tqdm import tqdm
 
-from trainplan.export import is_inplace
+from trainplan.aten_ops import is_inplace
 from trainplan.io import ArtifactError
 from trainplan.execute.link import measure_host_link
 from trainplan.models import BuiltModel, on_device

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from trainplan.execute.plan import StagePlan
-from trainplan.export import is_inplace
+from trainplan.aten_ops import is_inplace
 from trainplan.memory import FIXED_KINDS
 
 #: one tensor value of the graph: (fx node name, element index; -1 for a node returning one tensor)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainplan.export import is_inplace
+from trainplan.aten_ops import is_inplace
 from trainplan.fuse.graph import OpGraph
 
 

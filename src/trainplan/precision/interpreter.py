@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from trainplan.export import is_inplace
+from trainplan.aten_ops import is_inplace
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 _CASTABLE = (torch.float16, torch.float32)
