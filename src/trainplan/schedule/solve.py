@@ -654,7 +654,7 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
         if events is not None:
             hi = replay(prob, events).peak_bytes
             found_events[hi], found_at[hi] = events, time.perf_counter() - t_start
-        if scratch is not None and max(budget, prob.floor_bytes) <= scratch.bytes < hi:
+        if scratch is not None and start <= scratch.bytes < hi:
             # the budget known to be feasible first, where recomputing from scratch gets there in the allowance
             events, _ = _from_scratch(prob, scratch.bytes, INF, dl.current(), allowance)
             if events is not None:
