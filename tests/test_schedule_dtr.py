@@ -401,7 +401,7 @@ def test_a_raised_plan_is_its_kind_s_plan_where_that_fits_and_raises_its_budget_
     assert low < raised < peak
     assert dtr.raised_plan(p, low, 1, (low + raised) // 2, allow_swap=False) is None
     meter = [0]
-    dtr.raised_plan(p, low, 1, peak, allow_swap=False, meter=meter)
+    full = dtr.raised_plan(p, low, 1, peak, allow_swap=False, meter=meter)
     short = dtr.raised_plan(p, low, 1, peak, allow_swap=False, work_cap=meter[0] // 10)
-    assert short is not None and replay(p, short).peak_bytes > low
+    assert short is not None and short != full and replay(p, short).peak_bytes > low  # the plan cut short, valid
     assert dtr.raised_plan(p, low, 1, peak, stop=dtr.dl.Deadline(time.perf_counter() - 1)) is None

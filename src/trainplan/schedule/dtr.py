@@ -199,10 +199,9 @@ def raised_plan(problem: Problem, budget_bytes: int, least_raise: int, ceiling: 
     stop = dl.current() if stop is None else stop
     try:
         plan = _Plan(problem, budget_bytes, allow_swap, stop, MAX_CHAIN, early=False, meter=meter, work_cap=work_cap,
-                     hold=True)
+                     hold=True, least_raise=max(1, least_raise), ceiling=ceiling)
     except dl.OutOfTime:
         return None
-    plan.least_raise, plan.ceiling = max(1, least_raise), ceiling
     try:
         if not plan.relieve(None):
             return None
@@ -330,7 +329,8 @@ class _Plan:
     updated, so a plan can be relieved, thinned and partly undone (:func:`refine_plan`)."""
 
     def __init__(self, p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, max_chain: int,
-                 early: bool, meter: list[int] | None = None, work_cap: float = INF, hold: bool = False) -> None:
+                 early: bool, meter: list[int] | None = None, work_cap: float = INF, hold: bool = False,
+                 least_raise: int = 0, ceiling: float = INF) -> None:
         self.p, self.budget, self.allow_swap, self.stop, self.max_chain = p, budget, allow_swap, stop, max_chain
         self.hold = hold  # a restore's chain may keep an input alive past its last reader (:meth:`chain`)
         self.early = early  # restores may come before the next reader (:meth:`restore_steps`)
@@ -355,8 +355,8 @@ class _Plan:
         self.clock = [0]  # residency changes made so far, by this plan and its copies (shared, so epochs are unique)
         self.changed = [0] * p.n  # the clock when each tensor's residency last changed
         self.polished: Events | None = None  # :meth:`events` until the plan next changes (evict, keep)
-        self.least_raise = 0  # > 0: relieve raises the budget where a step cannot be relieved (:func:`raised_plan`)
-        self.ceiling = INF  # ... but not past this
+        self.least_raise = least_raise  # > 0: relieve raises the budget where a step is stuck (:func:`raised_plan`)
+        self.ceiling = ceiling  # ... but not past this
 
     def copy(self) -> _Plan:
         """An independent copy (the problem and the plain order's tables are shared)."""
@@ -670,8 +670,10 @@ class _Plan:
                 if best is None or key < best:
                     best = key
             if best is None:  # nothing evictable relieves this step without a cascade
+                if not self.least_raise:
+                    return False
                 by = max(self.least_raise, excess[s] // RAISE_DIV)
-                if not self.least_raise or self.budget + by > self.ceiling:
+                if self.budget + by > self.ceiling:
                     return False
                 self.raise_budget(by)
                 if excess[s] > 0:
