@@ -161,6 +161,7 @@ def test_a_budget_the_bisection_meets_is_reported_met_not_raised(monkeypatch):
     assert budgets == [p.budget_bytes, p.budget_bytes]
     assert s.ok and s.extra["budget_status"] == "met" and s.budget_bytes == p.budget_bytes
     assert "requested_budget_bytes" not in s.extra
+    assert 0 < s.extra["first_feasible_seconds"] <= s.solve_seconds  # counted from the call's start
     assert independent_replay(p, s.events, p.budget_bytes).time == s.time
 
 

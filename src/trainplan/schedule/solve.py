@@ -665,23 +665,17 @@ def _solve(problem: Problem, time_limit_s: float, workers: int, seed: int, metho
     bisect_s = time.perf_counter() - t0
     wall_s = max(0.1, time_limit_s - (time.perf_counter() - t_start))
     final_s = max(0.1, time_limit_s - charged - (share - allowance.seconds)) if deterministic else wall_s
-    if found <= budget:  # met after all (a first attempt that ran out of time): the requested budget, not raised
-        met = _ours_at(prob, budget, final_s, workers, seed, deterministic, copies, verbose,
-                       wall_limit_s=min(final_s, wall_s), start=found_events[found])
-        met.solve_seconds = time.perf_counter() - t_start
-        met.extra.update({"bisection_seconds": round(bisect_s, 3), "bisection_mip_probes": mip_probes})
-        return met
-    new = _ours_at(prob.with_budget(found), found, final_s, workers, seed, deterministic, copies, verbose,
-                   wall_limit_s=min(final_s, wall_s), start=found_events[found])
-    if not new.ok:  # the final run had too little time: fall back on the probe's schedule
-        new = from_events(prob, found_events[found], budget_bytes=found, method="ours",
-                          solve_seconds=new.solve_seconds, extra={**new.extra, "heuristic": "bisection-probe",
-                                                                  "first_feasible_seconds": found_at[found]})
+    at = max(found, budget)  # the requested budget where a probe met it (a first attempt out of time): not raised
+    new = _ours_at(prob.with_budget(at), at, final_s, workers, seed, deterministic, copies, verbose,
+                   wall_limit_s=min(final_s, wall_s), start=found_events[found])  # valid there: never without one
     new.solve_seconds = time.perf_counter() - t_start
-    known = f"proven infeasible ({proof})" if proof else "not met by any schedule found within the time limit"
-    new.extra.update({"requested_budget_bytes": budget, "bisection_seconds": round(bisect_s, 3),
-                      "bisection_mip_probes": mip_probes,
+    new.extra.update({"bisection_seconds": round(bisect_s, 3), "bisection_mip_probes": mip_probes,
                       "bisection_work_seconds": round(share - allowance.seconds, 3),
+                      "first_feasible_seconds": found_at[found]})  # from the call's start, like the first attempt's
+    if at == budget:
+        return new
+    known = f"proven infeasible ({proof})" if proof else "not met by any schedule found within the time limit"
+    new.extra.update({"requested_budget_bytes": budget,
                       "note": f"requested budget {budget} B is {known}; smallest feasible budget found "
                               f"by bisection (tolerance {BISECT_TOLERANCE:.1%}): {found} B"})
     if not new.ok:
