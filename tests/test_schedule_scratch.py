@@ -139,7 +139,8 @@ def test_the_cli_meets_a_recompute_only_budget_no_other_fast_schedule_meets(tmp_
 
 
 def test_an_unmet_budget_says_where_a_schedule_exists_and_the_bisection_gets_there():
-    p = layered_graph(100, 26, swap=False)
+    # seed 32: the last-compute search decides neither way in 200k sets at 1.05x the floor (on seed 26 it meets it)
+    p = layered_graph(100, 32, swap=False)
     prob = p.with_budget(int(1.05 * p.floor_bytes))
     bound = scratch_bound(prob)
     sched = solve(prob, 3.0)
@@ -161,7 +162,7 @@ def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypat
     # (a 1e7-addition loop at 1.2-1.6 s), so with four of them the bisection took 2.4 s of its 3 s wall-clock
     # safety net and a loaded run was cut by it; without them it takes 0.5 s
     monkeypatch.setattr(SOLVE, "MAX_MIP_PROBES", 0)
-    p = layered_graph(100, 27)
+    p = layered_graph(100, 31)  # the last-compute search decides neither way at 1.05x the floor (it meets seed 27)
     prob = p.with_budget(int(1.05 * p.floor_bytes))
     real_run, real_bisect = SOLVE.scratch_events, SOLVE.min_feasible_budget
     runs = []

@@ -109,6 +109,19 @@ class Problem:
     def with_budget(self, budget_bytes: int) -> Problem:
         return Problem(self.ops, int(budget_bytes), self.bandwidth, self.fixed_bytes, self.keep)
 
+    def in_order(self, ids: list[str]) -> Problem:
+        """The same problem with its ops in the order ``ids`` (a topological order of every op id): the program
+        order the methods follow for first computes."""
+        if sorted(ids) != sorted(self.index):
+            raise ProblemError("a new op order must name every op once")
+        pos = {oid: i for i, oid in enumerate(ids)}
+        for oid in ids:
+            late = [x for x in self.ops[self.index[oid]].inputs if pos[x] > pos[oid]]
+            if late:
+                raise ProblemError(f"op '{oid}' would come before its input '{late[0]}'")
+        return Problem(tuple(self.ops[self.index[oid]] for oid in ids), self.budget_bytes, self.bandwidth,
+                       self.fixed_bytes, self.keep)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "ops": [

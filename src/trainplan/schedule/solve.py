@@ -17,6 +17,7 @@ from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.checkmate import checkmate
 from trainplan.schedule.dtr import dtr_plan, raised_plan
 from trainplan.schedule.heuristic import INF, POLICIES, Simulator, guided
+from trainplan.schedule.last_compute import search as last_compute_search
 from trainplan.schedule.mip import (HINT_MAX_GROWTH, WALL_SAFETY, MipResult, SearchStop, hint_growth, objective_ticks,
                                     solve_mip)
 from trainplan.schedule.problem import Problem
@@ -56,6 +57,12 @@ STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at 
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 SCRATCH_WORK_PER_SECOND = 800_000  # recomputing from scratch: work units per second (scratch._Run; 0.83-1.17M here on
 # 100-2000-op layered DAGs on a slow day): its cap is this x the heuristics' share of the limit, or the allowance
+SEARCH_STATES_PER_SECOND = 20_000  # the last-compute search (schedule/last_compute.py): sets per second charged
+# (17-43k here on 30-250-op layered DAGs, 8-19k on 500-2000 ops while another job ran); its cap is this x the
+# heuristics' share of the limit, or the allowance
+PROBE_SEARCH_STATES = 50_000  # and at most this many in a bisection's probe: on the 100-250-op layered DAGs at 1.1x
+# the memory floor it found a schedule in 11-29k sets, and on 500-2000 ops none in 1M (a probe there would only
+# spend what the DTR-style probes need)
 DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
 DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
 REFINE_SHARE = 0.5  # ruin and recreate on the DTR-style plan: this share of the heuristics' time x
@@ -115,6 +122,24 @@ def _from_scratch(problem: Problem, budget: int, work_cap: float, stop: dl.Deadl
     return _polish(problem, events, budget)
 
 
+def _last_compute(problem: Problem, budget: int, max_states: float, stop: dl.Deadline,
+                  allowance: dl.Allowance | None) -> tuple[Events | None, float | None, str | None]:
+    """The polished schedule of the last-compute search within ``max_states`` sets (and the ``allowance``, charged:
+    a bisection probe's, at most PROBE_SEARCH_STATES), its time, and where no op can be swapped and the search
+    ended without one, the proof that no schedule fits."""
+    cap = max_states if allowance is None else min(max_states, PROBE_SEARCH_STATES,
+                                                   allowance.units(SEARCH_STATES_PER_SECOND))
+    if cap < 1:
+        return None, None, None
+    found = last_compute_search(problem, budget, max_states=int(min(cap, 2**62)), stop=stop)
+    if allowance is not None:
+        allowance.charge(found.states, SEARCH_STATES_PER_SECOND)
+    if found.status == "infeasible" and not any(op.swap for op in problem.ops):
+        return None, None, (f"last-compute search: no recompute-only schedule fits, first computes in any order "
+                            f"(the search ended after {found.states} sets)")
+    return (*_polish(problem, found.events, budget), None)
+
+
 def _polish(problem: Problem, events: Events | None, budget: int) -> tuple[Events | None, float | None]:
     """``events`` with each recompute that fits replaced by keeping the tensor (:func:`retain_recomputes`), and
     their replayed time; (None, None) if ``events`` are not valid within ``budget``."""
@@ -164,7 +189,8 @@ def refine_share(problem: Problem) -> float:
 
 def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, deadline_s: float | None = None,
                    first_deadline_s: float | None = None, chain_dp: bool = True, greedy_work: int | None = None,
-                   allowance: dl.Allowance | None = None) -> tuple[Events | None, str, float | None]:
+                   allowance: dl.Allowance | None = None,
+                   proofs: list[str] | None = None) -> tuple[Events | None, str, float | None]:
     """Best valid fast schedule (the chain DP on adjoint chains unless ``chain_dp`` is false, the DTR-style
     plan with and without swaps; where none of these fits, the run recomputing from scratch within its work
     cap (see :func:`_from_scratch`); greedy policies x swap/recompute options, sqrt(n) checkpointing), its name,
@@ -174,7 +200,10 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
     before, at ``first_deadline_s``; always at the call's deadline).
     ``greedy_work``: each greedy run's work cap (see ``heuristic.Simulator``). ``allowance``: the work of the
     DTR-style plans, the run from scratch and the greedy runs is charged to it, and no run goes past it
-    (deterministic, unlike the deadlines)."""
+    (deterministic, unlike the deadlines). Where none of the fast schedules fits, the last-compute search
+    (:mod:`trainplan.schedule.last_compute`) looks for a recompute-only schedule in any order of first computes;
+    where it proves that none exists and no op can be swapped, its proof is appended to ``proofs`` and nothing
+    more is tried."""
     t0 = time.perf_counter()
     stop_at = None if deadline_s is None else t0 + deadline_s
     call = dl.current()  # the call's deadline ends every run, even before a first valid schedule
@@ -237,6 +266,18 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
                                   first_stop, allowance)  # a failed run would take the bisection's time
         if t is not None:
             best, first = (t, events, "scratch-recompute"), time.perf_counter() - t0
+            if first_only:
+                return best[1], best[2], first
+    if best is None:  # an exact search in any order: it finds schedules near the floor, or proves there are none
+        events, t, proof = _last_compute(problem, budget,
+                                         INF if deadline_s is None else deadline_s * SEARCH_STATES_PER_SECOND,
+                                         first_stop, allowance)
+        if proof is not None:  # no schedule fits: the runs below cannot find one
+            if proofs is not None:
+                proofs.append(proof)
+            return None, "", None
+        if t is not None:
+            best, first = (t, events, "last-compute-search"), time.perf_counter() - t0
             if first_only:
                 return best[1], best[2], first
     for variant in variants:
@@ -306,8 +347,14 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     below ``time_limit_s`` (see ``_Clock``). ``start``: a valid schedule to improve (a bisection's probe's)."""
     clock = _Clock(time_limit_s, deterministic, time_limit_s if wall_limit_s is None else wall_limit_s)
     t0 = clock.t0
+    proofs: list[str] = []
     events, name, first = best_heuristic(problem, budget, deadline_s=HEURISTIC_SHARE * time_limit_s,
-                                         first_deadline_s=limit_if_no_heuristic_s)
+                                         first_deadline_s=limit_if_no_heuristic_s, proofs=proofs)
+    if proofs:
+        proof = floor_proof(problem, budget) or proofs[0]
+        return set_budget_status(no_schedule(budget, "ours", time.perf_counter() - t0, f"proven infeasible ({proof})",
+                                             {"heuristic": None, "first_feasible_seconds": None}),
+                                 "proven_infeasible", proof)
     full = (clock.limit_s, clock.wall_limit_s)  # restored if the shortened attempt finds a schedule
     if events is None and limit_if_no_heuristic_s is not None:
         time_limit_s = clock.limit_s = min(time_limit_s, limit_if_no_heuristic_s)
@@ -315,6 +362,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     inc = _Incumbent(events, name, _valid(problem, events, budget), first)
     if start is not None:
         inc.offer(*_polish(problem, start, budget), "bisection-probe", t0)
+    problem, reordered = _in_first_compute_order(problem, inc.events)
+    order_from = inc.name if reordered else None
     relax_s = max(0.1, min(time_limit_s / 2, clock.left()))
     if clock.wall_left() > MIN_STEP_S:
         relax = relaxation_bound(problem, budget, time_limit_s=relax_s, workers=workers, seed=seed,
@@ -328,6 +377,8 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     inc.offer(*_polish(problem, guided_events, budget), "relaxation-guided", t0)
     extra: dict[str, Any] = {"relaxation": {"bound": relax.seconds, "status": relax.status},
                              "time_no_recompute": problem.compute_time}
+    if order_from:  # the bounds below hold over schedules whose first computes come in this order
+        extra["program_order"] = f"the first computes of the {order_from} schedule"
     if relax.infeasible:
         extra.update(heuristic=inc.name or None, heuristic_time=inc.time, first_feasible_seconds=None)
         proof = floor_proof(problem, budget) or RELAXATION_PROOF
@@ -369,6 +420,17 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         res = _improve(problem, budget, res, found, best, clock, full, workers, seed, copies, verbose, extra)
     sched = _answer(problem, budget, inc, best, proven, res, t0, extra)
     return set_budget_status(sched, "met" if sched.ok else "not_found")
+
+
+def _in_first_compute_order(problem: Problem, events: Events | None) -> tuple[Problem, bool]:
+    """``problem`` with its ops in the order of their first computes in ``events`` (the last-compute search's
+    come in any order; every later step follows the program order), and whether that changed the order."""
+    if events is None:
+        return problem, False
+    order = list(dict.fromkeys(oid for kind, oid in events if kind == "compute"))
+    if order == [op.id for op in problem.ops]:
+        return problem, False
+    return problem.in_order(order), True
 
 
 def _grow_grid(problem: Problem, budget: int, res: MipResult, bound_ticks: int, time_s: float, wall_s: float,
