@@ -45,7 +45,7 @@ def test_the_search_decides_every_budget_as_a_forward_search_does(n):
         p = layered_graph(n, 100 + seed)
         for frac in (0.95, 1.0, 1.03, 1.08, 1.2, 1.5):
             budget = int(frac * p.floor_bytes)
-            got = search(p, budget, max_states=10**6)
+            got = search(p, budget, max_work=10**8)
             assert got.status == ("found" if _forward_feasible(p, budget) else "infeasible"), (seed, frac)
             checked[got.status] += 1
             if got.events is not None:
@@ -57,10 +57,10 @@ def test_the_search_decides_every_budget_as_a_forward_search_does(n):
 def test_the_search_stops_at_its_state_cap_and_deadline():
     p = layered_graph(250, 0)
     budget = int(1.1 * p.floor_bytes)
-    assert search(p, budget, max_states=10**6).status == "found"
-    capped = search(p, budget, max_states=100)
+    assert search(p, budget, max_work=10**8).status == "found"
+    capped = search(p, budget, max_work=1000)
     assert capped.status == "unknown" and capped.events is None and "cap" in capped.reason
-    late = search(p, budget, max_states=10**6, stop=dl.Deadline(0.0))
+    late = search(p, budget, max_work=10**8, stop=dl.Deadline(0.0))
     assert late.status == "unknown" and late.reason == "deadline"
 
 
@@ -71,7 +71,7 @@ def test_the_search_stops_at_its_state_cap_and_deadline():
 def test_the_search_says_where_it_does_not_apply(change, why):
     ops = [Op("a", 1.0, 10), Op("b", 1.0, 10, ("a",)), Op("c", 1.0, 10, ("a", "b"))]
     p = Problem(tuple(change(ops)), 100, 1.0, keep=("c",))
-    got = search(p, 100, max_states=10)
+    got = search(p, 100, max_work=10)
     assert got.status == "unknown" and why in got.reason and why in not_applicable(p)
     assert "no keep set" in not_applicable(Problem(tuple(ops), 100, 1.0))
 

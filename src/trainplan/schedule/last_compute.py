@@ -22,17 +22,18 @@ from trainplan.schedule import deadline as dl
 from trainplan.schedule.heuristic import Events
 from trainplan.schedule.problem import Problem
 
-CHECK_EVERY = 256  # states between deadline checks
 
 
 @dataclass(frozen=True)
 class SearchResult:
     """``found`` (``events`` fit the budget), ``infeasible`` (no recompute-only schedule fits: the search ended) or
-    ``unknown`` (stopped at its state cap or deadline, or not applicable: ``reason``); ``states`` searched."""
+    ``unknown`` (stopped at its work cap or deadline, or not applicable: ``reason``); ``states``: the sets seen;
+    ``work``: the members of every set made (what its time grows with)."""
 
     status: str
     events: Events | None
     states: int
+    work: int = 0
     reason: str = ""
 
 
@@ -57,12 +58,13 @@ def not_applicable(problem: Problem) -> str | None:
     return None
 
 
-def search(problem: Problem, budget: int, *, max_states: int, stop: dl.Deadline = dl.NEVER) -> SearchResult:
-    """Depth first from the keep set (the latest op in a set taken first), within ``max_states`` sets and ``stop``.
-    ``infeasible`` holds over every recompute-only schedule (swaps not used); deterministic for a state cap."""
+def search(problem: Problem, budget: int, *, max_work: int, stop: dl.Deadline = dl.NEVER) -> SearchResult:
+    """Depth first from the keep set (the latest op in a set taken first), within ``max_work`` (set members made,
+    see SearchResult) and ``stop``. ``infeasible`` holds over every recompute-only schedule (swaps not used);
+    deterministic for a work cap."""
     why = not_applicable(problem)
     if why is not None:
-        return SearchResult("unknown", None, 0, why)
+        return SearchResult("unknown", None, 0, 0, why)
     p, cap = problem, budget - problem.fixed_bytes
     size = [op.bytes for op in p.ops]
     extra = [op.workspace for op in p.ops]
@@ -96,18 +98,18 @@ def search(problem: Problem, budget: int, *, max_states: int, stop: dl.Deadline 
 
     keep = sum(1 << u for u in p.keep_idx)
     if mem(keep) > cap:
-        return SearchResult("infeasible", None, 1)
+        return SearchResult("infeasible", None, 1, 1)
     goal, used, taken = close(keep, mem(keep))
     parent: dict[int, tuple[int, int, tuple[int, ...]] | None] = {goal: None}  # set -> (set before, v, taken)
     stack = [(goal, used)]
-    states = 0
+    work = 0
     while stack:
         here, used = stack.pop()
         if here == 0:
-            return SearchResult("found", _events(p, parent, keep, taken), len(parent))
-        states += 1
-        if states % CHECK_EVERY == 0 and stop.passed():
-            return SearchResult("unknown", None, len(parent), "deadline")
+            return SearchResult("found", _events(p, parent, keep, taken), len(parent), work)
+        if work > max_work or stop.passed():
+            return SearchResult("unknown", None, len(parent), work,
+                                "deadline" if work <= max_work else f"work cap {max_work}")
         children = []
         rest = here
         while rest:
@@ -119,14 +121,13 @@ def search(problem: Problem, budget: int, *, max_states: int, stop: dl.Deadline 
             if before + size[v] + extra[v] > cap:
                 continue
             nxt, nxt_used, nxt_taken = close((here ^ low) | added, before)
+            work += nxt.bit_count() + 1
             if nxt in parent or _holds_a_seen_set(nxt, parent):
                 continue
             parent[nxt] = (here, v, nxt_taken)
             children.append((nxt, nxt_used))
         stack.extend(children)  # popped last first: the latest op's child is searched first
-        if len(parent) > max_states:
-            return SearchResult("unknown", None, len(parent), f"state cap {max_states}")
-    return SearchResult("infeasible", None, len(parent))
+    return SearchResult("infeasible", None, len(parent), work)
 
 
 def _holds_a_seen_set(mask: int, seen: dict[int, object]) -> bool:

@@ -57,12 +57,12 @@ STAGED_VARIABLES_PER_SECOND = 2000  # the staged bound runs if its model has at 
 # second of the limit (10 s: ~110 ops of a training graph); beyond, its bound rarely passes the relaxation's
 SCRATCH_WORK_PER_SECOND = 800_000  # recomputing from scratch: work units per second (scratch._Run; 0.83-1.17M here on
 # 100-2000-op layered DAGs on a slow day): its cap is this x the heuristics' share of the limit, or the allowance
-SEARCH_STATES_PER_SECOND = 20_000  # the last-compute search (schedule/last_compute.py): sets per second charged
-# (17-43k here on 30-250-op layered DAGs, 8-19k on 500-2000 ops while another job ran); its cap is this x the
-# heuristics' share of the limit, or the allowance
-PROBE_SEARCH_STATES = 50_000  # and at most this many in a bisection's probe: on the 100-250-op layered DAGs at 1.1x
-# the memory floor it found a schedule in 11-29k sets, and on 500-2000 ops none in 1M (a probe there would only
-# spend what the DTR-style probes need)
+SEARCH_WORK_PER_SECOND = 800_000  # the last-compute search (schedule/last_compute.py): work units (members of the
+# sets it makes) per second charged (1.1-2.1M here on 100-2000-op layered DAGs on a fast day, where sets per second
+# ranged 9-54k); its cap is this x the heuristics' share of the limit, or in a bisection's probe
+PROBE_SEARCH_SHARE = 0.2  # this share of the allowance left: on the 100-250-op layered DAGs at 1.1x the memory floor
+# it found a schedule in 0.4-1.9M units, and on 500-2000 ops none in 3M (there a probe's search only spends what the
+# DTR-style probes need: with all of the allowance, the 2000-op seeds 8 and 14 at 70% were raised to the plain peak)
 DTR_OPS_PER_SECOND = 2000  # one DTR-style plan takes about n / this seconds here (under load): restarts are
 DTR_MAX_RESTARTS = 8  # min(this, heuristic share x this rate / n), a function of the limit and the size only
 REFINE_SHARE = 0.5  # ruin and recreate on the DTR-style plan: this share of the heuristics' time x
@@ -122,18 +122,18 @@ def _from_scratch(problem: Problem, budget: int, work_cap: float, stop: dl.Deadl
     return _polish(problem, events, budget)
 
 
-def _last_compute(problem: Problem, budget: int, max_states: float, stop: dl.Deadline,
+def _last_compute(problem: Problem, budget: int, max_work: float, stop: dl.Deadline,
                   allowance: dl.Allowance | None) -> tuple[Events | None, float | None, str | None]:
-    """The polished schedule of the last-compute search within ``max_states`` sets (and the ``allowance``, charged:
-    a bisection probe's, at most PROBE_SEARCH_STATES), its time, and where no op can be swapped and the search
-    ended without one, the proof that no schedule fits."""
-    cap = max_states if allowance is None else min(max_states, PROBE_SEARCH_STATES,
-                                                   allowance.units(SEARCH_STATES_PER_SECOND))
+    """The polished schedule of the last-compute search within ``max_work`` units (and PROBE_SEARCH_SHARE of the
+    ``allowance``, charged: a bisection probe's), its time, and where no op can be swapped and the search ended
+    without one, the proof that no schedule fits."""
+    cap = max_work if allowance is None else min(max_work,
+                                                 PROBE_SEARCH_SHARE * allowance.units(SEARCH_WORK_PER_SECOND))
     if cap < 1:
         return None, None, None
-    found = last_compute_search(problem, budget, max_states=int(min(cap, 2**62)), stop=stop)
+    found = last_compute_search(problem, budget, max_work=int(min(cap, 2**62)), stop=stop)
     if allowance is not None:
-        allowance.charge(found.states, SEARCH_STATES_PER_SECOND)
+        allowance.charge(found.work, SEARCH_WORK_PER_SECOND)
     if found.status == "infeasible" and not any(op.swap for op in problem.ops):
         return None, None, (f"last-compute search: no recompute-only schedule fits, first computes in any order "
                             f"(the search ended after {found.states} sets)")
@@ -270,7 +270,7 @@ def best_heuristic(problem: Problem, budget: int, *, first_only: bool = False, d
                 return best[1], best[2], first
     if best is None:  # an exact search in any order: it finds schedules near the floor, or proves there are none
         events, t, proof = _last_compute(problem, budget,
-                                         INF if deadline_s is None else deadline_s * SEARCH_STATES_PER_SECOND,
+                                         INF if deadline_s is None else deadline_s * SEARCH_WORK_PER_SECOND,
                                          first_stop, allowance)
         if proof is not None:  # no schedule fits: the runs below cannot find one
             if proofs is not None:
