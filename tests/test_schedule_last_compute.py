@@ -3,6 +3,7 @@ its schedules replay within the budget, and through solve it meets budgets no fa
 infeasible."""
 
 import importlib
+from dataclasses import replace
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_the_search_stops_at_its_state_cap_and_deadline():
 
 
 @pytest.mark.parametrize("change, why", [
-    (lambda ops: [ops[0].__class__(**{**ops[0].__dict__, "recompute": False}), *ops[1:]], "cannot be recomputed"),
+    (lambda ops: [replace(ops[0], recompute=False), *ops[1:]], "cannot be recomputed"),
     (lambda ops: [*ops, Op("dead", 1.0, 5, ("a",))], "needed by no keep op"),
 ])
 def test_the_search_says_where_it_does_not_apply(change, why):
@@ -118,7 +119,7 @@ def test_solve_proves_a_recompute_only_budget_infeasible_by_the_search():
 def test_no_proof_where_an_op_could_be_swapped():
     """The search uses no swap, so its 'none fits' proves nothing where one op can be swapped."""
     p = layered_graph(12, 0)
-    ops = (p.ops[0].__class__(**{**p.ops[0].__dict__, "swap": True}), *p.ops[1:])
+    ops = (replace(p.ops[0], swap=True), *p.ops[1:])
     q = Problem(ops, p.budget_bytes, p.bandwidth, keep=p.keep)
     got = solve(q.with_budget(int(1.05 * q.floor_bytes)), time_limit_s=2, workers=1)
     assert "last-compute" not in (got.extra.get("infeasibility_proof") or "")

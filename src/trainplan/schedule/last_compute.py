@@ -23,7 +23,6 @@ from trainplan.schedule.heuristic import Events
 from trainplan.schedule.problem import Problem
 
 
-
 @dataclass(frozen=True)
 class SearchResult:
     """``found`` (``events`` fit the budget), ``infeasible`` (no recompute-only schedule fits: the search ended) or
@@ -97,9 +96,10 @@ def search(problem: Problem, budget: int, *, max_work: int, stop: dl.Deadline = 
         return mask, used, tuple(taken)
 
     keep = sum(1 << u for u in p.keep_idx)
-    if mem(keep) > cap:
+    kept = mem(keep)
+    if kept > cap:
         return SearchResult("infeasible", None, 1, 1)
-    goal, used, taken = close(keep, mem(keep))
+    goal, used, taken = close(keep, kept)
     parent: dict[int, tuple[int, int, tuple[int, ...]] | None] = {goal: None}  # set -> (set before, v, taken)
     stack = [(goal, used)]
     work = 0
@@ -159,12 +159,20 @@ def _events(problem: Problem, parent: dict[int, tuple[int, int, tuple[int, ...]]
             resident |= 1 << u
         events.append(("compute", ids[v]))
         resident |= 1 << v
-        drop = resident & ~up
-        events += [("free", ids[u]) for u in range(problem.n) if drop >> u & 1]
+        events += [("free", ids[u]) for u in _members(resident & ~up)]
         resident = up
     for u in reversed(goal_taken):
         events.append(("compute", ids[u]))
         resident |= 1 << u
-    drop = resident & ~keep
-    events += [("free", ids[u]) for u in range(problem.n) if drop >> u & 1]
+    events += [("free", ids[u]) for u in _members(resident & ~keep)]
     return events
+
+
+def _members(mask: int) -> list[int]:
+    """The op indices in ``mask``, lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out

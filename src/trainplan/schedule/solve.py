@@ -351,10 +351,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
     events, name, first = best_heuristic(problem, budget, deadline_s=HEURISTIC_SHARE * time_limit_s,
                                          first_deadline_s=limit_if_no_heuristic_s, proofs=proofs)
     if proofs:
-        proof = floor_proof(problem, budget) or proofs[0]
-        return set_budget_status(no_schedule(budget, "ours", time.perf_counter() - t0, f"proven infeasible ({proof})",
-                                             {"heuristic": None, "first_feasible_seconds": None}),
-                                 "proven_infeasible", proof)
+        return _proven_infeasible(problem, budget, proofs[0], t0, {"heuristic": None, "first_feasible_seconds": None})
     full = (clock.limit_s, clock.wall_limit_s)  # restored if the shortened attempt finds a schedule
     if events is None and limit_if_no_heuristic_s is not None:
         time_limit_s = clock.limit_s = min(time_limit_s, limit_if_no_heuristic_s)
@@ -381,9 +378,7 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         extra["program_order"] = f"the first computes of the {order_from} schedule"
     if relax.infeasible:
         extra.update(heuristic=inc.name or None, heuristic_time=inc.time, first_feasible_seconds=None)
-        proof = floor_proof(problem, budget) or RELAXATION_PROOF
-        return set_budget_status(no_schedule(budget, "ours", time.perf_counter() - t0, f"proven infeasible ({proof})",
-                                             extra), "proven_infeasible", proof)
+        return _proven_infeasible(problem, budget, RELAXATION_PROOF, t0, extra)
     share = min(RESTRICTED_SHARE * time_limit_s, RESTRICTED_MAX_S, clock.left())
     if relax.evict and min(share, clock.wall_left()) > MIN_STEP_S and (
             inc.events is None or objective_ticks(problem, inc.events) > relax.ticks):
@@ -420,6 +415,13 @@ def _ours_at(problem: Problem, budget: int, time_limit_s: float, workers: int, s
         res = _improve(problem, budget, res, found, best, clock, full, workers, seed, copies, verbose, extra)
     sched = _answer(problem, budget, inc, best, proven, res, t0, extra)
     return set_budget_status(sched, "met" if sched.ok else "not_found")
+
+
+def _proven_infeasible(problem: Problem, budget: int, proof: str, t0: float, extra: dict[str, Any]) -> Schedule:
+    """No schedule, the budget proven infeasible: by the single-op floor where that suffices, else by ``proof``."""
+    proof = floor_proof(problem, budget) or proof
+    return set_budget_status(no_schedule(budget, "ours", time.perf_counter() - t0, f"proven infeasible ({proof})",
+                                         extra), "proven_infeasible", proof)
 
 
 def _in_first_compute_order(problem: Problem, events: Events | None) -> tuple[Problem, bool]:
