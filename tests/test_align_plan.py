@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from trainplan.align import OpSpec, plan_op
+from trainplan.align.classes import OpSpec
+from trainplan.align.plan import plan_op
 from trainplan.align.units import AlignError
 from trainplan.cli import main
 

@@ -4,13 +4,17 @@ order the script imports (the test session has long imported everything)."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "workflow" / "scripts").glob("*.py"))
+from trainplan.provenance.code import closure
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "workflow" / "scripts").glob("*.py"))
 
 
 def trainplan_imports(source: str) -> list[str]:
@@ -35,7 +39,7 @@ matplotlib.use("Agg")
 for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
 assert not [m for m in sys.modules if m == "trainplan" or m.startswith("trainplan.")]
-failed = {}
+failed, loaded = {}, {}
 for name, source in json.loads(sys.stdin.read()).items():
     read, write = os.pipe()
     pid = os.fork()
@@ -43,6 +47,7 @@ for name, source in json.loads(sys.stdin.read()).items():
         os.close(read)
         try:
             exec(compile(source, name, "exec"), {"__name__": "__main__"})
+            os.write(write, json.dumps(sorted(m for m in sys.modules if m.partition(".")[0] == "trainplan")).encode())
             code = 0
         except BaseException:
             os.write(write, traceback.format_exc().strip().splitlines()[-1].encode())
@@ -50,25 +55,49 @@ for name, source in json.loads(sys.stdin.read()).items():
         os._exit(code)
     os.close(write)
     with os.fdopen(read) as pipe:
-        error = pipe.read()
+        said = pipe.read()
     if os.waitpid(pid, 0)[1] != 0:
-        failed[name] = error or "the child died"
-print(json.dumps(failed))
+        failed[name] = said or "the child died"
+    else:
+        loaded[name] = json.loads(said)
+print(json.dumps({"failed": failed, "loaded": loaded}))
 """
 
 
-def test_every_script_imports_in_a_fresh_interpreter():
-    """Each script's trainplan imports run in a child forked from an interpreter that has imported only
-    third-party packages (one interpreter per script took 40-50 s on a 2-core host)."""
+def run_driver(sources: dict[str, str], preload: list[str], env: dict[str, str] | None = None) -> dict:
+    """DRIVER on ``sources`` (name -> import lines): ``failed`` (name -> last error line) and ``loaded`` (name ->
+    the trainplan modules its imports loaded)."""
+    out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(preload)], input=json.dumps(sources),
+                         capture_output=True, text=True, check=False, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@functools.cache
+def script_imports() -> dict:
+    """run_driver over every workflow script's trainplan imports (once a session: two tests read it)."""
     sources = {}
     for script in SCRIPTS:
         lines = trainplan_imports(script.read_text())
         assert lines, f"{script.name} imports nothing from trainplan"
         sources[script.name] = "\n".join(lines)
-    out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(PRELOAD)], input=json.dumps(sources),
-                         capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout) == {}
+    return run_driver(sources, PRELOAD)
+
+
+def test_every_script_imports_in_a_fresh_interpreter():
+    """Each script's trainplan imports run in a child forked from an interpreter that has imported only
+    third-party packages (one interpreter per script took 40-50 s on a 2-core host)."""
+    assert script_imports()["failed"] == {}
+
+
+def test_a_rules_code_closure_holds_every_module_its_script_loads():
+    """trainplan.provenance.code's closure of each script (what its rule's code version hashes) holds every
+    trainplan module the script's imports really load (read from sys.modules in the child), and at least one."""
+    loaded = script_imports()["loaded"]
+    assert sorted(loaded) == [script.name for script in SCRIPTS]
+    for script in SCRIPTS:
+        found = closure(REPO, f"workflow/scripts/{script.name}").modules
+        assert loaded[script.name] and set(loaded[script.name]) <= found, (script.name, set(loaded[script.name]) - found)
 
 
 def test_an_import_cycle_fails_the_check(tmp_path):
@@ -78,11 +107,8 @@ def test_an_import_cycle_fails_the_check(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from cyclic.b import B\nA = 1\n")
     (pkg / "b.py").write_text("from cyclic.a import A\nB = 2\n")
-    out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(["json"])],
-                         input=json.dumps({"ok": "import json", "bad": "from cyclic.a import A"}),
-                         capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(tmp_path)})
-    assert out.returncode == 0, out.stderr[-3000:]
-    failed = json.loads(out.stdout)
+    failed = run_driver({"ok": "import json", "bad": "from cyclic.a import A"}, ["json"],
+                        env={**os.environ, "PYTHONPATH": str(tmp_path)})["failed"]
     assert list(failed) == ["bad"] and "ImportError" in failed["bad"] and "circular" in failed["bad"]
 
 

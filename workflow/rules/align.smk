@@ -22,7 +22,7 @@ rule align:
         granularity=ALIGN["granularity_bytes"],
         dtypes=ALIGN["dtypes"],
         matmul_rule=ALIGN["matmul_rule"],
-        code=code_version("models", "trace", "precision.assign", "precision.policy", *ALIGN_CODE),
+        code=code_version("align"),
     threads: 1
     conda:
         "../envs/trainplan.yaml"
@@ -49,8 +49,7 @@ rule align_prove:
         prove_inputs=lambda w: ALIGN["prove_inputs"].get(w.model, {}),
         repeats=ALIGN["repeats"],
         warmup=ALIGN["warmup"],
-        code=code_version("models", "trace", "precision.assign", "precision.interpreter", *ALIGN_CODE,
-                          "align.execute", "align.prove", "align.cost", "align.speed", "clock", "timing"),
+        code=code_version("align_prove"),
     # Timing the padding copies needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -74,7 +73,7 @@ rule align_report:
     log:
         "logs/align/report.log",
     params:
-        code=code_version("align.report"),
+        code=code_version("align_report"),
     conda:
         "../envs/trainplan.yaml"
     script:

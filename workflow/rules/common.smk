@@ -3,6 +3,7 @@ import importlib.util
 import os
 import re
 import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -102,15 +103,58 @@ wildcard_constraints:
     budget=r"[0-9]*\.?[0-9]+",
 
 
-def code_version(*modules):
-    """Short hash of the trainplan modules a rule's result depends on: editing them reruns the rule."""
-    digest = hashlib.sha256()
-    for name in modules:
-        spec = importlib.util.find_spec(f"trainplan.{name}")
-        if spec is None or spec.origin is None:
-            raise WorkflowError(f"trainplan module '{name}' not found: is the package installed (pip install -e .)?")
-        digest.update(open(spec.origin, "rb").read())
-    return digest.hexdigest()[:12]
+REPO = Path(workflow.main_snakefile).resolve().parent
+
+
+def _check_checkout():
+    """Fail at start unless the scripts will import trainplan from this checkout's src/ (``pip install -e .``):
+    the code versions below are computed from the checkout's files, which must be the code that runs."""
+    spec = importlib.util.find_spec("trainplan")
+    here = REPO / "src" / "trainplan" / "__init__.py"
+    if spec is None or spec.origin is None or Path(spec.origin).resolve() != here:
+        where = "not installed" if spec is None else f"imported from {spec.origin}"
+        raise WorkflowError(f"trainplan is {where}, not from this checkout ({here}): run `pip install -e {REPO}`")
+
+
+_check_checkout()
+
+from trainplan.provenance.code import closure as code_closure, digest as code_digest
+
+
+def _callable_modules(model_names):
+    """Modules named by the `callable` of each of these configured models (built by trainplan.models)."""
+    specs = (config["models"][name] for name in model_names)
+    return sorted({spec["callable"].partition(":")[0] for spec in specs if spec.get("source") == "callable"})
+
+
+def _module_digest(name):
+    """Digest of a model's callable module outside this repository (its file's bytes, under its name)."""
+    spec = importlib.util.find_spec(name)
+    data = open(spec.origin, "rb").read() if spec is not None and spec.origin else b""
+    return hashlib.sha256(b"\0".join([name.encode(), data])).hexdigest()[:16]
+
+
+def _models_code_version(path, wildcards):
+    """code_version of a script that builds models: with the modules of the models' callables (of the
+    wildcard's model, or of every configured model), the package's closures and others' own files."""
+    names = [base_model(wildcards.model)] if "model" in wildcards.keys() else sorted(config["models"])
+    modules = _callable_modules(names)
+    ours = [name for name in modules if name.partition(".")[0] == "trainplan"]
+    digests = [code_digest(REPO, code_closure(REPO, path, *ours).files)]
+    digests.extend(_module_digest(name) for name in modules if name not in ours)
+    return "-".join(digests)
+
+
+def code_version(script):
+    """The `code` param of the rules that run workflow/scripts/<script>.py, the digest of every file of this checkout
+    the script runs (the transitive closure of its trainplan imports; trainplan.provenance.code), so that editing any
+    of them reruns the rule and nothing else. A rule that builds models (trainplan.models) also depends on the
+    module of a model's `callable`."""
+    path = f"workflow/scripts/{script}.py"
+    found = code_closure(REPO, path)
+    if "trainplan.models" not in found.modules:
+        return code_digest(REPO, found.files)
+    return lambda wildcards: _models_code_version(path, wildcards)
 
 
 def study_file(path):

@@ -13,7 +13,7 @@ rule export:
     params:
         spec=model_spec,
         seed=config["seed"],
-        code=code_version("models", "trace", "export", "memory"),
+        code=code_version("export"),
     conda:
         "../envs/trainplan.yaml"
     script:
@@ -35,7 +35,7 @@ rule plot_memory:
     log:
         "logs/plot_memory/{model}/{backend}.log",
     params:
-        code=code_version("plots"),
+        code=code_version("plot_memory"),
     conda:
         "../envs/trainplan.yaml"
     script:

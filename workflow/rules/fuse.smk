@@ -14,10 +14,7 @@ rule fuse:
     params:
         target=lambda wildcards: config["fuse"]["targets"][wildcards.target],  # the table file is an input
         fx_max_nodes=config["fuse"]["fx_max_nodes"],
-        code=code_version(
-            "fuse.graph", "fuse.support", "fuse.prune", "fuse.merge", "fuse.partitioner", "fuse.baselines",
-            "fuse.coverage", "fuse.exported", "fuse.stage",
-        ),
+        code=code_version("fuse"),
     wildcard_constraints:
         target=FUSE_TARGET,
     conda:
@@ -42,7 +39,7 @@ rule fuse_measure:
         spec=model_spec,
         seed=config["seed"],
         settings=config["fuse"]["measure"],
-        code=code_version("models", "trace", "fuse.measure", "fuse.inductor", "clock", "timing"),
+        code=code_version("fuse_measure"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     wildcard_constraints:
@@ -71,11 +68,7 @@ rule fuse_train:
         target=lambda wildcards: config["fuse"]["targets"][wildcards.target],  # the table file is an input
         device_type=lambda wildcards: backend_of(wildcards.device),
         settings=config["fuse"]["train"],
-        code=code_version(
-            "models", "trace", "stats", "timing", "fuse.forward", "fuse.train_step", "fuse.inductor", "fuse.graph",
-            "fuse.support", "fuse.prune", "fuse.merge", "fuse.partitioner", "fuse.check", "fuse.baselines",
-            "fuse.coverage",
-        ),
+        code=code_version("fuse_train"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     wildcard_constraints:
@@ -100,7 +93,7 @@ rule plot_fuse_train:
     log:
         "logs/plot_fuse_train/{model}/{device}/{target}.log",
     params:
-        code=code_version("fuse.plot"),
+        code=code_version("plot_fuse_train"),
     wildcard_constraints:
         target=FUSE_TARGET,
     conda:
@@ -123,6 +116,8 @@ rule plot_fuse:
         ),
     log:
         "logs/plot_fuse/{model}/{device}/{target}.log",
+    params:
+        code=code_version("plot_fuse"),
     wildcard_constraints:
         target=FUSE_TARGET,
     conda:
@@ -149,7 +144,7 @@ rule coarsen:
     log:
         "logs/coarsen/{model}/{device}/{target}.log",
     params:
-        code=code_version("fuse.coarsen", "artifacts"),
+        code=code_version("coarsen"),
     wildcard_constraints:
         model=RAW_MODEL,
         target=FUSE_TARGET,
@@ -174,7 +169,7 @@ rule fuse_plan_compare:
         "logs/fuse_plan_compare/{device}.log",
     params:
         cases=fuse_plan_cases(),
-        code=code_version("fuse.plan_compare", "fuse.plot"),
+        code=code_version("fuse_plan_compare"),
     conda:
         "../envs/trainplan.yaml"
     script:

@@ -11,7 +11,7 @@ rule layout_sweep:
         ),
         device_type=lambda wildcards: backend_of(wildcards.device),
         seed=config["seed"],
-        code=code_version("layout.predict", "layout.sweep_worker", "layout.measure", "layout.graph", "layout.settings", "timing", "clock"),
+        code=code_version("layout_sweep"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -35,7 +35,7 @@ rule layout_measure:
         seed=config["seed"],
         settings=layout_settings("batch_size", "image_size", "layouts", "repeats", "calls", "warmup", "threads", "clock"),
         device_type=lambda wildcards: backend_of(wildcards.device),
-        code=code_version("layout.graph", "layout.measure", "layout.build", "layout.problem", "layout.settings", "models", "zoo", "timing", "clock"),
+        code=code_version("layout_measure"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -62,10 +62,7 @@ rule layout:
         settings=layout_settings("layouts", "batch_size", "image_size", "step_repeats", "warmup", "threads", "clock", "tolerances"),
         device_type=lambda wildcards: backend_of(wildcards.device),
         solver=config["solver"],
-        code=code_version(
-            "layout.study", "layout.adopt", "layout.settings", "stats", "layout.solve", "layout.build", "layout.problem", "layout.execute", "layout.predict",
-            "layout.measure", "models", "zoo", "timing", "clock",
-        ),
+        code=code_version("layout"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -85,7 +82,7 @@ rule layout_io:
         "benchmarks/layout/io/{model}/{device}.tsv"
     params:
         io=config["layout"]["io"],
-        code=code_version("layout.iobound"),
+        code=code_version("layout_io"),
     conda:
         "../envs/trainplan.yaml"
     script:
@@ -106,7 +103,7 @@ rule plot_layout:
     log:
         "logs/plot_layout/{model}/{device}.log",
     params:
-        code=code_version("layout.plot"),
+        code=code_version("plot_layout"),
     conda:
         "../envs/trainplan.yaml"
     script:
@@ -135,7 +132,7 @@ rule layout_summary:
     log:
         "logs/layout/summary/{device}.log",
     params:
-        code=code_version("layout.summary", "layout.plot"),
+        code=code_version("layout_summary"),
     conda:
         "../envs/trainplan.yaml"
     script:

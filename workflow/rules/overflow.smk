@@ -28,7 +28,7 @@ checkpoint overflow_iteration:
         param_scale=lambda w: OVERFLOW["param_scale"].get(w.model, []),
         saturate=OVERFLOW["saturate"],
         emulate_matmul=OVERFLOW["emulate_matmul"],
-        code=code_version("models", "trace", *OVERFLOW_CODE),
+        code=code_version("overflow_iteration"),
     threads: 1
     conda:
         "../envs/trainplan.yaml"
@@ -62,7 +62,7 @@ rule overflow_summary:
         repeats=OVERFLOW["repeats"],
         warmup=OVERFLOW["warmup"],
         emulate_matmul=OVERFLOW["emulate_matmul"],
-        code=code_version("models", "trace", *OVERFLOW_CODE, "precision.cost", "precision.lists", "precision.summary"),
+        code=code_version("overflow_summary"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     conda:
@@ -86,7 +86,7 @@ rule overflow_report:
     log:
         "logs/overflow/report.log",
     params:
-        code=code_version("precision.report", "plots"),
+        code=code_version("overflow_report"),
     conda:
         "../envs/trainplan.yaml"
     script:

@@ -13,10 +13,7 @@ rule partition:
         tolerance=config["balance"]["tolerance"],
         micro_batches=config["balance"]["micro_batches"],
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
-        code=code_version(
-            "partition.graph", "partition.tables", "partition.memory_limit", "partition.split",
-            "partition.refine", "partition.stages", "partition.partition",
-        ),
+        code=code_version("partition"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
     conda:
@@ -44,13 +41,7 @@ rule balance:
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
         balance=config["balance"],
         solver=config["solver"],
-        code=code_version(
-            "partition.graph", "partition.tables", "partition.memory_limit", "partition.split",
-            "partition.refine", "partition.stages", "partition.partition", "partition.pipeline",
-            "partition.stage_schedule", "partition.balance", "stage_problem", "stage_schedule",
-            "schedule.schedule_io", "schedule.solve", "schedule.mip", "schedule.heuristic", "schedule.dtr", "schedule.deadline", "schedule.baselines",
-            "schedule.bounds",
-        ),
+        code=code_version("balance"),
     threads: config["solver"]["workers"]
     wildcard_constraints:
         k=r"[1-9][0-9]*",
@@ -75,7 +66,7 @@ rule plot_balance:
     log:
         "logs/plot_balance/{model}/{device}/k{k}/b{budget}.log",
     params:
-        code=code_version("partition.plot", "plots"),
+        code=code_version("plot_balance"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
         budget=r"[0-9]*\.?[0-9]+",

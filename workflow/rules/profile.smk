@@ -15,7 +15,7 @@ rule profile:
         repeats=config["profile"]["repeats"],
         warmup=config["profile"]["warmup"],
         torch_threads=config["profile"]["threads"],
-        code=code_version("models", "trace", "profile", "execute.link", "timing", "execute.pool", "numerics"),
+        code=code_version("profile"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     wildcard_constraints:
@@ -42,7 +42,7 @@ rule plot_profile:
     log:
         "logs/plot_profile/{model}/{device}.log",
     params:
-        code=code_version("plots"),
+        code=code_version("plot_profile"),
     conda:
         "../envs/trainplan.yaml"
     script:

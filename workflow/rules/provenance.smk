@@ -16,7 +16,7 @@ rule provenance:
         "logs/provenance.log",
     params:
         config=config,
-        code=code_version("provenance.record"),
+        code=code_version("provenance"),
     conda:
         "../envs/trainplan.yaml"
     script:

@@ -18,7 +18,7 @@ rule plot_plan_memory:
     log:
         "logs/plot_plan_memory/{model}/{device}/k{k}/b{budget}.log",
     params:
-        code=code_version("execute.plot", "plots"),
+        code=code_version("plot_plan_memory"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
         budget=r"[0-9]*\.?[0-9]+",
@@ -44,7 +44,7 @@ rule plot_overflow_model:
     log:
         "logs/plot_overflow_model/{model}.log",
     params:
-        code=code_version("precision.report", "plots"),
+        code=code_version("plot_overflow_model"),
     conda:
         "../envs/trainplan.yaml"
     script:

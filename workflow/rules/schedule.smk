@@ -15,10 +15,7 @@ rule schedule:
         time_limit_s=config["solver"]["time_limit_s"],
         workers=config["solver"]["workers"],
         seed=config["solver"]["seed"],
-        code=code_version(
-            "stage_problem", "stage_schedule", "schedule.schedule_io", "schedule.solve", "schedule.mip",
-            "schedule.heuristic", "schedule.dtr", "schedule.deadline", "schedule.baselines", "schedule.checkmate", "schedule.checkmate_lp", "schedule.bounds",
-        ),
+        code=code_version("schedule"),
     threads: config["solver"]["workers"]
     conda:
         "../envs/trainplan.yaml"
@@ -41,7 +38,7 @@ rule schedule_summary:
     log:
         "logs/schedule_summary/{model}/{device}/k{k}.log",
     params:
-        code=code_version("plots"),
+        code=code_version("schedule_summary"),
     conda:
         "../envs/trainplan.yaml"
     script:

@@ -15,11 +15,7 @@ rule validate:
         seed=config["seed"],
         device=device_spec,
         settings=config["validate"],
-        code=code_version(
-            "execute.plan", "execute.layout", "execute.pool", "execute.runner", "execute.predict",
-            "execute.measure", "execute.check", "execute.diagnose", "execute.validate",
-            "execute.link", "execute.compile", "numerics", "artifacts", "timing",
-        ),
+        code=code_version("validate"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
     wildcard_constraints:
@@ -46,7 +42,7 @@ rule plot_validate:
     log:
         "logs/plot_validate/{model}/{device}/k{k}/b{budget}.log",
     params:
-        code=code_version("execute.plot", "plots"),
+        code=code_version("plot_validate"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
         budget=r"[0-9]*\.?[0-9]+",
@@ -69,6 +65,8 @@ rule validate_summary:
         ),
     log:
         "logs/validate/summary.log",
+    params:
+        code=code_version("validate_summary"),
     conda:
         "../envs/trainplan.yaml"
     script:
