@@ -67,7 +67,7 @@ def test_artifacts_parse(study):
         nows = [json.loads(p.read_text())["timing"]["host_link_now"]
                 for p in (study / f"results/validate/{model}/cpu").glob("k*/b*/validation.json")]
         assert nows and all(now["sizes_from"] == "profile" and now["sizes"] == link["sizes"] for now in nows)
-        # the profile and the validation time the same host-memory regime (docs/validation.md, "Measured")
+        # the profile and the validation time the same host-memory regime (docs/artifacts.md, `host_allocator`)
         allocators = {json.loads(p.read_text())["settings"]["host_allocator"]
                       for p in (study / f"results/validate/{model}/cpu").glob("k*/b*/validation.json")}
         assert allocators == {summary["host_allocator"]}
