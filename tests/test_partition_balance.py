@@ -193,7 +193,7 @@ def test_balance_takes_iteration_0_from_the_schedule_rule_with_the_same_plan(sma
 
 
 def test_a_damaged_or_foreign_schedules_file_is_named(small, rule_schedules, tmp_path):
-    from trainplan.io import ArtifactError
+    from trainplan.errors import ArtifactError
     from trainplan.stage_schedule import read_stage_schedules
 
     _, stage_nodes, _, path = rule_schedules

@@ -13,7 +13,7 @@ from torch.fx.node import map_arg
 from tqdm import tqdm
 
 from trainplan.aten_ops import is_inplace
-from trainplan.io import ArtifactError
+from trainplan.errors import ArtifactError
 from trainplan.execute.link import measure_host_link
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32

@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from trainplan.io import ArtifactError, read_json
+from trainplan.errors import ArtifactError
+from trainplan.io import read_json
 from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.schedule_io import Schedule, schedule_from_dict
 from trainplan.schedule.solve import METHODS, solve

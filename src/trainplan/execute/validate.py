@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from trainplan.errors import ArtifactError
 from trainplan.execute.check import compare_outputs
 from trainplan.execute.compile import Probe, clocked_run, compile_plan, probe_run
 from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
@@ -18,7 +19,6 @@ from trainplan.execute.measure import allocator_peak, time_runs
 from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
-from trainplan.io import ArtifactError
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.schedule import solve
