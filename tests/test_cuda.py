@@ -12,11 +12,11 @@ from tests.test_execute import LOOSE_TIME, mlp, no_recompute, plan_for, swap_and
 from trainplan.execute import GraphLayout, ValidateSettings, parse_plan, run_plan, stage_layouts, validate_plan
 from trainplan.execute.link import measure_host_link
 from trainplan.execute.pool import HostPool
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model, on_device
 from trainplan.numerics import exact_fp32
 from trainplan.schedule import replay
-from trainplan.trace import trace_training_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainplan.export import memory_table
+from trainplan.export.tables import memory_table
 from trainplan.schedule import problem_from_dict
 from trainplan.stage_problem import budget_for, no_recompute_peak, stage_problem
 

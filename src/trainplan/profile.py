@@ -15,10 +15,10 @@ from tqdm import tqdm
 from trainplan.aten_ops import is_inplace
 from trainplan.errors import ArtifactError
 from trainplan.execute.link import measure_host_link
+from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
-from trainplan.trace import TracedStep, trace_training_step
 
 
 @dataclass

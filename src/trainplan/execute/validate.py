@@ -19,11 +19,11 @@ from trainplan.execute.measure import allocator_peak, time_runs
 from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
+from trainplan.export.trace import TracedStep, make_step_fn, trace_training_step
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.schedule import solve
 from trainplan.timing import keep_freed_memory
-from trainplan.trace import TracedStep, make_step_fn, trace_training_step
 
 log = logging.getLogger(__name__)
 
