@@ -32,7 +32,7 @@ from trainplan.execute import Tolerances, ValidateSettings, build_plan, parse_pl
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model
-from trainplan.profile import profile_model
+from trainplan.profile.op_times import profile_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "validate.md"
 MIB = 2**20
