@@ -34,7 +34,7 @@ from trainplan.models import build_model
 from trainplan.partition import pipeline_graph
 from trainplan.schedule import ScheduleError, problem_from_dict, replay, solve
 from trainplan.schedule.replay import take_outputs_at_once
-from trainplan.stage_problem import budget_for, stage_problem
+from trainplan.schedule.stage_problem import budget_for, stage_problem
 
 MSE_MLP: dict[str, Any] = {"source": "callable", "callable": "tests.test_execute:mse_mlp", "kwargs": {}}
 LOOSE_TIME = Tolerances(time_rel=1e9, load_rel=1e9)  # tiny models: time is not under test

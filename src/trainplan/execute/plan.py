@@ -16,7 +16,7 @@ import pandas as pd
 from trainplan.errors import ArtifactError
 from trainplan.io import read_json
 from trainplan.schedule import Problem, ProblemError, ScheduleError, problem_from_dict, replay, solve
-from trainplan.stage_problem import budget_for, stage_problem
+from trainplan.schedule.stage_problem import budget_for, stage_problem
 
 
 class PlanError(ValueError):
