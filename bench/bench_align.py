@@ -34,10 +34,10 @@ from trainplan.align.plan import plan_op
 from trainplan.align.problem import solve
 from trainplan.align.study import plan_model
 from trainplan.align.units import quantum
+from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model
 from trainplan.precision.assign import assign_precision
 from trainplan.precision.policy import load_policy
-from trainplan.trace import trace_training_step
 
 OUT = Path("bench/results")
 GRANULARITIES = (4, 16, 32)

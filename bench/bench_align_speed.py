@@ -29,11 +29,11 @@ import torch
 from trainplan.align.classes import MATMUL_RULES
 from trainplan.align.prove import proof_rows, run_padded_step
 from trainplan.align.speed import OpClock
+from trainplan.export.trace import trace_training_step
 from trainplan.io import merged_yaml
 from trainplan.models import build_model, on_device
 from trainplan.precision.assign import assign_precision
 from trainplan.precision.policy import load_policy
-from trainplan.trace import trace_training_step
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,10 +29,10 @@ import torch
 import yaml
 
 from trainplan.execute import Tolerances, ValidateSettings, build_plan, parse_plan, split_nodes, validate_plan
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model
-from trainplan.profile import profile_model
-from trainplan.trace import trace_training_step
+from trainplan.profile.op_times import profile_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "validate.md"
 MIB = 2**20

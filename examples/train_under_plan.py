@@ -19,13 +19,13 @@ import torch
 
 import trainplan
 from trainplan.execute import build_plan
-from trainplan.execute.link import measure_host_link
 from trainplan.execute.measure import peak_during
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
 from trainplan.io import write_json
 from trainplan.models import build_model
-from trainplan.profile import profile_step
-from trainplan.trace import trace_training_step
+from trainplan.profile.link import measure_host_link
+from trainplan.profile.op_times import profile_step
 
 MODELS = {  # the tiny study's models (tests/config/config.yaml)
     "tiny_gpt2": {"architecture": "GPT2LMHeadModel",

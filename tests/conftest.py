@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from workflow_run import TINY, snakemake
 
-from trainplan.export import GraphTables, graph_tables
+from trainplan.export.tables import GraphTables, graph_tables
+from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import BuiltModel, build_model
-from trainplan.trace import TracedStep, trace_training_step
 
 TINY_GPT2: dict[str, Any] = {
     "source": "transformers",

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import TracedStep
 from trainplan.precision.cases import build_case
-from trainplan.trace import TracedStep
 
 GPT2_EAGER: dict[str, Any] = {
     "architecture": "GPT2LMHeadModel",

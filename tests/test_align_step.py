@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from trainplan.align.study import plan_model, prove_model
+from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model
 from trainplan.precision.assign import assign_precision, fp32_dtypes
 from trainplan.precision.interpreter import run_step
 from trainplan.precision.lists import default_policy
-from trainplan.trace import trace_training_step
 
 # Odd widths and token counts so that every class of the models has something to pad.
 ODD_GPT2 = {"architecture": "GPT2LMHeadModel", "config": {"n_layer": 1, "n_embd": 36, "n_head": 4, "vocab_size": 511, "n_positions": 32},

@@ -10,13 +10,13 @@ import torch
 from tests.conftest import SMALL_CNN, TINY_GPT2
 from tests.test_execute import LOOSE_TIME, mlp, no_recompute, plan_for, swap_and_recompute  # noqa: F401 (fixture)
 from trainplan.execute import GraphLayout, ValidateSettings, parse_plan, run_plan, stage_layouts, validate_plan
-from trainplan.execute.link import measure_host_link
-from trainplan.execute.pool import HostPool
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
+from trainplan.host_swap import HostPool
 from trainplan.models import build_model, on_device
 from trainplan.numerics import exact_fp32
+from trainplan.profile.link import measure_host_link
 from trainplan.schedule import replay
-from trainplan.trace import trace_training_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")

@@ -24,17 +24,17 @@ from trainplan.execute import (
     stage_layouts,
     validate_plan,
 )
-from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
-from trainplan.execute.predict import predict
 from trainplan.execute.compile import clocked_run, compile_plan
+from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
 from trainplan.execute.measure import time_runs
-from trainplan.export import graph_tables
+from trainplan.execute.predict import predict
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import make_step_fn, trace_training_step
 from trainplan.models import build_model
 from trainplan.partition import pipeline_graph
 from trainplan.schedule import ScheduleError, problem_from_dict, replay, solve
 from trainplan.schedule.replay import take_outputs_at_once
-from trainplan.stage_problem import budget_for, stage_problem
-from trainplan.trace import make_step_fn, trace_training_step
+from trainplan.schedule.stage_problem import budget_for, stage_problem
 
 MSE_MLP: dict[str, Any] = {"source": "callable", "callable": "tests.test_execute:mse_mlp", "kwargs": {}}
 LOOSE_TIME = Tolerances(time_rel=1e9, load_rel=1e9)  # tiny models: time is not under test

@@ -7,12 +7,12 @@ import torch
 import pytest
 
 from tests.test_execute import middle_cut, mlp, no_recompute, plan_for, reference, swap_and_recompute  # noqa: F401 (fixture)
+from trainplan.aten_ops import is_inplace
 from trainplan.execute import GraphLayout, parse_plan, run_plan, stage_layouts
 from trainplan.execute.compile import compile_plan, free, probe_run, swap_in, swap_out
-from trainplan.aten_ops import is_inplace
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model
-from trainplan.trace import trace_training_step
 
 
 def both(traced, flat, tables, plan):

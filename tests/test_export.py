@@ -10,9 +10,9 @@ import torch
 
 from tests.conftest import TINY_GPT2
 from trainplan.aten_ops import is_inplace
-from trainplan.export import graph_tables, memory_table
+from trainplan.export.tables import graph_tables, memory_table
+from trainplan.export.trace import TraceError, trace_training_step
 from trainplan.models import BuiltModel, ModelSpecError, build_model, default_loss, on_device
-from trainplan.trace import TraceError, trace_training_step
 
 
 def _eager_grads(built) -> tuple[torch.Tensor, list[torch.Tensor]]:

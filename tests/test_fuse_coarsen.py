@@ -15,7 +15,7 @@ from trainplan.fuse.stage import fuse_exported
 from trainplan.fuse.support import inductor_table
 from trainplan.partition import partition_graph, pipeline_graph, range_tables
 from trainplan.schedule import problem_from_dict, replay
-from trainplan.stage_problem import stage_problem
+from trainplan.schedule.stage_problem import stage_problem
 
 
 def fused(tables):

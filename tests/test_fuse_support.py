@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
 from trainplan.fuse import inductor_table, load_table, support_masks
 from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
 from trainplan.fuse.check import check_grouping
@@ -15,7 +16,6 @@ from trainplan.fuse.stage import fuse_exported
 from trainplan.fuse.support import conv_groups
 from trainplan.fuse.synthetic import random_dag, random_mask
 from trainplan.models import build_model
-from trainplan.trace import trace_training_step
 
 ACCLIB = "config/targets/acclib.yaml"
 

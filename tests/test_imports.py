@@ -1,5 +1,6 @@
-"""Every workflow script's imports work in a fresh interpreter: an import cycle shows only there, in the
-order the script imports (the test session has long imported everything)."""
+"""The package's import structure: no import cycle among its modules, no stage importing a later one, and
+every workflow script's imports working in a fresh interpreter (an import cycle shows only there, in the
+order the script imports: the test session has long imported everything)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,113 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainplan.provenance.code import closure
+import networkx as nx
+
+from trainplan.provenance.code import closure, imports
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "workflow" / "scripts").glob("*.py"))
+
+#: The package's subpackages and top-level modules in pipeline order, lowest first. A module imports from its
+#: own entry, from the shared modules of the first layer (which may import each other) and from entries of
+#: lower layers only: no stage imports a later one, and the entries of one layer are independent.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("aten_ops", "artifacts", "cli_types", "clock", "errors", "host_swap", "io", "logs", "models", "numerics",
+     "plots", "schemas", "stats", "timing", "zoo"),  # shared, low-level
+    ("export",),  # trace the step; its op and tensor tables and static memory
+    ("profile", "precision"),  # on the traced step: op times and the host link; per-op precision (overflow)
+    ("fuse", "schedule", "align", "layout"),  # plans: fused groups (timed by the profile's run), a stage's
+    # recompute/swap schedule, fp16 padding (run by precision's interpreter), conv layouts
+    ("partition",),  # pipeline stages and the balance loop, which schedules every stage
+    ("execute",),  # run a plan and validate it
+    ("provenance",),  # record and publish a study
+    ("cli", "__init__"),  # the entry points
+)
+
+
+def package_modules(src: Path, package: str) -> dict[str, Path]:
+    """Every module of ``package`` under ``src`` by dotted name (a package by its ``__init__.py``)."""
+    out = {}
+    for path in sorted((src / package).rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph(src: Path, package: str) -> dict[str, set[str]]:
+    """Each module's imports of the package's modules, wherever they stand (top level, in a function, under
+    TYPE_CHECKING, a package's lazy ``__getattr__``), as trainplan.provenance.code reads them: ``from P import
+    x`` imports ``P`` and the module ``P.x`` if there is one. A package the importer is inside has begun
+    already: importing from it runs no ``__init__``."""
+    modules = package_modules(src, package)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        own = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = imports(path, name)
+        named = found.names.union(*found.lazy.values())
+        above = {".".join(t.split(".")[:i]) for t in named if t in modules for i in range(1, t.count(".") + 1)}
+        graph[name] = {t for t in (named & modules.keys()) | above
+                       if t != name and own != t and not own.startswith(t + ".")}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others."""
+    found = nx.strongly_connected_components(nx.DiGraph([(a, b) for a, bs in graph.items() for b in bs]))
+    return sorted(sorted(group) for group in found if len(group) > 1)
+
+
+def layer_entry(module: str) -> str:
+    """A module's entry in LAYERS: its subpackage or top-level module (``__init__`` for the package's own)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Imports from an entry of the same layer (the first, shared one excepted) or of a later one."""
+    rank = {entry: i for i, layer in enumerate(layers) for entry in layer}
+    out = []
+    for a, targets in graph.items():
+        for b in targets:
+            ra, rb = rank[layer_entry(a)], rank[layer_entry(b)]
+            if layer_entry(a) != layer_entry(b) and (rb > ra or rb == ra > 0):
+                out.append(f"{a} -> {b}")
+    return sorted(out)
+
+
+def test_no_import_cycle_among_the_package_modules():
+    assert import_cycles(import_graph(REPO / "src", "trainplan")) == []
+
+
+def test_no_stage_imports_a_later_one():
+    graph = import_graph(REPO / "src", "trainplan")
+    placed = [entry for layer in LAYERS for entry in layer]
+    assert len(placed) == len(set(placed))
+    assert sorted({layer_entry(m) for m in graph} - set(placed)) == [], "place every new module in LAYERS"
+    assert sorted(set(placed) - {layer_entry(m) for m in graph}) == [], "a LAYERS entry names no module"
+    assert upward_imports(graph, LAYERS) == []
+
+
+def test_the_import_checks_can_fail(tmp_path):
+    """A cycle through a function's import, one through a package's ``__init__`` (run when a module inside
+    it is imported from outside, not from inside), and imports across a layer and upward."""
+    files = {
+        "__init__.py": "",
+        "a.py": "def f():\n    from toy.b import g\n",
+        "b.py": "from toy import a\n",
+        "c.py": "import toy.sub.d\n",
+        "sub/__init__.py": "from toy.c import C\n",
+        "sub/d.py": "from toy.sub import e\n",
+        "sub/e.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / "toy" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "toy" / rel).write_text(text)
+    graph = import_graph(tmp_path, "toy")
+    assert graph["toy.sub.d"] == {"toy.sub.e"}
+    assert import_cycles(graph) == [["toy.a", "toy.b"], ["toy.c", "toy.sub"]]
+    assert upward_imports(graph, (("c",), ("a", "b"), ("sub",), ("__init__",))) == [
+        "toy.a -> toy.b", "toy.b -> toy.a", "toy.c -> toy.sub", "toy.c -> toy.sub.d"]
 
 
 def trainplan_imports(source: str) -> list[str]:

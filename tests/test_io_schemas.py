@@ -7,7 +7,8 @@ import json
 import pytest
 import yaml
 
-from trainplan.io import ArtifactError, read_json, write_json, write_yaml
+from trainplan.errors import ArtifactError
+from trainplan.io import read_json, write_json, write_yaml
 from trainplan.precision.lists import default_policy
 from trainplan.precision.policy import PolicyError, load_next_policy, load_policy
 from trainplan.schedule import solve

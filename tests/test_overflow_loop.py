@@ -8,13 +8,13 @@ import pytest
 import torch
 from overflow_cases import GPT2_EAGER, T5_SCALE, T5_TINY, op_nodes, traced_case
 
+from trainplan.export.trace import TracedStep
 from trainplan.precision.assign import FP16, assign_precision
 from trainplan.precision.detect import OverflowDetector, analyse, check_value
 from trainplan.precision.interpreter import FP16_MAX, Injection, run_step
 from trainplan.precision.iterate import fix_overflow, run_iteration
 from trainplan.precision.lists import default_policy
 from trainplan.precision.summary import findings_frame
-from trainplan.trace import TracedStep
 
 
 @pytest.fixture(scope="module")

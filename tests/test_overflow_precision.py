@@ -8,7 +8,7 @@ import pytest
 import torch
 from overflow_cases import GPT2_EAGER, T5_TINY, op_nodes, traced_case
 
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
 from trainplan.precision.assign import FP16, FP32, assign_precision, fp32_dtypes
 from trainplan.precision.cost import fp16_shares, measure_steps, precision_table
 from trainplan.precision.interpreter import InjectionError, parse_injections, run_step

@@ -126,11 +126,11 @@ def test_partition_round_trip_and_stale_artifact(small):
 
 
 def test_a_stage_without_any_schedule_is_named(small, monkeypatch):
-    from trainplan import stage_schedule
+    from trainplan.schedule import budgeted_stages
     from trainplan.schedule.schedule_io import no_schedule
 
     nodes, tensors, g, t = small
-    monkeypatch.setattr(stage_schedule, "solve_stage", lambda raw, *a: no_schedule(
+    monkeypatch.setattr(budgeted_stages, "solve_stage", lambda raw, *a: no_schedule(
         raw["budget_bytes"], "ours", 0.0, "proven infeasible"))
     part = partition_graph(g, t, 2, tolerance=0.0)
     with pytest.raises(PartitionError, match=r"stage 0 \(\d+ nodes, first 'f1'\): no schedule meets budget "
@@ -152,7 +152,7 @@ def rule_schedules(small, tmp_path_factory):
     """The schedule rule's path: every stage of the first partition solved by every method, written to
     schedules.json as the rule writes it."""
     from trainplan.io import write_json
-    from trainplan.stage_schedule import schedule_stages, stage_schedules_dict
+    from trainplan.schedule.budgeted_stages import schedule_stages, stage_schedules_dict
 
     nodes, tensors, g, t = small
     part = partition_graph(g, t, 2, tolerance=0.0)
@@ -166,9 +166,9 @@ def rule_schedules(small, tmp_path_factory):
 def test_balance_takes_iteration_0_from_the_schedule_rule_with_the_same_plan(small, rule_schedules, monkeypatch):
     """Balance reuses the schedule rule's schedules (read back and replay-checked), solves none of them
     again, and the plan is the one it gets by solving every stage itself."""
-    from trainplan import stage_schedule
-    from trainplan.partition import stage_schedule as partition_stage_schedule
-    from trainplan.stage_schedule import read_stage_schedules
+    from trainplan.partition import schedule_cache
+    from trainplan.schedule import budgeted_stages
+    from trainplan.schedule.budgeted_stages import read_stage_schedules
 
     nodes, tensors, g, t = small
     part, stage_nodes, solved, path = rule_schedules
@@ -177,14 +177,14 @@ def test_balance_takes_iteration_0_from_the_schedule_rule_with_the_same_plan(sma
     reused = scheduler(nodes, tensors, solver=STEADY)
     for res in read_stage_schedules(path, stage_nodes):
         reused.reuse(res.nodes, res.problem, res.ours)
-    real = stage_schedule.schedule_stage
+    real = budgeted_stages.schedule_stage
     solved_here = []
 
     def recorded(nodes, tensors, stage_nodes, **kwargs):  # the DP partition's stages may differ from iteration 0's
         solved_here.append(tuple(stage_nodes))
         return real(nodes, tensors, stage_nodes, **kwargs)
 
-    monkeypatch.setattr(partition_stage_schedule, "schedule_stage", recorded)
+    monkeypatch.setattr(schedule_cache, "schedule_stage", recorded)
     plan = plan_dict(g, balance(g, t, part, reused, settings), settings, None)
     assert reused.reused == 2 and not set(solved_here) & set(map(tuple, stage_nodes))
     assert _timeless(plan) == _timeless(fresh)
@@ -193,8 +193,8 @@ def test_balance_takes_iteration_0_from_the_schedule_rule_with_the_same_plan(sma
 
 
 def test_a_damaged_or_foreign_schedules_file_is_named(small, rule_schedules, tmp_path):
-    from trainplan.io import ArtifactError
-    from trainplan.stage_schedule import read_stage_schedules
+    from trainplan.errors import ArtifactError
+    from trainplan.schedule.budgeted_stages import read_stage_schedules
 
     _, stage_nodes, _, path = rule_schedules
     data = json.loads(path.read_text())

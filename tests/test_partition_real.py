@@ -10,7 +10,7 @@ import pytest
 from trainplan.artifacts import read_profiled_graph
 from trainplan.partition import partition_graph, pipeline_graph, range_tables
 from trainplan.partition.stages import stage_index
-from trainplan.stage_problem import stage_problem
+from trainplan.schedule.stage_problem import stage_problem
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from trainplan.execute.link import measure_host_link, sample_sizes
 from trainplan.models import build_model
-from trainplan.profile import profile_model, timed_run
+from trainplan.profile.link import measure_host_link, sample_sizes
+from trainplan.profile.op_times import profile_model, timed_run
 from tests.conftest import SMALL_CNN
 
 

@@ -18,9 +18,10 @@ import yaml
 from workflow_run import copy_of_study
 
 from trainplan.cli import main as trainplan
+from trainplan.errors import ArtifactError
 from trainplan.execute import PlanError, load_plan
-from trainplan.io import ArtifactError, read_json
-from trainplan.stage_schedule import read_stage_schedules
+from trainplan.io import read_json
+from trainplan.schedule.budgeted_stages import read_stage_schedules
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "config" / "config.yaml"

@@ -11,7 +11,7 @@ from trainplan.schedule.mip import objective_ticks
 from trainplan.schedule.replay import ScheduleError
 from trainplan.schedule.solve import best_heuristic
 from trainplan.schedule.staged_bound import solve_staged
-from trainplan.schedule.staged_schedule import staged_events
+from trainplan.schedule.staged_events import staged_events
 from trainplan.schedule.synthetic import training_graph
 
 TIGHT = [(n, seed) for n in (7, 8, 9) for seed in range(6)]

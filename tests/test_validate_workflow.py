@@ -15,10 +15,10 @@ from workflow_run import copy_of_study
 
 from tests.conftest import SMALL_CNN
 from tests.test_execute import no_recompute, plan_for, swap_and_recompute
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model
 from trainplan.schedule import problem_from_dict, replay
-from trainplan.trace import trace_training_step
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "config" / "config.yaml"

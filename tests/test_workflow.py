@@ -11,7 +11,7 @@ import pytest
 import yaml
 from workflow_run import TINY, copy_of_study, snakemake
 
-from trainplan.stage_schedule import read_stage_schedules
+from trainplan.schedule.budgeted_stages import read_stage_schedules
 
 pytestmark = pytest.mark.workflow
 

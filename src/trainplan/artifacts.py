@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.io import ArtifactError, read_json, read_table, write_json, write_table
+from trainplan.errors import ArtifactError
+from trainplan.io import read_json, read_table, write_json, write_table
 
 NODE_COLUMNS = ["node_id", "name", "op", "module", "phase", "inputs", "outputs", "alloc_bytes", "is_view", "flops"]
 TENSOR_COLUMNS = ["tensor_id", "node", "shape", "dtype", "bytes", "storage", "storage_bytes", "kind", "is_graph_output"]

@@ -77,7 +77,7 @@ def _input_errors() -> tuple[type[Exception], ...]:
     """The bad-input errors of every subcommand, imported when needed (``align``'s pulls in torch)."""
     from trainplan.align.units import AlignError
     from trainplan.fuse.errors import FuseError
-    from trainplan.io import ArtifactError
+    from trainplan.errors import ArtifactError
     from trainplan.schedule.problem import ProblemError
 
     return ArtifactError, ProblemError, AlignError, FuseError

@@ -12,9 +12,8 @@ from typing import Any, Iterator
 import pandas as pd
 import yaml
 
-
-class ArtifactError(RuntimeError):
-    """An artifact is missing, unreadable or does not have the expected content."""
+from trainplan.errors import ArtifactError
+from trainplan.schemas import check
 
 
 @contextmanager
@@ -70,8 +69,6 @@ def read_json(path: str | os.PathLike[str], schema: str | None = None) -> Any:
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"corrupt JSON artifact {path}: {exc}") from exc
     if schema is not None:
-        from trainplan.schemas import check  # imports this module
-
         check(data, schema, str(path))
     return data
 

@@ -2,12 +2,12 @@
 
 from trainplan.align.plan import totals
 from trainplan.align.study import model_summary, plan_model
+from trainplan.export.trace import trace_training_step
 from trainplan.io import write_json, write_table
 from trainplan.logs import log_to
 from trainplan.models import build_model
 from trainplan.precision.assign import assign_precision
 from trainplan.precision.policy import load_policy
-from trainplan.trace import trace_training_step
 
 with log_to(snakemake.log[0]) as log:
     model, p = snakemake.wildcards.model, snakemake.params

@@ -5,13 +5,13 @@ import torch
 
 from trainplan.align.execute import ATOL, RTOL
 from trainplan.align.study import prove_model
+from trainplan.export.trace import trace_training_step
 from trainplan.io import write_json, write_table
 from trainplan.logs import log_to
 from trainplan.models import build_model
 from trainplan.precision.assign import assign_precision, fp32_dtypes
 from trainplan.precision.interpreter import run_step
 from trainplan.precision.policy import load_policy
-from trainplan.trace import trace_training_step
 
 with log_to(snakemake.log[0]) as log:
     torch.set_num_threads(snakemake.threads)

@@ -19,7 +19,7 @@ from trainplan.partition import (
     plan_dict,
     range_tables,
 )
-from trainplan.stage_schedule import read_stage_schedules
+from trainplan.schedule.budgeted_stages import read_stage_schedules
 
 with log_to(snakemake.log[0]) as log:
     inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards

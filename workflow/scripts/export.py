@@ -5,11 +5,11 @@ import time
 import torch
 
 from trainplan.artifacts import write_graph
-from trainplan.export import graph_tables, memory_table
+from trainplan.export.tables import graph_tables, memory_table
+from trainplan.export.trace import trace_training_step
 from trainplan.io import write_table
 from trainplan.logs import log_to
 from trainplan.models import build_model, on_device
-from trainplan.trace import trace_training_step
 
 with log_to(snakemake.log[0]) as log:
     name = snakemake.wildcards.model

@@ -6,7 +6,7 @@ from trainplan.artifacts import read_graph
 from trainplan.io import write_json, write_table
 from trainplan.logs import log_to
 from trainplan.models import build_model
-from trainplan.profile import profile_model
+from trainplan.profile.op_times import profile_model
 
 with log_to(snakemake.log[0]) as log:
     graph = read_graph(snakemake.input.nodes, snakemake.input.tensors, snakemake.input.summary)

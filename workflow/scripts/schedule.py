@@ -4,7 +4,7 @@ write every stage (problem, schedules) to one schedules.json and the comparison 
 from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.io import read_json, write_json, write_table
 from trainplan.logs import log_to
-from trainplan.stage_schedule import SolverSettings, comparison_table, schedule_stages, stage_schedules_dict
+from trainplan.schedule.budgeted_stages import SolverSettings, comparison_table, schedule_stages, stage_schedules_dict
 
 with log_to(snakemake.log[0]) as log:
     inp, out, par, wc = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards

@@ -31,8 +31,9 @@ from torch.fx.node import map_arg
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from trainplan.execute.layout import GraphLayout, Slot, StageLayout
-from trainplan.execute.pool import HostCopy, clone_storage, from_host, to_host
+from trainplan.execute.pool import clone_storage
 from trainplan.execute.runner import ExecutionError, execution_order
+from trainplan.host_swap import HostCopy, from_host, to_host
 
 #: (dtype, storage offset, size, stride) of a slot's tensor, from the trace
 SlotMeta = tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...]]

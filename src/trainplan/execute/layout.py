@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from trainplan.execute.plan import StagePlan
 from trainplan.aten_ops import is_inplace
-from trainplan.memory import FIXED_KINDS
+from trainplan.execute.plan import StagePlan
+from trainplan.export.memory import FIXED_KINDS
 
 #: one tensor value of the graph: (fx node name, element index; -1 for a node returning one tensor)
 Slot = tuple[str, int]

@@ -13,9 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.io import ArtifactError, read_json
+from trainplan.errors import ArtifactError
+from trainplan.io import read_json
 from trainplan.schedule import Problem, ProblemError, ScheduleError, problem_from_dict, replay, solve
-from trainplan.stage_problem import budget_for, stage_problem
+from trainplan.schedule.stage_problem import budget_for, stage_problem
 
 
 class PlanError(ValueError):

@@ -17,7 +17,8 @@ import torch
 from torch.fx.node import map_arg
 
 from trainplan.execute.layout import GraphLayout, OpSpec, Slot, StageLayout
-from trainplan.execute.pool import DevicePool, HostPool, clone_storage
+from trainplan.execute.pool import DevicePool, clone_storage
+from trainplan.host_swap import HostPool
 
 #: (dtype, storage offset, size, stride) of a slot, recorded when its node runs
 SlotMeta = tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...]]

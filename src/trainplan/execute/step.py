@@ -16,9 +16,9 @@ import torch
 from trainplan.execute.compile import CompiledPlan, compile_plan
 from trainplan.execute.layout import GraphLayout, stage_layouts
 from trainplan.execute.plan import PlanError, StagePlan, load_plan
-from trainplan.export import graph_tables
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import BuiltModel, default_loss
-from trainplan.trace import TracedStep, trace_training_step
 
 
 @dataclass

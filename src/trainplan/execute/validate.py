@@ -9,21 +9,21 @@ from typing import Any
 import pandas as pd
 import torch
 
+from trainplan.errors import ArtifactError
 from trainplan.execute.check import compare_outputs
 from trainplan.execute.compile import Probe, clocked_run, compile_plan, probe_run
 from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
 from trainplan.execute.layout import GraphLayout, stage_layouts
-from trainplan.execute.link import LinkMeasurement, measure_host_link
 from trainplan.execute.measure import allocator_peak, time_runs
 from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
-from trainplan.io import ArtifactError
+from trainplan.export.trace import TracedStep, make_step_fn, trace_training_step
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
+from trainplan.profile.link import LinkMeasurement, measure_host_link
 from trainplan.schedule import solve
 from trainplan.timing import keep_freed_memory
-from trainplan.trace import TracedStep, make_step_fn, trace_training_step
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The model's forward pass (parameters, buffers and batch -> loss) as an aten fx graph, and that graph as the
 partitioner's OpGraph: the graph a training framework fuses, autograd deriving each fused op's backward.
 
-In the traced training step (``trainplan.trace``) almost every forward op's output is saved for its
+In the traced training step (``trainplan.export.trace``) almost every forward op's output is saved for its
 backward op, so it is an output op of any forward-only group and single-input/single-output groups stay at
 2-4 ops. On the forward graph the saved tensors are the fused op's own business (AOT autograd decides
 what its forward saves and what its backward recomputes), so the seed's rule leaves large groups.
@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from trainplan.export.trace import flat_inputs
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.exported import OUTPUT
 from trainplan.fuse.graph import OpGraph, TensorInfo, build_graph
 from trainplan.fuse.support import GETITEM
 from trainplan.models import BuiltModel
-from trainplan.trace import flat_inputs
 
 
 @dataclass

@@ -19,12 +19,12 @@ import torch
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 
 from trainplan.clock import median_seconds
+from trainplan.export.trace import trace_training_step
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members, tensors_of
 from trainplan.models import BuiltModel, on_device
-from trainplan.profile import timed_run
+from trainplan.profile.op_times import timed_run
 from trainplan.timing import keep_freed_memory, live_objects_frozen
-from trainplan.trace import trace_training_step
 
 
 def _copies(args: Sequence[Any]) -> list[Any]:

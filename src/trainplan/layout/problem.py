@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainplan.io import ArtifactError, read_json
+from trainplan.errors import ArtifactError
+from trainplan.io import read_json
 
 
 class LayoutProblemError(ArtifactError):

@@ -13,11 +13,11 @@ from trainplan.partition.memory_limit import MemoryLimit, in_flight
 from trainplan.partition.partition import Partition, partition_from_dict, partition_graph
 from trainplan.partition.pipeline import PipelineMetrics, pipeline_metrics
 from trainplan.partition.refine import refine_cuts, total_boundary_bytes
+from trainplan.partition.schedule_cache import StageScheduler
 from trainplan.partition.split import min_max_cuts
-from trainplan.partition.stage_schedule import StageScheduler
-from trainplan.stage_schedule import SolverSettings
 from trainplan.partition.stages import StageStats, stage_stats
 from trainplan.partition.tables import RangeTables, range_tables
+from trainplan.schedule.budgeted_stages import SolverSettings
 
 __all__ = [
     "BalanceSettings",

@@ -14,8 +14,8 @@ from trainplan.partition.memory_limit import MemoryLimit, in_flight
 from trainplan.partition.partition import Partition, cuts_bottleneck, partition_graph
 from trainplan.partition.pipeline import FORMULAS, PipelineMetrics, pipeline_metrics
 from trainplan.partition.refine import total_boundary_bytes
+from trainplan.partition.schedule_cache import ScheduledStage, StageScheduler
 from trainplan.partition.split import min_max_cuts
-from trainplan.partition.stage_schedule import ScheduledStage, StageScheduler
 from trainplan.partition.stages import StageStats, stage_index, stage_stats
 from trainplan.partition.tables import RangeTables
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trainplan.memory import FIXED_KINDS
+from trainplan.export.memory import FIXED_KINDS
 from trainplan.partition.errors import PartitionError
 
 NODE_COLUMNS = ("name", "phase", "inputs", "outputs", "time_s")

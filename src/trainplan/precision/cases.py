@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import build_model
-from trainplan.trace import TracedStep, trace_training_step
 
 
 class ParamScaleError(ValueError):

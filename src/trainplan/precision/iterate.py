@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
+from trainplan.export.trace import TracedStep
 from trainplan.precision.assign import assign_precision, fp32_dtypes, sentinel_nodes
 from trainplan.precision.detect import Finding, OverflowDetector, analyse
 from trainplan.precision.interpreter import Injection, run_step
 from trainplan.precision.policy import Policy
-from trainplan.trace import TracedStep
 
 
 @dataclass

@@ -8,11 +8,11 @@ from typing import Any
 import pandas as pd
 import torch
 
+from trainplan.export.trace import TracedStep
 from trainplan.precision.assign import assign_precision, fp32_dtypes
 from trainplan.precision.cost import fp16_shares, measure_steps, precision_table
 from trainplan.precision.lists import autocast_policy
 from trainplan.precision.policy import Policy
-from trainplan.trace import TracedStep
 
 
 @dataclass

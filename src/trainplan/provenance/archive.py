@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from trainplan.io import ArtifactError, atomic_path, read_json
+from trainplan.errors import ArtifactError
+from trainplan.io import atomic_path, read_json
 from trainplan.provenance.record import file_digests
 
 STUDY_DIRS = ("results", "logs", "benchmarks", ".snakemake/metadata")

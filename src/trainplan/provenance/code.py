@@ -59,18 +59,20 @@ def _absolute(node: ast.ImportFrom, module: str | None, is_package: bool) -> str
 
 @dataclass(frozen=True)
 class Imports:
-    """What one source file imports: ``names`` when it runs, and ``lazy``: for each name a module-level
-    ``__getattr__`` hands out on first use (PEP 562), the modules it imports then."""
+    """What one source file imports: ``names`` when it runs; ``lazy``: for each name a module-level
+    ``__getattr__`` hands out on first use (PEP 562), the modules it imports then; ``named``: package modules
+    its strings name (``"trainplan.zoo:small_cnn"``, ``python -m trainplan.layout.sweep_worker``), which it
+    runs by name or in another process."""
 
     names: frozenset[str]
     lazy: dict[str, frozenset[str]]
+    named: frozenset[str]
 
 
 def imports(path: Path, module: str | None) -> Imports:
     """The imports of a source file anywhere in its body (inside functions too), relative imports resolved:
-    for ``from m import x`` both ``m`` and ``m.x`` (x may be a submodule); a string naming a package module
-    (``"trainplan.zoo:small_cnn"``) counts as an import. ``module``: the file's own dotted name (None for a
-    script)."""
+    for ``from m import x`` both ``m`` and ``m.x`` (x may be a submodule). ``module``: the file's own dotted
+    name (None for a script)."""
     stat = path.stat()
     return _parsed(path, module, stat.st_mtime_ns, stat.st_size)
 
@@ -83,8 +85,6 @@ def _import_names(node: ast.AST, module: str | None, is_package: bool) -> dict[s
         base = _absolute(node, module, is_package)
         return {"": base} | {alias.asname or alias.name: f"{base}.{alias.name}" for alias in node.names
                              if alias.name != "*"}
-    if isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_REF.fullmatch(node.value):
-        return {"": node.value.partition(":")[0]}
     return {}
 
 
@@ -104,7 +104,10 @@ def _parsed(path: Path, module: str | None, mtime_ns: int, size: int) -> Imports
     skip = {id(inner) for getattr_def in lazy_defs for inner in ast.walk(getattr_def)}
     names = {name for node in ast.walk(tree) if id(node) not in skip
              for name in _import_names(node, module, is_package).values()}
-    return Imports(frozenset(names), {bound: frozenset(found) for bound, found in lazy.items() if bound})
+    named = {node.value.partition(":")[0] for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_REF.fullmatch(node.value)}
+    return Imports(frozenset(names), {bound: frozenset(found) for bound, found in lazy.items() if bound},
+                   frozenset(named))
 
 
 def _prefixes(name: str) -> list[str]:
@@ -121,7 +124,8 @@ def closure(root: Path, script: str, *extra: str) -> Closure:
     if not path.is_file():
         raise CodeError(f"{path}: no such script")
     modules: dict[str, Path] = {}
-    todo = [*imports(path, None).names, *extra]
+    script_imports = imports(path, None)
+    todo = [*script_imports.names, *script_imports.named, *extra]
     while todo:
         parent = None
         for prefix in _prefixes(todo.pop()):
@@ -134,7 +138,8 @@ def closure(root: Path, script: str, *extra: str) -> Closure:
                         todo.extend(imports(modules[parent], parent).lazy.get(prefix.rpartition(".")[2], ()))
                     break
                 modules[prefix] = found
-                todo.extend(imports(found, prefix).names)
+                found_imports = imports(found, prefix)
+                todo.extend([*found_imports.names, *found_imports.named])
             parent = prefix
     files = {path, *modules.values()}
     for folder in {p.parent for p in modules.values()}:

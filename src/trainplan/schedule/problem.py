@@ -9,7 +9,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trainplan.io import ArtifactError, read_json, write_json
+from trainplan.errors import ArtifactError
+from trainplan.io import read_json, write_json
 
 
 class ProblemError(ValueError):

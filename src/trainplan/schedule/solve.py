@@ -26,7 +26,7 @@ from trainplan.schedule.retain import retain_recomputes
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
 from trainplan.schedule.scratch import scratch_bound, scratch_events
 from trainplan.schedule.staged_bound import solve_staged, staged_variables
-from trainplan.schedule.staged_schedule import staged_events
+from trainplan.schedule.staged_events import staged_events
 
 log = logging.getLogger(__name__)
 Events = list[tuple[str, str]]

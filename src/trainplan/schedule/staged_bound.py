@@ -290,7 +290,7 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     ops. Status ``OPTIMAL``: optimal for the staged model with every violated within-stage row added;
     ``OPTIMAL_WITHOUT_STAGE_ROWS``: stopped (time, or the bound reached ``stop_at_ticks``, the cost of a
     known schedule) with rows still to add; otherwise CP-SAT's status of the last round. Also returns the
-    last round's solution (None if it found none): ``staged_schedule.staged_events`` may turn it into a
+    last round's solution (None if it found none): ``staged_events.staged_events`` may turn it into a
     schedule of the same cost. ``wall_cap_s``: the wall time left to the whole call, if it caps the rounds
     (see mip.configure); the bound's ``work_s`` is the time used (mip.used_seconds)."""
     p = problem

@@ -1,7 +1,7 @@
 """JSON Schemas of the artifacts rules read (``<name>.json`` beside this file), and the checks across
 fields a schema cannot state (a list's length against a count written beside it).
 
-:func:`check` raises :class:`trainplan.io.ArtifactError` naming the file and the first bad key, so a
+:func:`check` raises :class:`trainplan.errors.ArtifactError` naming the file and the first bad key, so a
 truncated or hand-edited artifact stops the rule that reads it instead of flowing into later results.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 
-from trainplan.io import ArtifactError
+from trainplan.errors import ArtifactError
 
 
 class SchemaError(ArtifactError):

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from trainplan.aten_ops import is_inplace
-from trainplan.memory import FIXED_KINDS
+from trainplan.export.memory import FIXED_KINDS
 from trainplan.schedule.baselines import no_recompute
 from trainplan.schedule.problem import problem_from_dict
 

@@ -10,8 +10,8 @@ from typing import Any
 import pandas as pd
 
 from trainplan.partition.errors import PartitionError
+from trainplan.schedule.budgeted_stages import SolverSettings, schedule_stage
 from trainplan.schedule.schedule_io import Schedule
-from trainplan.stage_schedule import SolverSettings, schedule_stage
 
 log = logging.getLogger(__name__)
 

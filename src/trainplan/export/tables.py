@@ -11,8 +11,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import flop_registry
 
-from trainplan.memory import memory_profile
-from trainplan.trace import TracedStep, backward_seq_nr, module_path
+from trainplan.export.memory import memory_profile
+from trainplan.export.trace import TracedStep, backward_seq_nr, module_path
 
 FORWARD, BACKWARD = "forward", "backward"
 

@@ -13,12 +13,12 @@ from torch.fx.node import map_arg
 from tqdm import tqdm
 
 from trainplan.aten_ops import is_inplace
-from trainplan.io import ArtifactError
-from trainplan.execute.link import measure_host_link
+from trainplan.errors import ArtifactError
+from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
+from trainplan.profile.link import host_link_bytes_per_s
 from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
-from trainplan.trace import TracedStep, trace_training_step
 
 
 @dataclass
@@ -172,22 +172,6 @@ def profile_step(
         "torch": torch.__version__,
     }
     return ProfileResult(ops, summary)
-
-
-def host_link_bytes_per_s(device: dict[str, Any], nodes: pd.DataFrame, *, repeats: int,
-                          warmup: int) -> tuple[float, dict[str, Any]]:
-    """The host-link bandwidth plans cost transfers with, and where it comes from.
-
-    ``device["host_link_gbytes_per_s"]`` is either a number (a link to plan for, e.g. an accelerator's PCIe
-    that this machine lacks) or ``"measured"``: the executor's own swap path, timed on a sample of the
-    model's forward outputs (the tensors a plan swaps) by ``execute.link.measure_host_link``.
-    """
-    setting = device["host_link_gbytes_per_s"]
-    if setting != "measured":
-        return float(setting) * 1e9, {"source": "config"}
-    forward = nodes.loc[nodes.phase == "forward", "alloc_bytes"].astype(int).tolist()
-    link = measure_host_link(torch.device(device["type"]), forward, repeats=repeats, warmup=warmup)
-    return link.bytes_per_s, {"source": "measured", **link.to_dict()}
 
 
 def profile_model(

@@ -11,11 +11,12 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from trainplan.io import ArtifactError, read_json
+from trainplan.errors import ArtifactError
+from trainplan.io import read_json
 from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.schedule_io import Schedule, schedule_from_dict
 from trainplan.schedule.solve import METHODS, solve
-from trainplan.stage_problem import budget_for, no_recompute_peak, stage_problem
+from trainplan.schedule.stage_problem import budget_for, no_recompute_peak, stage_problem
 
 
 @dataclass(frozen=True)

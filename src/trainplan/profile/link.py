@@ -1,14 +1,17 @@
-"""Measure the host link as plans use it: the executor's own swap-out and swap-in of a device storage."""
+"""The host-link bandwidth plans cost transfers with: configured, or measured as plans use the link (the
+executor's own swap-out and swap-in of a device storage)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
+import pandas as pd
 import torch
 
-from trainplan.execute.pool import HostPool
+from trainplan.host_swap import HostPool
 from trainplan.timing import gc_paused
 
 
@@ -87,3 +90,19 @@ def measure_host_link(device: torch.device, sizes: list[int], *, repeats: int = 
             outs.append(mid - start)
             ins.append(end - mid)
     return LinkMeasurement(tuple(sizes), statistics.median(outs), statistics.median(ins), repeats)
+
+
+def host_link_bytes_per_s(device: dict[str, Any], nodes: pd.DataFrame, *, repeats: int,
+                          warmup: int) -> tuple[float, dict[str, Any]]:
+    """The host-link bandwidth plans cost transfers with, and where it comes from.
+
+    ``device["host_link_gbytes_per_s"]`` is either a number (a link to plan for, e.g. an accelerator's PCIe
+    that this machine lacks) or ``"measured"``: the executor's own swap path, timed on a sample of the
+    model's forward outputs (the tensors a plan swaps) by :func:`measure_host_link`.
+    """
+    setting = device["host_link_gbytes_per_s"]
+    if setting != "measured":
+        return float(setting) * 1e9, {"source": "config"}
+    forward = nodes.loc[nodes.phase == "forward", "alloc_bytes"].astype(int).tolist()
+    link = measure_host_link(torch.device(device["type"]), forward, repeats=repeats, warmup=warmup)
+    return link.bytes_per_s, {"source": "measured", **link.to_dict()}
