@@ -7,6 +7,11 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from trainplan.fuse.errors import FuseError
+from trainplan.fuse.support import load_table
+from trainplan.models import ModelSpecError, check_spec
+from trainplan.precision.policy import PolicyError, load_policy
+
 
 validate(config, schema="../schemas/config.schema.yaml")
 
@@ -48,20 +53,10 @@ def _check_config():
                     f"(defined: {sorted(config['models'])})"
                 )
     for name, spec in config["models"].items():
-        if spec.get("source", "transformers") == "transformers":
-            import transformers
-
-            arch = spec["architecture"]
-            if not hasattr(getattr(transformers, arch, None), "config_class"):
-                raise WorkflowError(
-                    f"config key 'models.{name}.architecture': unknown transformers class '{arch}'"
-                )
-        else:
-            target = spec["callable"].partition(":")[0]
-            if importlib.util.find_spec(target.split(".")[0]) is None:
-                raise WorkflowError(
-                    f"config key 'models.{name}.callable': module '{target}' is not importable"
-                )
+        try:  # the architecture or callable, and every key of its config or kwargs (typos are not ignored)
+            check_spec(name, spec)
+        except ModelSpecError as exc:
+            raise WorkflowError(f"config: {exc}") from None
 
 
 _check_config()
@@ -119,6 +114,23 @@ def study_file(path):
     if os.path.isabs(path) or os.path.exists(path):
         return path
     return os.path.join(os.path.dirname(os.path.abspath(workflow.main_snakefile)), path)
+
+
+def _check_config_files():
+    """Fail at start, naming the config key and the file (and a YAML error's line), for a file the config names
+    that does not load: the precision policy and each fuse support table (their rules would fail later)."""
+    files = {"overflow.policy": (load_policy, config["overflow"]["policy"])} | {
+        f"fuse.targets.{name}.table": (load_table, spec["table"])
+        for name, spec in config["fuse"]["targets"].items() if "table" in spec
+    }
+    for key, (load, path) in files.items():
+        try:
+            load(study_file(path))
+        except (PolicyError, FuseError) as exc:
+            raise WorkflowError(f"config key '{key}': {exc}") from None
+
+
+_check_config_files()
 
 
 def base_model(name):
