@@ -12,7 +12,7 @@ from tests.conftest import TINY_GPT2
 from trainplan.aten_ops import is_inplace
 from trainplan.export.tables import graph_tables, memory_table
 from trainplan.export.trace import TraceError, trace_training_step
-from trainplan.models import BuiltModel, ModelSpecError, build_model, default_loss, on_device
+from trainplan.models import BuiltModel, ModelSpecError, build_model, check_spec, default_loss, on_device
 
 
 def _eager_grads(built) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -106,6 +106,22 @@ def test_is_inplace():
 def test_unknown_architecture_names_model_and_class():
     with pytest.raises(ModelSpecError, match=r"model 'm'.*'NoSuchModel'"):
         build_model("m", {"architecture": "NoSuchModel"})
+
+
+def test_a_misspelled_config_or_kwargs_key_is_refused_with_the_closest_name():
+    """Config classes keep any keyword: a typo would silently build the reference size (GPT-2's 12 layers)."""
+    typo = {**TINY_GPT2, "config": {**TINY_GPT2["config"], "n_layr": 2}}
+    with pytest.raises(ModelSpecError, match=r"model 'm': config key 'n_layr' is not an option of GPT2Config "
+                                             r"\(did you mean 'n_layer'\?\)"):
+        build_model("m", typo)
+    with pytest.raises(ModelSpecError, match=r"model 'c': kwargs key 'chanels' .* trainplan.zoo:small_cnn .*'channels'"):
+        build_model("c", {"source": "callable", "callable": "trainplan.zoo:small_cnn", "kwargs": {"chanels": 4}})
+    # aliases, properties and keys the config consumes pass, and take effect
+    alias = {**TINY_GPT2, "config": {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+                                     "vocab_size": 64, "num_labels": 3, "attn_implementation": "eager"}}
+    cfg = build_model("a", alias).module.config
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.num_labels) == (1, 32, 2, 3)
+    check_spec("t5", {"architecture": "T5ForConditionalGeneration", "config": {"decoder_start_token_id": 0}})
 
 
 def test_untraceable_model_names_model_and_op():

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -87,6 +88,29 @@ def test_published_archive_rebuilds_the_report(study, tmp_path, capsys):
     assert trainplan(["publish", "-d", str(damaged), "--repo", str(REPO), "-o", str(tmp_path / "x.tar.gz")]) == 2
     assert "results/validate/summary.csv: changed since" in capsys.readouterr().err
     assert not (tmp_path / "x.tar.gz").exists()
+
+
+def test_verify_names_a_file_damaged_in_place_and_its_command_regenerates_it(study, tmp_path, capsys):
+    """One byte flipped with the file's time kept: Snakemake sees nothing, verify names the file, and the command
+    it prints reruns that file's job and the provenance alone (the recorded config reproduces every param)."""
+    work = copy_of_study(study, tmp_path / "study")
+    target = work / "results/plots/tiny_gpt2/cpu/op_time.png"
+    data, stat = bytearray(target.read_bytes()), target.stat()
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    capsys.readouterr()
+    assert trainplan(["verify", "-d", str(work)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{target}: changed since results/provenance.json was written" and len(lines) == 3
+    command = shlex.split(lines[-1])
+    assert command[0] == "snakemake" and command[-2:] == ["--forcerun", "results/plots/tiny_gpt2/cpu/op_time.png"]
+    out = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    stats = (out.stdout + out.stderr).split("Job stats:")[1].split("total")[0]
+    assert dict(re.findall(r"^(\w+)\s+(\d+)$", stats, re.M)) == {"all": "1", "plot_profile": "1", "provenance": "1"}
+    assert trainplan(["verify", "-d", str(work)]) == 0
+    assert capsys.readouterr().out.startswith(f"{work}: OK, all ")
 
 
 def damage(path: Path, edit) -> None:

@@ -100,6 +100,14 @@ def test_changed_model_reruns_only_that_model(study, tmp_path):
         (lambda c: c["study"].update(plan=["tiny_gpt2", "nosuchmodel"]), "nosuchmodel"),
         (lambda c: c.update(budgets=[1.5]), "budgets"),
         (lambda c: c["devices"]["cpu"].update(host_link_gbytes_per_s="fast"), "host_link_gbytes_per_s"),
+        # a model config's typo would silently plan the reference size (GPT-2's 12 layers): refused, named
+        (lambda c: c["models"]["tiny_gpt2"]["config"].update(n_layr=c["models"]["tiny_gpt2"]["config"].pop("n_layer")),
+         "model 'tiny_gpt2': config key 'n_layr' is not an option of GPT2Config (did you mean 'n_layer'?)"),
+        (lambda c: c["models"]["small_cnn"].update(kwargs={"chanels": 4}),
+         "model 'small_cnn': kwargs key 'chanels' is not an option of trainplan.zoo:small_cnn (did you mean 'channels'?)"),
+        # YAML's .nan and .inf are numbers to JSON Schema's bounds: refused by the schema's finite number
+        (lambda c: c.update(budgets=[float("nan")]), "On instance['budgets'][0]"),
+        (lambda c: c["solver"].update(time_limit_s=float("inf")), "On instance['solver']['time_limit_s']"),
     ],
 )
 def test_bad_config_fails_fast_naming_the_key(tmp_path, edit, named):
@@ -108,6 +116,23 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path, edit, named):
     assert out.returncode != 0
     assert named in out.stderr + out.stdout
     assert not (tmp_path / "w" / "results").exists()
+
+
+def test_yaml_syntax_errors_name_the_file(tmp_path):
+    """A file the config names fails at start with the key, the file and the line; a --configfile is parsed by
+    Snakemake before the workflow runs: its message names no file, `--verbose` shows the file and line."""
+    table = tmp_path / "table.yaml"
+    table.write_text("name: t\nops: [aten.mm.default\n")
+    cfg = edited(tmp_path, "table_cfg.yaml", lambda c: c["fuse"].update(targets={"acclib": {"table": str(table)}}))
+    out = snakemake(tmp_path / "w", cfg, "--dry-run")
+    assert out.returncode != 0 and not (tmp_path / "w" / "results").exists()
+    assert f"config key 'fuse.targets.acclib.table': support table {table}: invalid YAML at line 3" in out.stdout + out.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(TINY.read_text().replace("budgets: [0.6]", "budgets: [0.6"))
+    out = snakemake(tmp_path / "w", broken, "--dry-run", "--verbose")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Config file is not valid JSON or YAML" in text
+    assert re.search(rf'in "{re.escape(str(broken))}", line \d+, column \d+', text), text[-2000:]
 
 
 def test_dry_run_names_each_stages_models_and_the_tiny_study_stays_tiny(tmp_path):

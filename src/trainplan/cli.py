@@ -12,6 +12,7 @@ from trainplan.cli_types import nonnegative_int, positive_float, positive_int
 from trainplan.fuse.cli import add_parser as add_fuse_parser
 from trainplan.layout.cli import add_parser as add_layout_parser
 from trainplan.provenance.cli import add_parser as add_publish
+from trainplan.provenance.cli import add_verify_parser as add_verify
 
 
 def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace], int]:
@@ -70,6 +71,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse
     "align": add_align_parser,
     "layout": add_layout_parser,
     "publish": add_publish,
+    "verify": add_verify,
 }
 
 

@@ -59,18 +59,46 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=False, default=_default) + "\n")
 
 
-def read_json(path: str | os.PathLike[str], schema: str | None = None) -> Any:
-    """Read a JSON artifact; a missing or corrupt file, or one that does not match ``schema`` (a name in
-    ``trainplan/schemas/``), raises ArtifactError naming it."""
+def read_text(path: str | os.PathLike[str], what: str = "artifact") -> str:
+    """The UTF-8 text of ``path``; a missing or unreadable file, or one that is not UTF-8 text (binary, or
+    damaged), raises ArtifactError naming it as ``what``. The JSON and YAML readers start here."""
     try:
-        data = json.loads(Path(path).read_text())
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise ArtifactError(f"artifact not found: {path}") from exc
+        raise ArtifactError(f"{what} not found: {path}") from exc
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"{what} {path}: not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}): "
+                            "a binary or damaged file?") from None
+    except OSError as exc:  # a directory, no permission
+        raise ArtifactError(f"{what} {path}: cannot be read: {exc.strerror}") from exc
+
+
+def read_json(path: str | os.PathLike[str], schema: str | None = None) -> Any:
+    """Read a JSON artifact; a missing, binary or corrupt file, or one that does not match ``schema`` (a name in
+    ``trainplan/schemas/``), raises ArtifactError naming it."""
+    text = read_text(path)
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"corrupt JSON artifact {path}: {exc}") from exc
     if schema is not None:
         check(data, schema, str(path))
     return data
+
+
+def read_yaml(path: str | os.PathLike[str], what: str = "artifact") -> Any:
+    """Read a YAML file; a missing, binary or malformed one raises ArtifactError naming it as ``what``, with the
+    line and column of a syntax error, on one line."""
+    text = read_text(path, what)
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = f" ({exc.context})" if exc.context else ""
+        raise ArtifactError(f"{what} {path}: invalid YAML{where}: {exc.problem}{context}") from None
+    except yaml.YAMLError as exc:  # e.g. a control character the reader refuses
+        raise ArtifactError(f"{what} {path}: invalid YAML: {' '.join(str(exc).split())}") from None
 
 
 def write_yaml(path: str | os.PathLike[str], data: Any) -> None:
@@ -115,5 +143,5 @@ def merged_yaml(paths: list[str | Path]) -> dict[str, Any]:
         return out
     merged: dict[str, Any] = {}
     for path in paths:
-        merged = merge(merged, yaml.safe_load(Path(path).read_text()) or {})
+        merged = merge(merged, read_yaml(path, "config file") or {})
     return merged

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -65,7 +68,31 @@ def _transformers_batch(name: str, arch: str, cfg: Any, inputs: dict[str, Any], 
     return {"input_ids": ids, "labels": labels}
 
 
-def _build_transformers(name: str, spec: dict[str, Any], gen: torch.Generator) -> BuiltModel:
+def _refuse(name: str, what: str, unknown: list[str], options: Iterable[str], owner: str) -> None:
+    """ModelSpecError naming the model and the first unknown key of ``what``, with the closest of ``options``."""
+    if unknown:
+        key = sorted(unknown)[0]
+        close = difflib.get_close_matches(key, sorted(options), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ModelSpecError(f"model '{name}': {what} key '{key}' is not an option of {owner}{hint}")
+
+
+def _config_options(default: Any) -> set[str]:
+    """Public names a transformers config understands: a default instance's attributes and properties (GPT-2's
+    ``n_layer``, ``num_labels``) and the class's ``attribute_map`` aliases (``num_hidden_layers``)."""
+    cls = type(default)
+    properties = [key for key in dir(cls) if isinstance(getattr(cls, key, None), property)]
+    return {key for key in (*vars(default), *properties, *cls.attribute_map) if not key.startswith("_")}
+
+
+def transformers_config(name: str, spec: dict[str, Any]) -> tuple[type, Any]:
+    """The transformers model class ``spec['architecture']`` and its config built from ``spec['config']``.
+
+    A config class keeps any keyword as an attribute, so a misspelled key would leave the reference size in
+    place: a key the config stored that neither a default config nor the generation options (which some
+    models read from their config, T5's ``decoder_start_token_id``) know raises ModelSpecError, as do an
+    unknown class and a value the config refuses. Keys the config consumes (``attn_implementation``) pass.
+    """
     import transformers
 
     arch = spec.get("architecture")
@@ -75,20 +102,32 @@ def _build_transformers(name: str, spec: dict[str, Any], gen: torch.Generator) -
             f"model '{name}': unknown transformers architecture '{arch}' "
             "(expected a class such as GPT2LMHeadModel or ResNetForImageClassification)"
         )
+    config_cls, given = model_cls.config_class, spec.get("config", {})
     try:
-        cfg = model_cls.config_class(**spec.get("config", {}))
+        cfg, default = config_cls(**given), config_cls()
     except (TypeError, ValueError) as exc:
         raise ModelSpecError(f"model '{name}': bad config for {arch}: {exc}") from exc
+    options = _config_options(default)
+    generation = set(vars(transformers.GenerationConfig()))
+    stored = [key for key in given if key in vars(cfg) and key not in options | generation]
+    _refuse(name, "config", stored, options, config_cls.__name__)
+    return model_cls, cfg
+
+
+def _build_transformers(name: str, spec: dict[str, Any], gen: torch.Generator) -> BuiltModel:
+    model_cls, cfg = transformers_config(name, spec)
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
     if not spec.get("dropout", False):
         _no_dropout(cfg)
     module = model_cls(cfg)
-    batch = _transformers_batch(name, str(arch), cfg, spec.get("inputs", {}), gen)
+    batch = _transformers_batch(name, str(spec["architecture"]), cfg, spec.get("inputs", {}), gen)
     return BuiltModel(name, module, batch, default_loss)
 
 
-def _build_callable(name: str, spec: dict[str, Any]) -> BuiltModel:
+def model_factory(name: str, spec: dict[str, Any]) -> Callable[..., Any]:
+    """The function ``spec['callable']`` names; a malformed or unimportable name, or a ``kwargs`` key its
+    signature has no parameter for (unless it takes ``**kwargs``), raises ModelSpecError."""
     target = str(spec.get("callable", ""))
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
@@ -97,24 +136,47 @@ def _build_callable(name: str, spec: dict[str, Any]) -> BuiltModel:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ModelSpecError(f"model '{name}': cannot import callable '{target}': {exc}") from exc
-    result = factory(**spec.get("kwargs", {}))
+    params = inspect.signature(factory).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        options = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        _refuse(name, "kwargs", [key for key in spec.get("kwargs", {}) if key not in options], options, target)
+    return factory
+
+
+def _build_callable(name: str, spec: dict[str, Any]) -> BuiltModel:
+    target = spec["callable"]
+    result = model_factory(name, spec)(**spec.get("kwargs", {}))
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
         raise ModelSpecError(f"model '{name}': callable '{target}' must return (torch.nn.Module, dict of input tensors)")
     module, batch = result
     return BuiltModel(name, module, dict(batch), default_loss)
 
 
+def _source(name: str, spec: dict[str, Any]) -> str:
+    """The entry's ``source``: 'transformers' (the default) or 'callable'; else ModelSpecError."""
+    source = spec.get("source", "transformers")
+    if source not in ("transformers", "callable"):
+        raise ModelSpecError(f"model '{name}': source must be 'transformers' or 'callable', got '{source}'")
+    return source
+
+
+def check_spec(name: str, spec: dict[str, Any]) -> None:
+    """What build_model refuses, checked without building the model (the workflow's start-up check): the
+    source, the architecture and its config keys, or the callable and its kwargs; ModelSpecError names them."""
+    if _source(name, spec) == "transformers":
+        transformers_config(name, spec)
+    else:
+        model_factory(name, spec)
+
+
 def build_model(name: str, spec: dict[str, Any], seed: int = 0) -> BuiltModel:
     """Build model ``name`` from its config entry with random weights seeded by ``seed``, in training mode."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    source = spec.get("source", "transformers")
-    if source == "transformers":
+    if _source(name, spec) == "transformers":
         built = _build_transformers(name, spec, gen)
-    elif source == "callable":
-        built = _build_callable(name, spec)
     else:
-        raise ModelSpecError(f"model '{name}': source must be 'transformers' or 'callable', got '{source}'")
+        built = _build_callable(name, spec)
     built.module.train()
     return built
 

@@ -8,6 +8,27 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+REPO = Path(workflow.main_snakefile).resolve().parent
+
+
+def _check_checkout():
+    """Fail at start unless the scripts will import trainplan from this checkout's src/ (``pip install -e .``):
+    the code versions below are computed from the checkout's files, which must be the code that runs."""
+    spec = importlib.util.find_spec("trainplan")
+    here = REPO / "src" / "trainplan" / "__init__.py"
+    if spec is None or spec.origin is None or Path(spec.origin).resolve() != here:
+        where = "not installed" if spec is None else f"imported from {spec.origin}"
+        raise WorkflowError(f"trainplan is {where}, not from this checkout ({here}): run `pip install -e {REPO}`")
+
+
+_check_checkout()
+
+from trainplan.fuse.errors import FuseError
+from trainplan.fuse.support import load_table
+from trainplan.models import ModelSpecError, check_spec
+from trainplan.precision.policy import PolicyError, load_policy
+from trainplan.provenance.code import closure as code_closure, digest as code_digest
+
 
 validate(config, schema="../schemas/config.schema.yaml")
 
@@ -49,20 +70,10 @@ def _check_config():
                     f"(defined: {sorted(config['models'])})"
                 )
     for name, spec in config["models"].items():
-        if spec.get("source", "transformers") == "transformers":
-            import transformers
-
-            arch = spec["architecture"]
-            if not hasattr(getattr(transformers, arch, None), "config_class"):
-                raise WorkflowError(
-                    f"config key 'models.{name}.architecture': unknown transformers class '{arch}'"
-                )
-        else:
-            target = spec["callable"].partition(":")[0]
-            if importlib.util.find_spec(target.split(".")[0]) is None:
-                raise WorkflowError(
-                    f"config key 'models.{name}.callable': module '{target}' is not importable"
-                )
+        try:  # the architecture or callable, and every key of its config or kwargs (typos are not ignored)
+            check_spec(name, spec)
+        except ModelSpecError as exc:
+            raise WorkflowError(f"config: {exc}") from None
 
 
 _check_config()
@@ -103,22 +114,6 @@ wildcard_constraints:
     budget=r"[0-9]*\.?[0-9]+",
 
 
-REPO = Path(workflow.main_snakefile).resolve().parent
-
-
-def _check_checkout():
-    """Fail at start unless the scripts will import trainplan from this checkout's src/ (``pip install -e .``):
-    the code versions below are computed from the checkout's files, which must be the code that runs."""
-    spec = importlib.util.find_spec("trainplan")
-    here = REPO / "src" / "trainplan" / "__init__.py"
-    if spec is None or spec.origin is None or Path(spec.origin).resolve() != here:
-        where = "not installed" if spec is None else f"imported from {spec.origin}"
-        raise WorkflowError(f"trainplan is {where}, not from this checkout ({here}): run `pip install -e {REPO}`")
-
-
-_check_checkout()
-
-from trainplan.provenance.code import closure as code_closure, digest as code_digest
 
 
 def _callable_modules(model_names):
@@ -163,6 +158,23 @@ def study_file(path):
     if os.path.isabs(path) or os.path.exists(path):
         return path
     return os.path.join(os.path.dirname(os.path.abspath(workflow.main_snakefile)), path)
+
+
+def _check_config_files():
+    """Fail at start, naming the config key and the file (and a YAML error's line), for a file the config names
+    that does not load: the precision policy and each fuse support table (their rules would fail later)."""
+    files = {"overflow.policy": (load_policy, config["overflow"]["policy"])} | {
+        f"fuse.targets.{name}.table": (load_table, spec["table"])
+        for name, spec in config["fuse"]["targets"].items() if "table" in spec
+    }
+    for key, (load, path) in files.items():
+        try:
+            load(study_file(path))
+        except (PolicyError, FuseError) as exc:
+            raise WorkflowError(f"config key '{key}': {exc}") from None
+
+
+_check_config_files()
 
 
 def base_model(name):

@@ -128,7 +128,10 @@ def _tensor_list(value: Any, node: str, key: str) -> list[TensorInfo]:
     for t in value:
         if not isinstance(t, dict) or "shape" not in t or "dtype" not in t:
             raise FuseError(f"node '{node}': every entry of '{key}' needs 'shape' and 'dtype'")
-        out.append(TensorInfo(tuple(int(d) for d in t["shape"]), str(t["dtype"]).removeprefix("torch.")))
+        shape = t["shape"]
+        if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
+            raise FuseError(f"node '{node}': a shape in '{key}' must be a list of non-negative integers, got {shape!r}")
+        out.append(TensorInfo(tuple(shape), str(t["dtype"]).removeprefix("torch.")))
     return out
 
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.graph import OpGraph, TensorInfo
+from trainplan.errors import ArtifactError
+from trainplan.io import read_yaml
 
 CONDITIONS = ("max_dim", "max_rank", "dtypes", "deny_dtypes", "groups")
 GETITEM = "getitem"
@@ -153,11 +153,9 @@ def table_from_dict(doc: Any, where: str) -> SupportTable:
 def load_table(path: str | Path) -> SupportTable:
     """Read a YAML support table; a missing/invalid file raises FuseError naming it."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise FuseError(f"support table not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise FuseError(f"support table {path}: invalid YAML: {exc}") from None
+        doc = read_yaml(path, "support table")
+    except ArtifactError as exc:
+        raise FuseError(str(exc)) from None
     return table_from_dict(doc, str(path))
 
 

@@ -11,6 +11,7 @@ A node may list only some layouts in ``cost`` (those it can run in) or fix one w
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,8 +93,8 @@ def _topo_order(nodes: list[str], edges: list[tuple[str, str]]) -> list[str]:
 
 
 def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-        raise LayoutProblemError(f"{where}: expected a non-negative number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise LayoutProblemError(f"{where}: expected a finite non-negative number, got {value!r}")
     return float(value)
 
 

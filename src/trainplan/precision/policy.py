@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
+from trainplan.errors import ArtifactError
+from trainplan.io import read_yaml
 from trainplan.schemas import SchemaError, check
 
 ALLOW, DENY, INFER = "allow", "deny", "infer"
@@ -99,15 +100,11 @@ def load_policy(path: str | Path, written: bool = False) -> Policy:
     """Read a policy YAML file, checked against the ``policy`` schema and its ``counts`` when present;
     ``written``: a file the workflow wrote, which must have every list's count."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = read_yaml(path, "policy file")
         check(data, "policy", str(path))
         if written and set(data.get("counts", {})) != set(_LISTS):
             raise SchemaError(f"{path}: 'counts' lacks {sorted(set(_LISTS) - set(data.get('counts', {})))}: truncated?")
-    except FileNotFoundError as exc:
-        raise PolicyError(f"policy file not found: {path}") from exc
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"corrupt policy file {path}: {exc}") from exc
-    except SchemaError as exc:
+    except ArtifactError as exc:  # missing, not text, not YAML, or not a policy (SchemaError)
         raise PolicyError(str(exc)) from exc
     return policy_from_dict(data, str(path))
 

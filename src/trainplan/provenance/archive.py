@@ -7,16 +7,16 @@ import json
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from trainplan.errors import ArtifactError
 from trainplan.io import atomic_path, read_json
-from trainplan.provenance.record import file_digests
+from trainplan.provenance.verify import PROVENANCE, verify
 
 STUDY_DIRS = ("results", "logs", "benchmarks", ".snakemake/metadata")
 CONFIG = "config/published.yaml"
-PROVENANCE = "results/provenance.json"
 HOWTO = """# Published trainplan study
 
 Code (git commit {commit}{dirty}), resolved config ({config}), results, logs, benchmarks and Snakemake's
@@ -51,12 +51,11 @@ def study_files(study: Path) -> list[str]:
                   for p in (study / d).rglob("*") if p.is_file() and not p.name.startswith(".nfs"))
 
 
-def relocated_metadata(text: str, repo: Path) -> str:
+def relocated_metadata(record: dict[str, Any], repo: Path) -> str:
     """A Snakemake metadata record with the inputs found in the repository (config-named files of a study
     run with ``--directory`` elsewhere: common.smk's ``study_file``) renamed to their path in the archive,
     where the repository is the working directory; otherwise the unpacked study sees a changed set of
     input files and reruns."""
-    record = json.loads(text)
     prefixes = {str(repo.absolute()) + "/", str(repo.resolve()) + "/"}  # as recorded, and with links resolved
 
     def local(name: str) -> str:
@@ -79,12 +78,12 @@ def publish(study: str | Path, repo: str | Path, output: str | Path) -> list[str
     changed since it was written: the archive must be what the provenance describes.
     """
     study, repo = Path(study), Path(repo)
-    record = read_json(study / PROVENANCE, schema="provenance")
-    current = file_digests(study, [f for f in record["results"] if (study / f).is_file()])
-    for name, digest in record["results"].items():
-        if current.get(name) != digest:
-            raise PublishError(f"{study / name}: {'changed' if name in current else 'deleted'} since "
-                               f"{study / PROVENANCE} was written; rerun snakemake before publishing")
+    record, damaged = verify(study)
+    if damaged:
+        name, state = next(iter(damaged.items()))
+        raise PublishError(f"{study / name}: {state} since {study / PROVENANCE} was written ({len(damaged)} result "
+                           f"file(s) damaged or missing); `trainplan verify -d {study}` names each and prints the "
+                           "command that regenerates them")
     code = [f for f in tracked_files(repo) if not any(f.startswith(d + "/") for d in STUDY_DIRS)]
     top = Path(output).name.removesuffix(".gz").removesuffix(".tar").removesuffix(".tgz")
     git = record["git"]
@@ -97,7 +96,7 @@ def publish(study: str | Path, repo: str | Path, output: str | Path) -> list[str
             tar.add(repo / name, arcname=f"{top}/{name}", recursive=False)
         for name in study_files(study):
             if name.startswith(".snakemake/metadata/"):
-                add_text(tar, f"{top}/{name}", relocated_metadata((study / name).read_text(), repo),
+                add_text(tar, f"{top}/{name}", relocated_metadata(read_json(study / name), repo),
                          int((study / name).stat().st_mtime))
             else:
                 tar.add(study / name, arcname=f"{top}/{name}", recursive=False)

@@ -83,6 +83,14 @@ def file_digests(root: str | Path, files: list[str]) -> dict[str, str]:
     return out
 
 
+def damaged_results(study: str | Path, recorded: dict[str, str]) -> dict[str, str]:
+    """The files of ``recorded`` (path relative to ``study`` -> sha256, a provenance document's ``results``) that
+    are 'missing' from ``study`` or 'changed' (another sha256), in sorted order."""
+    current = file_digests(study, [name for name in recorded if (Path(study) / name).is_file()])
+    return {name: "changed" if name in current else "missing"
+            for name, digest in sorted(recorded.items()) if current.get(name) != digest}
+
+
 def provenance(config: dict[str, Any], git: dict[str, Any], results: str | Path, exclude: str) -> dict[str, Any]:
     """The provenance document: code, software, machine, resolved config, seeds, and the sha256 of every
     file under ``results`` (but ``exclude``, the document itself) when it was written."""
