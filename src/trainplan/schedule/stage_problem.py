@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from trainplan.aten_ops import is_inplace
+from trainplan.budget import Budget, parse_budget
 from trainplan.export.memory import FIXED_KINDS
 from trainplan.schedule.baselines import no_recompute
 from trainplan.schedule.problem import problem_from_dict
@@ -163,7 +164,11 @@ def no_recompute_peak(problem: dict[str, Any]) -> int:
     return int(no_recompute(problem_from_dict({**problem, "budget_bytes": 2**62})).peak_bytes)
 
 
-def budget_for(problem: dict[str, Any], fraction: float) -> int:
-    """Budget = fixed bytes + ``fraction`` of the stage's no-recompute peak above them."""
+def budget_for(problem: dict[str, Any], budget: Budget | str | int | float) -> int:
+    """The budget in bytes (:func:`trainplan.budget.parse_budget`): bytes as given, or for a fraction, the
+    fixed bytes + that fraction of the stage's no-recompute peak above them."""
+    parsed = parse_budget(budget)
+    if parsed.bytes is not None:
+        return parsed.bytes
     peak = no_recompute_peak(problem)
-    return int(problem["fixed_bytes"] + fraction * (peak - problem["fixed_bytes"]))
+    return int(problem["fixed_bytes"] + parsed.fraction * (peak - problem["fixed_bytes"]))
