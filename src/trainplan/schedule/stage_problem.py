@@ -60,10 +60,12 @@ def stage_problem(
     *,
     bandwidth: float,
     budget_bytes: int = 0,
+    swap: bool = True,
 ) -> dict[str, Any]:
     """Problem dict for the ops of ``stage_nodes`` (fx node names, in graph order) of a profiled graph.
 
     ``nodes`` must carry ``time_s`` (from the profile). ``budget_bytes`` 0 leaves the budget to the caller.
+    ``swap=False``: no op may be swapped (where the host is the same memory, as on a CPU, a swap frees none).
     """
     storage_of, fixed, size = _storage_tables(tensors)
     in_stage = set(stage_nodes)
@@ -80,7 +82,7 @@ def stage_problem(
     def new_op(op_id: str, storages: list[int], *, time: float = 0.0, inputs: list[str] | None = None,
                is_boundary: bool = False) -> dict[str, Any]:
         op = {"id": op_id, "time": time, "bytes": int(sum(size[x] for x in storages)), "inputs": inputs or [],
-              "recompute": not is_boundary, "swap": True, "nodes": [], "storages": storages}
+              "recompute": not is_boundary, "swap": swap, "nodes": [], "storages": storages}
         if is_boundary:
             op["boundary"] = True
         (boundary if is_boundary else ops)[op_id] = op
