@@ -261,3 +261,9 @@ def test_the_loop_example_runs(cache):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("plan: budget") and [line.split(":")[0] for line in lines[1:]] == ["step 0", "step 1"]
+
+
+def test_importing_trainplan_stays_free_of_torch_until_plan_is_used():
+    code = "import sys, trainplan; print('torch' in sys.modules); trainplan.plan; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True"]
