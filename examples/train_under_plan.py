@@ -25,7 +25,7 @@ from trainplan.export.trace import trace_training_step
 from trainplan.io import write_json
 from trainplan.models import build_model
 from trainplan.profile.link import measure_host_link
-from trainplan.profile.op_times import profile_step
+from trainplan.profile.op_times import profile_nodes
 
 MODELS = {  # the tiny study's models (tests/config/config.yaml)
     "tiny_gpt2": {"architecture": "GPT2LMHeadModel",
@@ -41,8 +41,7 @@ def make_plan(name: str, fraction: float, out: Path, seed: int) -> None:
     built = build_model(name, MODELS[name], seed=seed)
     traced, flat = trace_training_step(built)
     tables = graph_tables(traced)
-    recompute = tables.nodes.loc[(tables.nodes.phase == "forward") & ~tables.nodes.is_view, "name"].tolist()
-    times = profile_step(traced, flat, recompute, repeats=3, warmup=1, progress=False).ops[["name", "time_s"]]
+    times = profile_nodes(traced, flat, tables.nodes, repeats=3, warmup=1, progress=False).ops[["name", "time_s"]]
     nodes = tables.nodes.merge(times, on="name", validate="one_to_one")
     link = measure_host_link(torch.device("cpu"), tables.nodes.alloc_bytes.tolist())
     plan = build_plan(nodes, tables.tensors, [nodes.name.tolist()], model=name, device="cpu", fraction=fraction,

@@ -23,7 +23,7 @@ SCRIPTS = sorted((REPO / "workflow" / "scripts").glob("*.py"))
 #: own entry, from the shared modules of the first layer (which may import each other) and from entries of
 #: lower layers only: no stage imports a later one, and the entries of one layer are independent.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("aten_ops", "artifacts", "cli_types", "clock", "errors", "host_swap", "io", "logs", "models", "numerics",
+    ("aten_ops", "artifacts", "budget", "cli_types", "clock", "errors", "host_swap", "io", "logs", "models", "numerics",
      "plots", "schemas", "stats", "timing", "zoo"),  # shared, low-level
     ("export",),  # trace the step; its op and tensor tables and static memory
     ("profile", "precision"),  # on the traced step: op times and the host link; per-op precision (overflow)
@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # recompute/swap schedule, fp16 padding (run by precision's interpreter), conv layouts
     ("partition",),  # pipeline stages and the balance loop, which schedules every stage
     ("execute",),  # run a plan and validate it
+    ("loop",),  # plan a user's model in one call and train it under the plan in the user's own loop
     ("provenance",),  # record and publish a study
     ("cli", "__init__"),  # the entry points
 )

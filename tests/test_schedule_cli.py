@@ -8,6 +8,7 @@ import pytest
 
 from trainplan.io import read_json
 from trainplan.schedule import problem_from_dict, replay
+from trainplan.schedule.baselines import no_recompute_events
 
 PROBLEM = {
     "ops": [{"id": "x", "time": 0.001, "bytes": 100, "inputs": [], "name": "input"},
@@ -83,7 +84,7 @@ def test_the_schedule_command_does_not_import_torch(tmp_path):
     ("--time-limit", "0", "must be a finite number > 0"),
     ("--time-limit", "nan", "must be a finite number > 0"),
     ("--workers", "0", "must be an integer >= 1"),
-    ("--budget", "-5", "must be an integer >= 0"),
+    ("--budget", "-5", "budget '-5': a byte count must be >= 0"),
     ("--seed", "x", "expected an integer"),
 ])
 def test_a_bad_option_is_named_and_nothing_is_written(tmp_path, option, value, message):
@@ -102,3 +103,21 @@ def test_a_raised_budget_says_what_is_known_about_the_requested_one(tmp_path):
     data = read_json(out)
     assert data["requested_budget_bytes"] == 100 and data["budget_status"] == "proven_infeasible"
     assert f"budget={data['budget_bytes']} (raised from 100: proven_infeasible)" in res.stdout
+
+
+@pytest.mark.parametrize(("given", "expected"), [("650", 650), ("0.65KB", 650), ("1.0", "peak")])
+def test_the_budget_option_takes_bytes_with_a_unit_or_a_fraction(tmp_path, given, expected):
+    """``--budget`` reads trainplan.budget's forms: plain bytes (as before), bytes with a unit, or a fraction of
+    the problem's no-recompute peak above its fixed bytes (1.0: that peak)."""
+    res, out = schedule_problem(tmp_path, "--budget", given, "--time-limit", "1", "--workers", "1")
+    assert res.returncode == 0, res.stderr
+    peak = replay(problem_from_dict(PROBLEM), no_recompute_events(problem_from_dict(PROBLEM))).peak_bytes
+    assert read_json(out)["budget_bytes"] == (peak if expected == "peak" else expected)
+
+
+def test_a_bad_budget_is_one_line_naming_it(tmp_path):
+    res, out = schedule_problem(tmp_path, "--budget", "2 gigs")
+    assert res.returncode == 2 and not out.exists()
+    assert res.stderr.strip().splitlines()[-1] == (
+        "trainplan schedule: error: argument --budget: budget '2 gigs': unknown unit 'gigs'; use one of B, KB, MB, "
+        "GB, TB, KiB, MiB, GiB, TiB")

@@ -1,7 +1,8 @@
 """trainplan: plan memory, pipeline stages and precision of a PyTorch training step.
 
-``trainplan.load_step(plan_dir, model, batch)`` returns a training step compiled under a plan
-(:func:`trainplan.execute.step.load_step`).
+``trainplan.plan(model, batch, budget="2GiB")`` returns a module that trains ``model`` under a memory plan in
+any loop (:func:`trainplan.loop.api.plan`); ``trainplan.load_step(plan_dir, model, batch)`` returns a training
+step compiled under a plan of the workflow (:func:`trainplan.execute.step.load_step`).
 """
 
 from typing import Any
@@ -14,4 +15,8 @@ def __getattr__(name: str) -> Any:
         from trainplan.execute.step import load_step
 
         return load_step
+    if name == "plan":
+        from trainplan.loop.api import plan
+
+        return plan
     raise AttributeError(f"module 'trainplan' has no attribute {name!r}")

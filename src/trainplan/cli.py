@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 
 from trainplan.align.cli import add_parser as add_align_parser
-from trainplan.cli_types import nonnegative_int, positive_float, positive_int
+from trainplan.cli_types import budget, nonnegative_int, positive_float, positive_int
 from trainplan.fuse.cli import add_parser as add_fuse_parser
 from trainplan.layout.cli import add_parser as add_layout_parser
 from trainplan.provenance.cli import add_parser as add_publish
@@ -28,7 +28,9 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
                     help="'all' writes ours with every baseline under the key 'baselines'")
     ap.add_argument("--nondeterministic", action="store_true",
                     help="stop CP-SAT on wall time with the parallel portfolio (faster, not reproducible)")
-    ap.add_argument("--budget", type=nonnegative_int, default=None, help="override the problem's budget_bytes")
+    ap.add_argument("--budget", type=budget, default=None,
+                    help="override the problem's budget_bytes: bytes (2GiB, 1500MB, 512KiB, 1048576) or a fraction in "
+                         "(0, 1] of the problem's no-recompute peak above its fixed bytes (0.5)")
     ap.add_argument("--stage", type=nonnegative_int, default=None,
                     help="PROBLEM is a schedules.json of the schedule rule: solve this stage's problem")
     ap.add_argument("-v", "--verbose", action="store_true", help="log CP-SAT search progress")
@@ -38,6 +40,7 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
 def _run_schedule(args: argparse.Namespace) -> int:
     from trainplan.schedule import compare, load_problem, save_schedule, solve
     from trainplan.schedule import deadline as dl
+    from trainplan.schedule.stage_problem import budget_for
 
     # one deadline scope from reading the problem to writing the schedule: the limit counts from the start, and
     # the garbage collector stays frozen until the file is written (the full collection due when the solver's own
@@ -46,7 +49,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
     with dl.scope(dl.Deadline.after(args.time_limit)):
         problem = load_problem(args.problem, stage=args.stage)
         if args.budget is not None:
-            problem = problem.with_budget(args.budget)
+            problem = problem.with_budget(budget_for(problem.to_dict(), args.budget))
         opts = {"deterministic": not args.nondeterministic, "verbose": args.verbose}
         if args.method == "all":
             results = compare(problem, args.time_limit, args.workers, args.seed, **opts)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from trainplan.budget import Budget, BudgetError, parse_budget
+
 
 def positive_float(text: str) -> float:
     """A finite number > 0 (time limits)."""
@@ -31,6 +33,15 @@ def nonnegative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return value
+
+
+def budget(text: str) -> Budget:
+    """A memory budget (:mod:`trainplan.budget`): bytes with a unit (``2GiB``), plain bytes, or a fraction in
+    (0, 1] of the no-recompute peak."""
+    try:
+        return parse_budget(text)
+    except BudgetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _int(text: str) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from trainplan.budget import Budget
 from trainplan.errors import ArtifactError
 from trainplan.io import read_json
 from trainplan.schedule import Problem, ProblemError, ScheduleError, problem_from_dict, replay, solve
@@ -101,6 +102,18 @@ def split_nodes(names: list[str], k: int) -> list[list[str]]:
     return [names[i : i + size] for i in range(0, len(names), size)]
 
 
+def plan_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, index: int,
+               budget: Budget | str | int | float, bandwidth: float, swap: bool = True, time_limit_s: float = 10.0,
+               workers: int = 1, seed: int = 0) -> dict[str, Any]:
+    """One stage of a plan: its problem (``stage_problem``; ``swap=False``: no swaps) at ``budget`` (bytes, or
+    a fraction of its no-recompute peak: :mod:`trainplan.budget`) and our solver's schedule of it, raised to the
+    least budget found where the requested one is not met (the schedule says so)."""
+    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth, swap=swap)
+    raw["budget_bytes"] = budget_for(raw, budget)
+    schedule = solve(problem_from_dict(raw), time_limit_s, workers, seed)
+    return {"index": index, "nodes": list(stage_nodes), "problem": raw, "schedule": schedule.to_dict()}
+
+
 def build_plan(
     nodes: pd.DataFrame,
     tensors: pd.DataFrame,
@@ -118,10 +131,7 @@ def build_plan(
 
     ``nodes`` must carry the profile's ``time_s``.
     """
-    out = []
-    for index, stage_nodes in enumerate(stages):
-        raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth)
-        raw["budget_bytes"] = budget_for(raw, fraction)
-        schedule = solve(problem_from_dict(raw), time_limit_s, workers, seed)
-        out.append({"index": index, "nodes": list(stage_nodes), "problem": raw, "schedule": schedule.to_dict()})
+    out = [plan_stage(nodes, tensors, stage_nodes, index=index, budget=float(fraction), bandwidth=bandwidth,
+                      time_limit_s=time_limit_s, workers=workers, seed=seed)
+           for index, stage_nodes in enumerate(stages)]
     return {"model": model, "device": device, "k": len(stages), "budget_fraction": fraction, "stages": out}

@@ -16,7 +16,7 @@ import torch
 from trainplan.execute.compile import CompiledPlan, compile_plan
 from trainplan.execute.layout import GraphLayout, stage_layouts
 from trainplan.execute.plan import PlanError, StagePlan, load_plan
-from trainplan.export.tables import graph_tables
+from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import BuiltModel, default_loss
 
@@ -71,24 +71,30 @@ def load_step(plan: str | Path, model: torch.nn.Module, batch: Mapping[str, torc
     device ``model`` is on; a plan made for another graph raises PlanError naming the plan and the node."""
     path = _plan_path(plan)
     data, stages = load_plan(path)
-    unscheduled = [st.index for st in stages if not st.executable]
-    if unscheduled:
-        raise PlanError(f"{path}: stage(s) {unscheduled} have no schedule to run (infeasible at this budget)")
     built = BuiltModel(name or str(data.get("model", "model")), model,
                        {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}, loss_fn)
     traced, flat = trace_training_step(built)
-    tables = graph_tables(traced)
+    return compile_step(data, stages, traced, flat, graph_tables(traced), where=str(path))
+
+
+def compile_step(data: dict[str, Any], stages: list[StagePlan], traced: TracedStep, flat: list[torch.Tensor],
+                 tables: GraphTables, *, where: str) -> PlannedStep:
+    """The plan ``data`` (its parsed ``stages``) compiled on the traced step whose real flat inputs are
+    ``flat``; a stage without a schedule, or one made for another graph, raises PlanError naming ``where``."""
+    unscheduled = [st.index for st in stages if not st.executable]
+    if unscheduled:
+        raise PlanError(f"{where}: stage(s) {unscheduled} have no schedule to run (infeasible at this budget)")
     known = set(tables.nodes.name)
+    size = dict(zip(tables.tensors.storage, tables.tensors.storage_bytes))
     for st in stages:
         unknown = [n for n in st.nodes if n not in known]
         if unknown:
-            raise PlanError(f"{path}: stage {st.index} names fx node(s) {unknown[:3]} that the traced step of "
-                            f"'{built.name}' lacks (a plan for another model, batch shape or torch version)")
+            raise PlanError(f"{where}: stage {st.index} names fx node(s) {unknown[:3]} that the traced step of "
+                            f"'{traced.model}' lacks (a plan for another model, batch shape or torch version)")
         for op in st.raw["ops"]:
-            real = int(tables.tensors.drop_duplicates("storage").set_index("storage").storage_bytes
-                       .reindex(op["storages"]).fillna(0).sum())
+            real = sum(int(size.get(sid, 0)) for sid in op["storages"])
             if real != int(op["bytes"]):
-                raise PlanError(f"{path}: stage {st.index} op '{op['id']}' holds {real} B in this trace, the plan "
+                raise PlanError(f"{where}: stage {st.index} op '{op['id']}' holds {real} B in this trace, the plan "
                                 f"says {op['bytes']} B (a plan for another batch shape or dtype)")
     layout = GraphLayout.build(traced.gm, [t.detach() for t in flat], tables.tensors)
     layouts = stage_layouts(stages, layout)

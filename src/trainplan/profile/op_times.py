@@ -174,6 +174,18 @@ def profile_step(
     return ProfileResult(ops, summary)
 
 
+def profile_nodes(traced: TracedStep, flat: list[torch.Tensor], nodes: pd.DataFrame, *, repeats: int, warmup: int,
+                  device: str = "cpu", progress: bool = True) -> ProfileResult:
+    """:func:`profile_step` of ``traced`` (whose op table is ``nodes``, from ``graph_tables``), timing the
+    recompute of every forward op that is neither a view nor in place; ``ops`` starts with the nodes'
+    ``node_id``, ``name`` and ``phase``."""
+    recompute = nodes.loc[(nodes.phase == "forward") & ~nodes.is_view & ~nodes.op.map(is_inplace), "name"]
+    result = profile_step(traced, flat, recompute.tolist(), repeats=repeats, warmup=warmup, device=device,
+                          progress=progress)
+    result.ops = nodes[["node_id", "name", "phase"]].merge(result.ops, on="name", validate="one_to_one")
+    return result
+
+
 def profile_model(
     built: BuiltModel,
     nodes: pd.DataFrame,
@@ -197,12 +209,10 @@ def profile_model(
             f"model '{built.name}': the traced graph ({len(traced_names)} ops) differs from the exported one "
             f"({len(nodes)} ops); re-run the export for this device and torch version"
         )
-    recompute = nodes.loc[(nodes.phase == "forward") & ~nodes.is_view & ~nodes.op.map(is_inplace), "name"]
     with exact_fp32():
-        result = profile_step(traced, flat, recompute.tolist(), repeats=repeats, warmup=warmup,
-                              device=device["type"], progress=progress)
+        result = profile_nodes(traced, flat, nodes, repeats=repeats, warmup=warmup, device=device["type"],
+                               progress=progress)
         bandwidth, source = host_link_bytes_per_s(device, nodes, repeats=repeats, warmup=warmup)
-    result.ops = nodes[["node_id", "name", "phase"]].merge(result.ops, on="name", validate="one_to_one")
     result.ops["transfer_s"] = nodes["alloc_bytes"].to_numpy() / bandwidth
     result.summary["host_link_bytes_per_s"] = bandwidth
     result.summary["host_link"] = source

@@ -32,7 +32,7 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
                            fraction: float, bandwidth: float) -> dict[str, Any]:
     """The stage's problem dict with ``budget_bytes`` at ``fraction`` of its no-recompute activation peak."""
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth)
-    raw["budget_bytes"] = budget_for(raw, fraction)
+    raw["budget_bytes"] = budget_for(raw, float(fraction))  # a float: a fraction, never bytes
     raw["budget_fraction"] = fraction
     raw["no_recompute_peak_bytes"] = no_recompute_peak(raw)
     return raw

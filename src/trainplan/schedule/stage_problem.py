@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from trainplan.aten_ops import is_inplace
+from trainplan.budget import Budget, parse_budget
 from trainplan.export.memory import FIXED_KINDS
 from trainplan.schedule.baselines import no_recompute
 from trainplan.schedule.problem import problem_from_dict
@@ -59,10 +60,12 @@ def stage_problem(
     *,
     bandwidth: float,
     budget_bytes: int = 0,
+    swap: bool = True,
 ) -> dict[str, Any]:
     """Problem dict for the ops of ``stage_nodes`` (fx node names, in graph order) of a profiled graph.
 
     ``nodes`` must carry ``time_s`` (from the profile). ``budget_bytes`` 0 leaves the budget to the caller.
+    ``swap=False``: no op may be swapped (where the host is the same memory, as on a CPU, a swap frees none).
     """
     storage_of, fixed, size = _storage_tables(tensors)
     in_stage = set(stage_nodes)
@@ -79,7 +82,7 @@ def stage_problem(
     def new_op(op_id: str, storages: list[int], *, time: float = 0.0, inputs: list[str] | None = None,
                is_boundary: bool = False) -> dict[str, Any]:
         op = {"id": op_id, "time": time, "bytes": int(sum(size[x] for x in storages)), "inputs": inputs or [],
-              "recompute": not is_boundary, "swap": True, "nodes": [], "storages": storages}
+              "recompute": not is_boundary, "swap": swap, "nodes": [], "storages": storages}
         if is_boundary:
             op["boundary"] = True
         (boundary if is_boundary else ops)[op_id] = op
@@ -163,7 +166,11 @@ def no_recompute_peak(problem: dict[str, Any]) -> int:
     return int(no_recompute(problem_from_dict({**problem, "budget_bytes": 2**62})).peak_bytes)
 
 
-def budget_for(problem: dict[str, Any], fraction: float) -> int:
-    """Budget = fixed bytes + ``fraction`` of the stage's no-recompute peak above them."""
+def budget_for(problem: dict[str, Any], budget: Budget | str | int | float) -> int:
+    """The budget in bytes (:func:`trainplan.budget.parse_budget`): bytes as given, or for a fraction, the
+    fixed bytes + that fraction of the stage's no-recompute peak above them."""
+    parsed = parse_budget(budget)
+    if parsed.bytes is not None:
+        return parsed.bytes
     peak = no_recompute_peak(problem)
-    return int(problem["fixed_bytes"] + fraction * (peak - problem["fixed_bytes"]))
+    return int(problem["fixed_bytes"] + parsed.fraction * (peak - problem["fixed_bytes"]))

@@ -1,0 +1,9 @@
+"""Plans in the user's own loop: :func:`trainplan.plan` returns a :class:`PlannedModule` that trains the
+model under a memory plan (docs/plan_api.md); plans are cached on disk (:mod:`trainplan.loop.cache`)."""
+
+from trainplan.loop.errors import InfeasibleBudgetError, NewBatchShapeError
+from trainplan.loop.module import PlannedModule, StepOutput
+from trainplan.loop.api import plan
+from trainplan.loop.report import PlanReport
+
+__all__ = ["InfeasibleBudgetError", "NewBatchShapeError", "PlanReport", "PlannedModule", "StepOutput", "plan"]

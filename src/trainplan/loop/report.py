@@ -1,0 +1,53 @@
+"""What a plan promises and where it came from: ``planned.report``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainplan.budget import format_bytes
+from trainplan.execute.plan import StagePlan
+from trainplan.schedule.stage_problem import no_recompute_peak
+
+#: ``met``: the plan meets the requested budget; ``raised``: no schedule was found within it in the time limit
+#: (it may exist), the plan meets the least budget found; ``proven_infeasible``: no schedule can meet it, the
+#: plan meets the least budget found
+STATUSES = ("met", "raised", "proven_infeasible")
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """One plan of a planned module. Bytes are the stage's device bytes as the plan counts them: parameters,
+    buffers, the batch, activations, gradients and temporaries (docs/plan_api.md)."""
+
+    requested_budget_bytes: int
+    planned_budget_bytes: int  # the requested budget, or the least one found where that is not met
+    status: str  # one of STATUSES
+    predicted_peak_bytes: int
+    predicted_step_s: float
+    no_recompute_peak_bytes: int  # the step's peak without recomputes or swaps
+    floor_bytes: int  # no schedule peaks lower (proven)
+    solve_s: float  # seconds the solver took when the plan was made
+    cache_hit: bool
+    cache_path: Path
+    plan_s: float  # seconds this plan took to get: tracing, then the cache or profiling and solving, compiling
+
+    @classmethod
+    def of(cls, stage: StagePlan, *, cache_hit: bool, cache_path: Path, plan_s: float) -> PlanReport:
+        """The report of a one-stage plan's scheduled ``stage``."""
+        sched = stage.schedule
+        requested = int(sched.get("requested_budget_bytes", sched["budget_bytes"]))
+        status = ("met" if "requested_budget_bytes" not in sched
+                  else "proven_infeasible" if sched.get("budget_status") == "proven_infeasible" else "raised")
+        return cls(requested, int(sched["budget_bytes"]), status, int(sched["peak_bytes"]), float(sched["time"]),
+                   no_recompute_peak(stage.raw), stage.problem.floor_bytes, float(sched["solve_seconds"]),
+                   cache_hit, cache_path, plan_s)
+
+    def __str__(self) -> str:
+        budget = format_bytes(self.planned_budget_bytes)
+        if self.status != "met":
+            budget += f" ({self.status} from {format_bytes(self.requested_budget_bytes)})"
+        source = "cache hit" if self.cache_hit else f"profiled and solved (solver {self.solve_s:.1f} s)"
+        return (f"plan: budget {budget}, predicted peak {format_bytes(self.predicted_peak_bytes)} "
+                f"(no recompute: {format_bytes(self.no_recompute_peak_bytes)}), step {self.predicted_step_s * 1e3:.1f} "
+                f"ms; {source} in {self.plan_s:.1f} s; {self.cache_path}")
