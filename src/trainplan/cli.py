@@ -19,7 +19,10 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
 
     ap = sub.add_parser("schedule", help="recompute/swap schedule of one stage under a memory budget")
     ap.add_argument("problem", help="problem JSON (see docs/schedule.md)")
-    ap.add_argument("-o", "--output", required=True, help="schedule JSON to write")
+    out = ap.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", help="schedule JSON to write")
+    out.add_argument("--explain", action="store_true",
+                     help="print which strategies of method 'ours' will run on PROBLEM and why, without solving")
     ap.add_argument("--time-limit", type=positive_float, default=10.0, help="limit of the whole call, seconds")
     ap.add_argument("--workers", type=positive_int, default=2)
     ap.add_argument("--seed", type=nonnegative_int, default=0)
@@ -37,7 +40,16 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
 def _run_schedule(args: argparse.Namespace) -> int:
     from trainplan.schedule import compare, load_problem, save_schedule, solve
     from trainplan.schedule import deadline as dl
+    from trainplan.schedule.context import RunOptions
+    from trainplan.schedule.portfolio import explanation_text
 
+    if args.explain:
+        problem = load_problem(args.problem, stage=args.stage)
+        if args.budget is not None:
+            problem = problem.with_budget(args.budget)
+        run = RunOptions(args.workers, args.seed, deterministic=not args.nondeterministic)
+        print(explanation_text(problem, args.time_limit, run))
+        return 0
     # one deadline scope from reading the problem to writing the schedule: the limit counts from the start, and
     # the garbage collector stays frozen until the file is written (the full collection due when the solver's own
     # scope ended, scanning every object it had frozen, took 0.14 s alone; inside the test suite the call ran
