@@ -4,7 +4,6 @@ it, a bisection raises a budget no schedule meets."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from trainplan.schedule import baselines
@@ -17,7 +16,6 @@ from trainplan.schedule.schedule_io import Schedule
 from trainplan.schedule.settings import DEFAULTS, PortfolioSettings
 
 METHODS = ("ours", "no_recompute", "sqrt_checkpoint", "checkmate", "swap_only")
-COMPARE_BASELINE_SHARE = 0.5  # compare(): the baselines share this part of the limit, ours gets the rest
 
 
 def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0, *,
@@ -29,8 +27,8 @@ def solve(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: 
     For "ours", an infeasible budget triggers a bisection from the memory floor to the no-recompute
     peak (probes: greedy, then a short CP-SAT run); the schedule then records ``budget_bytes`` (the
     smallest feasible budget found), ``requested_budget_bytes`` and a note. The whole call, bisection
-    included, shares ``time_limit_s``: every step stops by ``settings.deadline_share`` of it (see
-    docs/schedule.md, "Time limit"). ``extra["strategies"]`` lists the portfolio's strategies, ran or skipped and
+    included, shares ``time_limit_s`` (the limit of this method: another method gets its own, as in the workflow):
+    every step stops by ``settings.deadline_share`` of it (see docs/schedule.md, "Time limit"). ``extra["strategies"]`` lists the portfolio's strategies, ran or skipped and
     why (see :func:`trainplan.schedule.portfolio.explain`).
     """
     if budget_bytes is not None:
@@ -56,16 +54,11 @@ def _baseline(problem: Problem, method: str, time_limit_s: float, workers: int, 
 
 def compare(problem: Problem, time_limit_s: float = 10.0, workers: int = 2, seed: int = 0,
             **kwargs: Any) -> dict[str, Schedule]:
-    """Every method on the same problem and budget (no bisection), keyed by method name, within
-    ``time_limit_s`` in all: the baselines share COMPARE_BASELINE_SHARE of it, ours gets the rest (in a
-    deterministic run, exactly the rest of the limit, so its answer does not depend on the baselines' speed)."""
-    with dl.scope(dl.Deadline.after(kwargs.get("settings", DEFAULTS).deadline_share * time_limit_s)):
-        t0 = time.perf_counter()
-        base_s = COMPARE_BASELINE_SHARE * time_limit_s
-        with dl.scope(dl.Deadline.after(base_s)):
-            # the greedy baselines first (each stops at the scope's end): Checkmate's MILP gets what they leave
-            order = sorted((m for m in METHODS if m != "ours"), key=lambda m: m == "checkmate")
-            out = {m: _baseline(problem, m, base_s, workers, seed) for m in order}
-        ours_s = time_limit_s - (base_s if kwargs.get("deterministic", True) else time.perf_counter() - t0)
-        ours = solve(problem, max(0.1, ours_s), workers, seed, method="ours", bisect=False, **kwargs)
-    return {"ours": ours, **{m: out[m] for m in METHODS if m != "ours"}}
+    """Every method on the same problem and budget, keyed by method name, each within ``time_limit_s``: the limit is
+    per method, as in the workflow's schedule rule and ``trainplan schedule --method all``. ``kwargs`` go to ours
+    (:func:`solve`); ours does not bisect unless ``bisect=True`` (the baselines never do)."""
+    budget = kwargs.get("budget_bytes")
+    out = {"ours": solve(problem, time_limit_s, workers, seed, **{"bisect": False, **kwargs})}
+    for method in METHODS[1:]:
+        out[method] = solve(problem, time_limit_s, workers, seed, method=method, budget_bytes=budget)
+    return out
