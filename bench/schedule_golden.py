@@ -36,13 +36,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainplan.schedule import compare, replay, solve
-from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.chain import adjoint_chain, heterogeneous_chain
-from trainplan.schedule.problem import Problem
-from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
+if TYPE_CHECKING:
+    from trainplan.schedule.problem import Problem
 
 COMPARED = ("status", "time", "peak_bytes", "budget_bytes", "requested_budget_bytes", "budget_status", "bound",
             "gap", "heuristic", "events_sha256")
@@ -144,6 +141,16 @@ def record(s: Any, wall: float) -> dict[str, Any]:
                 f"{r['name']}: {'ran' if r['ran'] else 'skipped'}" for r in extra.get("strategies", [])]}
 
 
+def import_solver() -> None:
+    """Import the solver, after :func:`slow_clock` (dataclass defaults bind ``time.perf_counter`` at import)."""
+    global compare, replay, solve, no_recompute_events, adjoint_chain, heterogeneous_chain
+    global layered_graph, random_dag, training_graph
+    from trainplan.schedule import compare, replay, solve
+    from trainplan.schedule.baselines import no_recompute_events
+    from trainplan.schedule.chain import adjoint_chain, heterogeneous_chain
+    from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
+
+
 def slow_clock(slowdown: float) -> None:
     """Make ``time.perf_counter`` (the solver's wall clock) run ``slowdown`` times slower than the real one, and give
     every CP-SAT solve ``slowdown`` times its wall-clock cap (real seconds)."""
@@ -163,6 +170,7 @@ def slow_clock(slowdown: float) -> None:
 def run(out: Path, pattern: str | None, slowdown: float) -> None:
     if slowdown != 1:
         slow_clock(slowdown)
+    import_solver()
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}

@@ -26,7 +26,7 @@ from trainplan.schedule.scratch import scratch_bound
 from trainplan.schedule.settings import DEFAULTS, PortfolioSettings
 
 Attempt = Callable[[Context], Schedule]  # the portfolio's strategies at a context's budget, and the answer
-FirstSchedule = Callable[[Context], "Events | None"]  # the fast schedules in a probe: the first that fits
+FirstSchedule = Callable[[Context], Events | None]  # the fast schedules in a probe: the first that fits
 
 
 def min_feasible_budget(probe: Callable[[int], int | None], lo: int, hi: int, settings: PortfolioSettings = DEFAULTS,
@@ -93,7 +93,8 @@ def bisect(ctx: Context, attempt: Attempt, first_schedule: FirstSchedule) -> str
     feasible budget found, and run ``attempt`` there from the bisection's schedule: ``ctx.schedule`` becomes that
     run's answer, recording the requested budget, what is known about it and where a schedule is known to exist."""
     s, run, t = ctx.settings, ctx.run, ctx.time
-    prob, budget, limit = ctx.problem, ctx.budget, ctx.time.full_limit_s  # the call's limit, not a shortened one
+    # the call's limit, not a shortened one; the problem in program order (the attempt found no schedule to reorder by)
+    prob, budget, limit = ctx.problem, ctx.budget, ctx.time.full_limit_s
     assert ctx.schedule is not None
     proof = ctx.schedule.extra.get("infeasibility_proof")
     t0 = time.perf_counter()
