@@ -140,7 +140,9 @@ def test_refinement_gets_its_work_however_long_the_plan_took(monkeypatch):
     import time
 
     import trainplan.schedule.dtr as dtr
-    from trainplan.schedule.solve import REFINE_SHARE, best_heuristic
+    from trainplan.schedule.context import FastOptions
+    from trainplan.schedule.portfolio import best_heuristic
+    from trainplan.schedule.settings import DEFAULTS
 
     p, budget = _layered(300, 2)
     deadline_s = 2.0
@@ -155,14 +157,14 @@ def test_refinement_gets_its_work_however_long_the_plan_took(monkeypatch):
 
     def slow_plan(*args, **kwargs):
         if not slept:
-            time.sleep(REFINE_SHARE * deadline_s + 0.1)
+            time.sleep(DEFAULTS.refine_share * deadline_s + 0.1)
             slept.append(True)
         return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(dtr, "refine_plan", recording_refine)
-    best_heuristic(p, budget, deadline_s=deadline_s)
+    best_heuristic(p.with_budget(budget), FastOptions(deadline_s=deadline_s))
     monkeypatch.setattr(dtr, "_plan", slow_plan)
-    best_heuristic(p, budget, deadline_s=deadline_s)
+    best_heuristic(p.with_budget(budget), FastOptions(deadline_s=deadline_s))
     (before, after), (slow_before, slow_after) = refined
     assert after < before and (slow_before, slow_after) == (before, after)
 
@@ -288,11 +290,12 @@ def test_ruin_and_recreate_improves_the_plan_and_is_reproducible():
 def test_graphs_with_many_edges_get_the_larger_refinement_share(monkeypatch):
     """Ruin and recreate's work is REFINE_LARGE_SHARE of the heuristics' time on graphs with more than
     REFINE_LARGE_EDGES input edges (where window LNS gains little), REFINE_SHARE below."""
-    import importlib
+    from dataclasses import replace
 
     import trainplan.schedule.dtr as dtr
-
-    sm = importlib.import_module("trainplan.schedule.solve")  # the package exports the function `solve`
+    from trainplan.schedule.context import FastOptions
+    from trainplan.schedule.portfolio import best_heuristic
+    from trainplan.schedule.settings import DEFAULTS
     p, budget = _layered(300, 2)
     edges = sum(map(len, p.inputs))
     works: list[int] = []
@@ -304,9 +307,10 @@ def test_graphs_with_many_edges_get_the_larger_refinement_share(monkeypatch):
 
     monkeypatch.setattr(dtr, "refine_plan", recording_refine)
     for threshold in (edges, edges - 1):
-        monkeypatch.setattr(sm, "REFINE_LARGE_EDGES", threshold)
-        sm.best_heuristic(p, budget, deadline_s=1.0)
-    assert works == [int(share * sm.REFINE_WORK_PER_SECOND) for share in (sm.REFINE_SHARE, sm.REFINE_LARGE_SHARE)]
+        best_heuristic(p.with_budget(budget), FastOptions(deadline_s=1.0), settings=replace(DEFAULTS,
+                       refine_large_edges=threshold))
+    assert works == [int(share * DEFAULTS.refine_work_per_second)
+                     for share in (DEFAULTS.refine_share, DEFAULTS.refine_large_share)]
 
 
 def test_kept_chain_walks_answer_as_fresh_walks_do():

@@ -7,7 +7,7 @@ import pytest
 from schedule_exact import exact_min_time
 from trainplan.schedule import problem_from_dict, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.solve import BISECT_TOLERANCE
+from trainplan.schedule.settings import DEFAULTS
 from trainplan.schedule.synthetic import random_dag, training_graph
 
 
@@ -78,7 +78,7 @@ def test_infeasible_budget_bisects_to_smallest_feasible():
     assert s.ok and s.extra["requested_budget_bytes"] == 30 and "infeasible" in s.extra["note"]
     replay(PINNED, s.events, s.budget_bytes)
     assert exact_min_time(PINNED, s.budget_bytes) is not None
-    assert exact_min_time(PINNED, int(s.budget_bytes * (1 - BISECT_TOLERANCE)) - 1) is None
+    assert exact_min_time(PINNED, int(s.budget_bytes * (1 - DEFAULTS.bisect_tolerance)) - 1) is None
 
 
 @pytest.mark.parametrize("seed", [1, 3])
@@ -88,7 +88,7 @@ def test_bisection_minimal_on_random_instances(seed):
     s = solve(p, time_limit_s=2, workers=1, seed=0)
     assert s.ok and s.budget_bytes >= p.floor_bytes
     assert replay(p, s.events, s.budget_bytes).peak_bytes <= s.budget_bytes
-    below = int(s.budget_bytes * (1 - BISECT_TOLERANCE)) - 1
+    below = int(s.budget_bytes * (1 - DEFAULTS.bisect_tolerance)) - 1
     assert below < p.floor_bytes or exact_min_time(p, below) is None
 
 

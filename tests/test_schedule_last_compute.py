@@ -2,15 +2,17 @@
 its schedules replay within the budget, and through solve it meets budgets no fast schedule meets or proves them
 infeasible."""
 
-import importlib
 from dataclasses import replace
 
 import pytest
 
 from trainplan.schedule import deadline as dl
+from trainplan.schedule import fast
+from trainplan.schedule.context import Context
 from trainplan.schedule.last_compute import not_applicable, search
 from trainplan.schedule.problem import Op, Problem, ProblemError
 from trainplan.schedule.replay import replay
+from trainplan.schedule.settings import DEFAULTS
 from trainplan.schedule.solve import solve
 from trainplan.schedule.synthetic import layered_graph
 
@@ -126,21 +128,22 @@ def test_no_proof_where_an_op_could_be_swapped():
 
 
 def test_a_probe_search_is_charged_its_work_and_takes_a_share_of_the_allowance():
-    """In a bisection's probe the search may use PROBE_SEARCH_SHARE of the allowance left, charged by its work (the
+    """In a bisection's probe the search may use probe_search_share of the allowance left, charged by its work (the
     same on every run): on a graph it cannot decide, it stops there and the probe goes on; where it finds a
     schedule, the probe returns it."""
-    module = importlib.import_module("trainplan.schedule.solve")  # the package exports the function solve
     p = layered_graph(300, 0)  # undecided in 1e8 units at 1.1x the floor
-    budget = int(1.1 * p.floor_bytes)
+    p = p.with_budget(int(1.1 * p.floor_bytes))
     allowance = dl.Allowance(2.0)
-    units = module.PROBE_SEARCH_SHARE * allowance.units(module.SEARCH_WORK_PER_SECOND)
-    events, t, proof = module._last_compute(p, budget, float("inf"), dl.NEVER, allowance)
-    assert events is None and proof is None
+    units = DEFAULTS.probe_search_share * allowance.units(DEFAULTS.search_work_per_second)
+    ctx = Context.detached(p, allowance=allowance)
+    fast.last_compute(ctx)
+    assert ctx.incumbent.events is None and ctx.proof is None
     spent = 2.0 - allowance.seconds
-    assert units / module.SEARCH_WORK_PER_SECOND <= spent <= 1.05 * units / module.SEARCH_WORK_PER_SECOND
+    assert units / DEFAULTS.search_work_per_second <= spent <= 1.05 * units / DEFAULTS.search_work_per_second
     again = dl.Allowance(2.0)
-    module._last_compute(p, budget, float("inf"), dl.NEVER, again)
+    fast.last_compute(Context.detached(p, allowance=again))
     assert again.seconds == allowance.seconds
     q = layered_graph(100, 0)
-    events, t, proof = module._last_compute(q, int(1.1 * q.floor_bytes), float("inf"), dl.NEVER, dl.Allowance(60.0))
-    assert events is not None and t is not None and proof is None
+    ctx = Context.detached(q.with_budget(int(1.1 * q.floor_bytes)), allowance=dl.Allowance(60.0))
+    fast.last_compute(ctx)
+    assert ctx.incumbent.events is not None and ctx.incumbent.time is not None and ctx.proof is None

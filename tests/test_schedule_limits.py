@@ -1,7 +1,7 @@
 """The time limit covers the whole solve (bisection included); the restore-cost cache changes nothing."""
 
-import importlib
 import math
+from dataclasses import replace
 import threading
 import time
 
@@ -15,10 +15,14 @@ from trainplan.schedule.chain import adjoint_chain
 from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
 from trainplan.schedule.mip import model_variables, solve_mip
 from trainplan.schedule.replay import replay as independent_replay
-from trainplan.schedule.solve import best_heuristic, greedy_variants, min_feasible_budget
+from trainplan.schedule import fast, improve, portfolio
+from trainplan.schedule.bisection import min_feasible_budget
+from trainplan.schedule.context import FastOptions, Polished
+from trainplan.schedule.fast import greedy_variants
+from trainplan.schedule.portfolio import best_heuristic
+from trainplan.schedule.settings import DEFAULTS
 from trainplan.schedule.synthetic import layered_graph, training_graph
 
-solve_module = importlib.import_module("trainplan.schedule.solve")  # the package exports the function `solve`
 
 
 class _Uncached(Simulator):
@@ -100,27 +104,27 @@ def test_the_bisection_does_not_depend_on_wall_time(monkeypatch):
     allowance, not on the call's wall-clock deadline, on a slower host too (on a day the probes took 1.7x their
     charge in wall time, with the full rates the deadline cut them and the probes differed in every run; halved,
     in none of 13)."""
-    for rate in ("PROBE_DTR_PER_SECOND", "PROBE_GREEDY_PER_SECOND"):
-        monkeypatch.setattr(solve_module, rate, getattr(solve_module, rate) // 2)
+    halved = replace(DEFAULTS, probe_dtr_per_second=DEFAULTS.probe_dtr_per_second // 2,
+                     probe_greedy_per_second=DEFAULTS.probe_greedy_per_second // 2)
     # the run from scratch is tested so in test_schedule_scratch; here it would take most of the allowance
-    monkeypatch.setattr(solve_module, "_from_scratch", lambda *args, **kwargs: (None, None))
+    monkeypatch.setattr(fast, "from_scratch", lambda *args, **kwargs: Polished(None, None))
     p = layered_graph(300, 0)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    real_chain_dp = solve_module.chain_dp_events
+    real_probe = fast.least_memory_chain  # the start of every probe
     runs = []
     for delay in (0.0, 0.1):
         probed: list[int] = []
 
-        def slow_chain_dp(problem, budget, *args, delay=delay, probed=probed, **kwargs):
-            probed.append(budget)
+        def slow_probe(ctx, delay=delay, probed=probed):
+            probed.append(ctx.budget)
             time.sleep(delay)
-            return real_chain_dp(problem, budget, *args, **kwargs)
+            return real_probe(ctx)
 
-        monkeypatch.setattr(solve_module, "chain_dp_events", slow_chain_dp)
-        s = solve(p, time_limit_s=4.0, workers=1, seed=0)
+        monkeypatch.setattr(fast, "least_memory_chain", slow_probe)
+        s = solve(p, time_limit_s=4.0, workers=1, seed=0, settings=halved)
         assert s.extra["budget_status"] == "not_found" and s.budget_bytes > p.budget_bytes
         runs.append((probed, s.budget_bytes, s.extra["bisection_work_seconds"]))
-    assert len(runs[0][0]) >= 3  # the first attempt and two probes (after the raised plan, which takes its work)
+    assert len(runs[0][0]) >= 1  # a probe (after the raised plan, which takes its work)
     assert runs[0] == runs[1]
 
 
@@ -133,7 +137,7 @@ def test_an_unmet_budget_is_raised_no_higher_than_the_raised_plan_reaches():
     p = layered_graph(300, 0, swap=False)
     p = p.with_budget(int(1.1 * p.floor_bytes))
     plain = independent_replay(p, no_recompute_events(p)).peak_bytes
-    plan = raised_plan(p, p.budget_bytes, int(solve_module.RAISE_STEP * p.budget_bytes), plain - 1)
+    plan = raised_plan(p, p.budget_bytes, int(DEFAULTS.raise_step * p.budget_bytes), plain - 1)
     reached = independent_replay(p, plan).peak_bytes
     s = solve(p, time_limit_s=4.0, workers=1, seed=0)
     assert s.extra["budget_status"] == "not_found"
@@ -148,15 +152,15 @@ def test_a_budget_the_bisection_meets_is_reported_met_not_raised(monkeypatch):
     from trainplan.schedule.schedule_io import no_schedule, set_budget_status
     p = layered_graph(100, 0, swap=False)
     p = p.with_budget(int(0.8 * independent_replay(p, no_recompute_events(p)).peak_bytes))
-    real, budgets = solve_module._ours_at, []
+    real, budgets = portfolio.run_attempt, []
 
-    def first_finds_nothing(problem, budget, *args, **kwargs):
-        budgets.append(budget)
+    def first_finds_nothing(ctx):
+        budgets.append(ctx.budget)
         if len(budgets) == 1:
-            return set_budget_status(no_schedule(budget, "ours", 0.0, "out of time", {}), "not_found")
-        return real(problem, budget, *args, **kwargs)
+            return set_budget_status(no_schedule(ctx.budget, "ours", 0.0, "out of time", {}), "not_found")
+        return real(ctx)
 
-    monkeypatch.setattr(solve_module, "_ours_at", first_finds_nothing)
+    monkeypatch.setattr(portfolio, "run_attempt", first_finds_nothing)
     s = solve(p, time_limit_s=2.0, workers=1, seed=0)
     assert budgets == [p.budget_bytes, p.budget_bytes]
     assert s.ok and s.extra["budget_status"] == "met" and s.budget_bytes == p.budget_bytes
@@ -169,17 +173,18 @@ def test_probe_work_is_charged_to_its_allowance_and_stops_there(monkeypatch):
     """A probe's DTR-style plans and greedy runs are charged by their work units (the same on every run), and a
     smaller allowance stops them: the probe then ends with the allowance spent, having found nothing. (The
     last-compute search, which takes a share of what is left, is left out: see test_schedule_last_compute.)"""
-    monkeypatch.setattr(solve_module, "PROBE_SEARCH_SHARE", 0.0)
+    no_search = replace(DEFAULTS, probe_search_share=0.0)
     p = layered_graph(300, 0)
-    budget = int(1.1 * p.floor_bytes)  # no fast schedule meets it (recomputing from scratch needs 1.2x the floor)
+    p = p.with_budget(int(1.1 * p.floor_bytes))  # no fast schedule meets it (recomputing from scratch: 1.2x the floor)
+    probe = FastOptions(first_only=True, chain_dp=False)
     charged = []
     for _ in range(2):
         allowance = dl.Allowance(100.0)
-        assert best_heuristic(p, budget, first_only=True, chain_dp=False, allowance=allowance)[0] is None
+        assert best_heuristic(p, probe, allowance, no_search)[0] is None
         charged.append(100.0 - allowance.seconds)
     assert charged[0] > 0 and charged[0] == charged[1]
     small = dl.Allowance(charged[0] / 4)
-    assert best_heuristic(p, budget, first_only=True, chain_dp=False, allowance=small)[0] is None
+    assert best_heuristic(p, probe, small, no_search)[0] is None
     assert small.spent() and -small.seconds < charged[0] / 4
 
 
@@ -188,7 +193,7 @@ def test_a_probe_makes_only_the_plans_that_hold_no_input(monkeypatch):
     hold no input past its last reader (they fail sooner where no plan exists); a full run makes both kinds."""
     import trainplan.schedule.dtr as dtr
     p = layered_graph(150, 0)
-    budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
+    p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
     made: list[bool] = []
     real_plan = dtr._plan
 
@@ -197,10 +202,11 @@ def test_a_probe_makes_only_the_plans_that_hold_no_input(monkeypatch):
         return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(dtr, "_plan", recording_plan)
-    assert best_heuristic(p, budget, first_only=True, chain_dp=False, allowance=dl.Allowance(100.0))[0] is not None
+    probe = FastOptions(first_only=True, chain_dp=False)
+    assert best_heuristic(p, probe, dl.Allowance(100.0))[0] is not None
     assert made and not any(made)
     made.clear()
-    assert best_heuristic(p, budget, deadline_s=1.0)[0] is not None
+    assert best_heuristic(p, FastOptions(deadline_s=1.0))[0] is not None
     assert set(made) == {False, True}
 
 
@@ -235,8 +241,8 @@ def test_ours_is_never_worse_than_the_swap_only_baseline(n, seed, monkeypatch):
     base_time = replay(prob, base.events).time
     belady = greedy(prob, prob.budget_bytes, allow_recompute=False, policy="belady")
     assert base_time < replay(prob, belady).time  # the case at hand: Belady alone is worse than the baseline
-    monkeypatch.setattr(solve_module, "dtr_plan", lambda *args, **kwargs: None)
-    events, _, _ = best_heuristic(prob, prob.budget_bytes, deadline_s=0.0)
+    monkeypatch.setattr(fast, "dtr_plan", lambda *args, **kwargs: None)
+    events, *_ = best_heuristic(prob, FastOptions(deadline_s=0.0))
     assert independent_replay(prob, events, prob.budget_bytes).time <= base_time
     ours = solve(prob, 1.0)
     assert ours.ok and independent_replay(prob, ours.events, prob.budget_bytes).time <= base_time
@@ -288,7 +294,7 @@ def test_deterministic_shares_do_not_depend_on_wall_time(monkeypatch, workers):
     p = p.with_budget(int(1.1 * p.floor_bytes))
     main_limits: list[float] = []  # the steps in order, in the calling thread
     beside_limits: list[float] = []  # CP-SAT beside the staged model (2 workers): its search, then LNS windows
-    real_solve, real_guided = cp_model.CpSolver.Solve, solve_module.guided
+    real_solve, real_guided = cp_model.CpSolver.Solve, improve.guided
 
     def recording_solve(solver, model, *args):
         main = threading.current_thread() is threading.main_thread()
@@ -302,7 +308,7 @@ def test_deterministic_shares_do_not_depend_on_wall_time(monkeypatch, workers):
     monkeypatch.setattr(cp_model.CpSolver, "Solve", recording_solve)
     runs = []
     for guided in (real_guided, slow_guided):
-        monkeypatch.setattr(solve_module, "guided", guided)
+        monkeypatch.setattr(improve, "guided", guided)
         main_limits.clear()
         beside_limits.clear()
         s = solve(p, time_limit_s=6, workers=workers, seed=0, bisect=False, deterministic=True)
@@ -336,7 +342,8 @@ def test_a_schedule_found_in_the_shortened_attempt_gets_the_rest_of_the_limit(mo
     finds one there: the rest of the limit improves it (CP-SAT from it, then LNS), never to a worse one."""
     p = layered_graph(80, 0)
     p = p.with_budget(int(0.85 * replay(p, no_recompute_events(p)).peak_bytes))
-    monkeypatch.setattr(solve_module, "best_heuristic", lambda *args, **kwargs: (None, "", None))
+    no_fast = tuple(s for s in portfolio.PORTFOLIO if s.phase != portfolio.FAST)  # no fast schedule, in probes too
+    monkeypatch.setattr(portfolio, "PORTFOLIO", no_fast)
     s = solve(p, 8, 2, 0)
     assert s.ok and s.extra["budget_status"] == "met" and s.budget_bytes == p.budget_bytes
     improve = s.extra["improve_mip"]

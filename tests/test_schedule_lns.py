@@ -15,9 +15,10 @@ from trainplan.schedule import lns, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.dtr import dtr_plan
 from trainplan.schedule.lns import OP_SET, WINDOW_BLOCKS, _op_set, _rematerialised, _windows, improve
-from trainplan.schedule.mip import (HINT_MAX_GROWTH, _add_hint, _build, _decode, _grid, _Values, byte_unit,
+from trainplan.schedule.mip import (_add_hint, _build, _decode, _grid, _Values, byte_unit,
                                    copies_from_events, model_variables, objective_ticks, solve_mip, time_unit)
-from trainplan.schedule.solve import HINT_MAX_OVER_BOUND, cp_hint
+from trainplan.schedule.fast import cp_hint
+from trainplan.schedule.settings import DEFAULTS
 from trainplan.schedule.synthetic import layered_graph
 
 
@@ -170,23 +171,23 @@ def test_a_hint_raises_only_the_ops_it_holds_longer_where_raising_every_op_would
     p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
     hint = dtr_plan(p, p.budget_bytes, allow_swap=False, restarts=8)
     held = [len(c) for c in copies_from_events(p, hint)[0]]
-    assert model_variables(p, [max(held)] * p.n) > HINT_MAX_GROWTH * model_variables(p, [2] * p.n)
+    assert model_variables(p, [max(held)] * p.n) > DEFAULTS.hint_max_growth * model_variables(p, [2] * p.n)
     r = solve_mip(p, p.budget_bytes, time_limit_s=3, workers=2, seed=0, hint=hint)
     plain = solve_mip(p, p.budget_bytes, time_limit_s=1.0, workers=2, seed=0)
     assert r.stats["copies"] == max(held) and plain.stats["copies"] == 2
-    assert plain.stats["variables"] < r.stats["variables"] <= HINT_MAX_GROWTH * plain.stats["variables"]
+    assert plain.stats["variables"] < r.stats["variables"] <= DEFAULTS.hint_max_growth * plain.stats["variables"]
     assert replay(p, r.events, p.budget_bytes).time <= replay(p, hint).time
 
 
 def test_a_hint_far_above_the_bound_is_refused():
-    """CP-SAT stays near its hint: one taking more than HINT_MAX_OVER_BOUND x the lower bound is not given."""
+    """CP-SAT stays near its hint: one taking more than hint_max_over_bound x the lower bound is not given."""
     p = layered_graph(250, 1)
     p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
     hint = dtr_plan(p, p.budget_bytes, allow_swap=False, restarts=8)
     t = replay(p, hint).time
-    assert cp_hint(p, hint, t / HINT_MAX_OVER_BOUND) == hint
-    assert cp_hint(p, hint, 0.99 * t / HINT_MAX_OVER_BOUND) is None
-    assert cp_hint(p, None, t) is None
+    assert cp_hint(p, hint, t / DEFAULTS.hint_max_over_bound, DEFAULTS) == hint
+    assert cp_hint(p, hint, 0.99 * t / DEFAULTS.hint_max_over_bound, DEFAULTS) is None
+    assert cp_hint(p, None, t, DEFAULTS) is None
 
 
 def test_a_schedule_optimal_only_within_its_grid_grows_the_grid():
@@ -194,7 +195,8 @@ def test_a_schedule_optimal_only_within_its_grid_grows_the_grid():
     on the hint's grid (2 copies per op) above the lower bound; one copy and one slot more find a cheaper one,
     a valid schedule whose replayed time is its objective, and a grid that gains nothing ends the growth."""
     from trainplan.schedule.bounds import relaxation_bound
-    from trainplan.schedule.solve import _grow_grid
+    from trainplan.schedule.context import Context
+    from trainplan.schedule.improve import CpSatStep, grow_grid
     p = layered_graph(100, 0)
     budget = int(0.9 * replay(p, no_recompute_events(p)).peak_bytes)
     p = p.with_budget(budget)
@@ -202,7 +204,7 @@ def test_a_schedule_optimal_only_within_its_grid_grows_the_grid():
     bound = relaxation_bound(p, budget, time_limit_s=5, workers=1)
     first = solve_mip(p, budget, time_limit_s=5, workers=2, hint=hint, lower_bound_ticks=bound.ticks, lns_share=0.5)
     assert first.status == "OPTIMAL" and objective_ticks(p, first.events) > bound.ticks
-    grown = _grow_grid(p, budget, first, bound.ticks, 30.0, 60.0, 2, 0, True, False)
+    grown = grow_grid(Context.detached(p), first, CpSatStep(30.0, 60.0, bound.ticks, workers=2))
     runs = grown.stats["grown"]
     assert runs[0]["copies"] == first.stats["copies"] + 1 and runs[0]["slots"] == first.stats["slots"] + 1
     assert objective_ticks(p, grown.events) < objective_ticks(p, first.events)

@@ -1,7 +1,7 @@
 """Every method's schedule replays valid with the reported numbers; ours is never worse."""
 
-import importlib
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +12,7 @@ from trainplan.schedule import checkmate_lp
 from trainplan.schedule.baselines import no_recompute_events, sqrt_checkpoint, swap_only
 from trainplan.schedule.checkmate_lp import THRESHOLDS
 from trainplan.schedule.schedule_io import NO_SCHEDULE_STATUSES
+from trainplan.schedule.settings import DEFAULTS
 from trainplan.schedule.synthetic import training_graph
 
 GRAPH = training_graph(40, 7)
@@ -166,12 +167,12 @@ def test_sqrt_checkpoint_keeps_what_it_could_not_rebuild():
     assert computes.count("d") == 2  # dropped at the segment end, recomputed from checkpoint 'c' (live until g)
 
 
-def test_reported_bound_is_the_relaxation_bound_not_cp_sats(monkeypatch):
+def test_reported_bound_is_the_relaxation_bound_not_cp_sats():
     """At 80%, without the staged bound, CP-SAT proves its model optimal with a bound above the relaxation's;
     that bound holds only within the model (C copies, K slots), so the reported one is the relaxation's, the
     gap stays open and the schedule is only feasible (optimal within the model, as the extra says)."""
-    monkeypatch.setattr(importlib.import_module("trainplan.schedule.solve"), "STAGED_VARIABLES_PER_SECOND", 0)
-    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, bisect=False)
+    no_staged = replace(DEFAULTS, staged_variables_per_second=0)
+    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, bisect=False, settings=no_staged)
     mip_bound, relax = s.extra["mip"]["bound"], s.extra["relaxation"]["bound"]
     assert s.extra["mip"]["status"] == "OPTIMAL" and mip_bound > relax * (1 + 1e-6)
     assert s.status == "feasible" and s.bound == max(relax, GRAPH.compute_time) and s.gap > 1e-9

@@ -8,7 +8,7 @@ from trainplan.schedule import replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.bounds import relaxation_bound
 from trainplan.schedule.mip import solve_mip
-from trainplan.schedule.solve import best_heuristic
+from trainplan.schedule.portfolio import best_heuristic
 from trainplan.schedule.synthetic import training_graph
 
 
@@ -45,7 +45,7 @@ def test_restricted_model_rematerialises_only_the_named_ops():
     # with nothing allowed to be rematerialised the budget (half the no-recompute peak) cannot be met
     assert solve_mip(p, p.budget_bytes, time_limit_s=5, workers=1, remat_ops=frozenset()).status == "INFEASIBLE"
     with pytest.raises(ValueError, match="remat_ops"):
-        solve_mip(p, p.budget_bytes, hint=best_heuristic(p, p.budget_bytes)[0], remat_ops=ops)
+        solve_mip(p, p.budget_bytes, hint=best_heuristic(p)[0], remat_ops=ops)
 
 
 @pytest.mark.parametrize("seed, fraction", [(0, 0.7), (3, 0.6)])
@@ -62,4 +62,4 @@ def test_100_op_graph_is_proven_optimal_by_the_restricted_model(seed, fraction):
     # equal to the bound up to rounding each rematerialisation down to whole 1 ns ticks
     events = s.extra["recomputes"] + s.extra["swap_ins"] + s.extra["swap_outs"]
     assert s.extra["relaxation"]["bound"] <= s.time <= s.extra["relaxation"]["bound"] + events * 1e-9
-    assert s.time < replay(p, best_heuristic(p, p.budget_bytes)[0]).time
+    assert s.time < replay(p, best_heuristic(p)[0]).time

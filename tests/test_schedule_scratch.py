@@ -1,12 +1,12 @@
 """Recomputing from scratch: the bound is exact on trees (against every input order), met by its own run on
 DAGs, and through the CLI it meets recompute-only budgets no other fast schedule meets."""
 
-import importlib
 import itertools
 import json
 import math
 import random
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -18,12 +18,15 @@ from trainplan.schedule.heuristic import greedy
 from trainplan.schedule.problem import Op, Problem, save_problem
 from trainplan.schedule.scratch import scratch_bound, scratch_events
 from trainplan.schedule.replay import replay
-from trainplan.schedule.solve import SCRATCH_WORK_PER_SECOND, best_heuristic, solve
+from trainplan.schedule import bisection, fast
+from trainplan.schedule.context import FastOptions
+from trainplan.schedule.portfolio import best_heuristic
+from trainplan.schedule.settings import DEFAULTS
+from trainplan.schedule.solve import solve
 from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
 
 from test_schedule_deadline import independent_replay
 
-SOLVE = importlib.import_module("trainplan.schedule.solve")  # the module (the package exports the function solve)
 
 
 def _tree(n: int, seed: int) -> Problem:
@@ -107,18 +110,18 @@ def test_outside_a_probe_the_run_goes_until_its_work_cap_whatever_its_uncached_c
     budget = int(0.7 * replay(p, no_recompute_events(p)).peak_bytes)
     prob, meter = p.with_budget(budget), [0]
     assert scratch_events(prob, budget, meter=meter) is not None
-    share_s = 2 * meter[0] / SCRATCH_WORK_PER_SECOND
-    assert scratch_bound(prob).computes > 4 * share_s * SCRATCH_WORK_PER_SECOND
+    share_s = 2 * meter[0] / DEFAULTS.scratch_work_per_second
+    assert scratch_bound(prob).computes > 4 * share_s * DEFAULTS.scratch_work_per_second
     assert dtr_plan(prob, budget, allow_swap=False, restarts=2) is None
-    events, name, _ = best_heuristic(prob, budget, first_only=True, deadline_s=share_s)
+    events, name, *_ = best_heuristic(prob, FastOptions(first_only=True, deadline_s=share_s))
     assert name == "scratch-recompute" and independent_replay(prob, events)[1] <= budget
-    _, name, _ = best_heuristic(prob, budget, first_only=True, allowance=dl.Allowance(share_s))
+    name = best_heuristic(prob, FastOptions(first_only=True), dl.Allowance(share_s)).name
     assert name != "scratch-recompute"
     runs = []
-    monkeypatch.setattr(SOLVE, "scratch_events", lambda *args, **kwargs: runs.append(args[1]))
+    monkeypatch.setattr(fast, "scratch_events", lambda *args, **kwargs: runs.append(args[1]))
     below = scratch_bound(prob).bytes - 1
-    best_heuristic(prob.with_budget(below), below, first_only=True, deadline_s=share_s)
-    best_heuristic(prob, budget, first_only=True, deadline_s=share_s)
+    best_heuristic(prob.with_budget(below), FastOptions(first_only=True, deadline_s=share_s))
+    best_heuristic(prob, FastOptions(first_only=True, deadline_s=share_s))
     assert runs == [budget]
 
 
@@ -154,17 +157,16 @@ def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypat
     """Slowed by 20 ms of wall time a run (a slow or loaded machine), the runs from scratch of the first attempt
     and the bisection give the same events and charge the same work, and the call raises the budget to the same
     one. (Not the final run's, at the raised budget: it stops at the call's wall-clock deadline.)"""
-    for rate in ("PROBE_DTR_PER_SECOND", "PROBE_GREEDY_PER_SECOND", "SCRATCH_WORK_PER_SECOND"):
-        # each unit charged twice its time here, so the probes end on their allowance, not on the wall-clock
-        # safety net, on a slower or loaded host too (as in test_the_bisection_does_not_depend_on_wall_time)
-        monkeypatch.setattr(SOLVE, rate, getattr(SOLVE, rate) // 2)
+    # each unit charged twice its time here, so the probes end on their allowance, not on the wall-clock safety net,
+    # on a slower or loaded host too (as in test_the_bisection_does_not_depend_on_wall_time)
+    rates = ("probe_dtr_per_second", "probe_greedy_per_second", "scratch_work_per_second")
+    settings = replace(DEFAULTS, **{rate: getattr(DEFAULTS, rate) // 2 for rate in rates}, max_mip_probes=0)
     # no CP-SAT probes: each is charged its limit (0.3 s here) and took up to 0.6 s of wall time on a slow host
     # (a 1e7-addition loop at 1.2-1.6 s), so with four of them the bisection took 2.4 s of its 3 s wall-clock
     # safety net and a loaded run was cut by it; without them it takes 0.5 s
-    monkeypatch.setattr(SOLVE, "MAX_MIP_PROBES", 0)
     p = layered_graph(100, 31)  # the last-compute search decides neither way at 1.05x the floor (it meets seed 27)
     prob = p.with_budget(int(1.05 * p.floor_bytes))
-    real_run, real_bisect = SOLVE.scratch_events, SOLVE.min_feasible_budget
+    real_run, real_bisect = fast.scratch_events, bisection.min_feasible_budget
     runs = []
     for delay in (0.0, 0.02):
         calls: list = []
@@ -180,9 +182,9 @@ def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypat
             calls.append("bisection ends")
             return found
 
-        monkeypatch.setattr(SOLVE, "scratch_events", slow)
-        monkeypatch.setattr(SOLVE, "min_feasible_budget", bisect)
-        s = solve(prob, 6.0)
+        monkeypatch.setattr(fast, "scratch_events", slow)
+        monkeypatch.setattr(bisection, "min_feasible_budget", bisect)
+        s = solve(prob, 6.0, settings=settings)
         assert s.extra["budget_status"] == "not_found" and s.ok
         before = calls[:calls.index("bisection ends")]
         assert len(before) >= 2 and any(events is not None for _, events in before)

@@ -9,7 +9,7 @@ from trainplan.schedule import replay, solve, staged_bound
 from trainplan.schedule.bounds import relaxation_bound
 from trainplan.schedule.mip import objective_ticks
 from trainplan.schedule.replay import ScheduleError
-from trainplan.schedule.solve import best_heuristic
+from trainplan.schedule.portfolio import best_heuristic
 from trainplan.schedule.staged_bound import solve_staged
 from trainplan.schedule.staged_events import staged_events
 from trainplan.schedule.synthetic import training_graph
@@ -100,7 +100,7 @@ def test_staged_schedule_leads_to_the_optimum():
     assert s.time <= s.extra["staged_bound"]["schedule_time"] == s.extra["heuristic_time"]
     rep = replay(p, s.events, p.budget_bytes)
     assert (rep.time, rep.peak_bytes) == (s.time, s.peak_bytes)
-    assert s.time < 0.99 * replay(p, best_heuristic(p, p.budget_bytes)[0]).time
+    assert s.time < 0.99 * replay(p, best_heuristic(p)[0]).time
 
 
 def test_staged_model_beside_cp_sat_proves_and_stops_it():
@@ -132,7 +132,7 @@ def test_30_op_graph_at_tight_budget_is_proven_optimal():
     assert (rep.time, rep.peak_bytes) == (s.time, s.peak_bytes)
     events = s.extra["recomputes"] + s.extra["swap_ins"] + s.extra["swap_outs"]
     assert s.bound <= s.time <= s.bound + events * 1e-9
-    assert s.time < replay(p, best_heuristic(p, p.budget_bytes)[0]).time
+    assert s.time < replay(p, best_heuristic(p)[0]).time
 
 
 @pytest.mark.parametrize("n, seed, limit", [(40, 0, 2), (60, 1, 1.2), (100, 0, 3)])

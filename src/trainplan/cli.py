@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from trainplan.align.cli import add_parser as add_align_parser
 from trainplan.cli_types import budget, nonnegative_int, positive_float, positive_int
@@ -14,18 +15,27 @@ from trainplan.layout.cli import add_parser as add_layout_parser
 from trainplan.provenance.cli import add_parser as add_publish
 from trainplan.provenance.cli import add_verify_parser as add_verify
 
+if TYPE_CHECKING:
+    from trainplan.schedule.problem import Problem
+
 
 def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace], int]:
     from trainplan.schedule.solve import METHODS
 
     ap = sub.add_parser("schedule", help="recompute/swap schedule of one stage under a memory budget")
     ap.add_argument("problem", help="problem JSON (see docs/schedule.md)")
-    ap.add_argument("-o", "--output", required=True, help="schedule JSON to write")
-    ap.add_argument("--time-limit", type=positive_float, default=10.0, help="limit of the whole call, seconds")
+    out = ap.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", help="schedule JSON to write")
+    out.add_argument("--explain", action="store_true",
+                     help="print which strategies of method 'ours' will run on PROBLEM and why, without solving")
+    ap.add_argument("--time-limit", type=positive_float, default=10.0,
+                    help="seconds per method, bisection included (as solver.time_limit_s in the workflow): one method "
+                         "returns within it; 'all' gives ours and each baseline this limit")
     ap.add_argument("--workers", type=positive_int, default=2)
     ap.add_argument("--seed", type=nonnegative_int, default=0)
     ap.add_argument("--method", choices=[*METHODS, "all"], default="ours",
-                    help="'all' writes ours with every baseline under the key 'baselines'")
+                    help="'all' writes ours (as --method ours) with every baseline at the budget under the key "
+                         "'baselines', as the workflow's schedule rule")
     ap.add_argument("--nondeterministic", action="store_true",
                     help="stop CP-SAT on wall time with the parallel portfolio (faster, not reproducible)")
     ap.add_argument("--budget", type=budget, default=None,
@@ -37,22 +47,33 @@ def _add_schedule(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespa
     return _run_schedule
 
 
-def _run_schedule(args: argparse.Namespace) -> int:
-    from trainplan.schedule import compare, load_problem, save_schedule, solve
-    from trainplan.schedule import deadline as dl
+def _schedule_problem(args: argparse.Namespace) -> Problem:
+    from trainplan.schedule import load_problem
     from trainplan.schedule.stage_problem import budget_for
 
-    # one deadline scope from reading the problem to writing the schedule: the limit counts from the start, and
-    # the garbage collector stays frozen until the file is written (the full collection due when the solver's own
-    # scope ended, scanning every object it had frozen, took 0.14 s alone; inside the test suite the call ran
-    # 0.3 s past its 2 s limit)
-    with dl.scope(dl.Deadline.after(args.time_limit)):
-        problem = load_problem(args.problem, stage=args.stage)
-        if args.budget is not None:
-            problem = problem.with_budget(budget_for(problem.to_dict(), args.budget))
+    problem = load_problem(args.problem, stage=args.stage)
+    return problem if args.budget is None else problem.with_budget(budget_for(problem.to_dict(), args.budget))
+
+
+def _run_schedule(args: argparse.Namespace) -> int:
+    from trainplan.schedule import METHODS, compare, save_schedule, solve
+    from trainplan.schedule import deadline as dl
+    from trainplan.schedule.context import RunOptions
+    from trainplan.schedule.portfolio import explanation_text
+
+    if args.explain:
+        run = RunOptions(args.workers, args.seed, deterministic=not args.nondeterministic)
+        print(explanation_text(_schedule_problem(args), args.time_limit, run))
+        return 0
+    # one deadline scope from reading the problem to writing the schedule: the limit (one per method) counts from
+    # the start, and the garbage collector stays frozen until the file is written (the full collection due when the
+    # solver's own scope ends scans every object it had frozen: past a short limit)
+    methods = len(METHODS) if args.method == "all" else 1
+    with dl.scope(dl.Deadline.after(methods * args.time_limit)):
+        problem = _schedule_problem(args)
         opts = {"deterministic": not args.nondeterministic, "verbose": args.verbose}
-        if args.method == "all":
-            results = compare(problem, args.time_limit, args.workers, args.seed, **opts)
+        if args.method == "all":  # as the workflow's schedule rule: ours bisects, the baselines at the budget
+            results = compare(problem, args.time_limit, args.workers, args.seed, bisect=True, **opts)
             sched = results.pop("ours")
             sched.extra["baselines"] = {name: s.to_dict() for name, s in results.items()}
         elif args.method == "ours":

@@ -3,7 +3,11 @@
 ``solve``/``compare`` open a :func:`scope`; code below asks :func:`current` (or is handed the
 :class:`Deadline`) and stops when it has passed. Loops call :meth:`Deadline.check`, which raises
 :class:`OutOfTime`; the step that owns the loop catches it and keeps what it had. A deterministic run's
-answer changes only where this safety net fires (see solve._Clock and mip.wall_cap).
+answer changes only where this safety net fires (see :class:`TimeBudget` and mip.wall_cap).
+
+A call's time is one :class:`TimeBudget`: its limit, charged by what each step used (deterministically, where the
+run is deterministic), with the wall clock and the call's :class:`Deadline` as safety nets; a bisection's probes
+draw on an :class:`Allowance` of work.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import contextvars
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainplan.timing import live_objects_frozen
 
@@ -68,6 +72,52 @@ class Allowance:
 
     def spent(self) -> bool:
         return self.seconds <= 0
+
+
+@dataclass
+class TimeBudget:
+    """The time limit of one attempt. ``left()`` is what the next step may use: the wall-clock time left, or in a
+    deterministic run the limit less what the steps were charged (CP-SAT's deterministic clocks), so every step's
+    share, and with it the answer, is the same on any machine; ``wall_left()`` caps each step (a safety net).
+    ``shorten`` cuts the limit (no fast schedule: time kept for the bisection), ``restore`` gives it back."""
+
+    limit_s: float
+    deterministic: bool
+    wall_limit_s: float  # limit_s, or less in a bisection's final run (the probes' wall time is not charged)
+    t0: float = field(default_factory=time.perf_counter)
+    used_s: float = 0.0
+    full: tuple[float, float] | None = None  # (limit_s, wall_limit_s) before ``shorten``
+
+    def charge(self, seconds: float) -> None:
+        self.used_s += seconds
+
+    def wall_left(self) -> float:
+        """Wall time left to this step: its own wall limit, or the call's deadline if that comes first."""
+        return min(self.wall_limit_s - (time.perf_counter() - self.t0), current().left())
+
+    def left(self) -> float:
+        return self.limit_s - self.used_s if self.deterministic else self.wall_left()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def shorten(self, limit_s: float) -> None:
+        self.full = (self.limit_s, self.wall_limit_s)
+        self.limit_s = min(self.limit_s, limit_s)
+        self.wall_limit_s = min(self.wall_limit_s, limit_s)
+
+    @property
+    def full_limit_s(self) -> float:
+        """The limit before ``shorten``."""
+        return self.limit_s if self.full is None else self.full[0]
+
+    @property
+    def shortened(self) -> bool:
+        return self.full is not None and self.full != (self.limit_s, self.wall_limit_s)
+
+    def restore(self) -> None:
+        if self.full is not None:
+            self.limit_s, self.wall_limit_s = self.full
 
 
 _current: contextvars.ContextVar[Deadline] = contextvars.ContextVar("schedule_deadline", default=NEVER)

@@ -22,6 +22,7 @@ from ortools.sat.python import cp_model
 from trainplan.schedule import deadline as dl
 from trainplan.schedule import lns
 from trainplan.schedule.problem import Problem
+from trainplan.schedule.settings import DEFAULTS
 
 log = logging.getLogger(__name__)
 Events = list[tuple[str, str]]
@@ -129,9 +130,7 @@ DET_PER_SECOND = 0.04  # deterministic s per wall s of limit: CP-SAT 9.15 measur
 DET_SMALL_MODEL = 400.0  # smaller models advance the clock faster (0.19 per wall s at 1.9k variables, 0.13
 DET_MAX_PER_SECOND = 0.1  # at 9k, 0.01-0.05 at 19k): min(0.1, max(0.04, 400 / variables)), about half of that
 LNS_ONLY_ABOVE = 60  # ops: above this, a hinted wall-clock run gives every worker to LNS (see solve_mip)
-WALL_SAFETY = 2.0  # wall-clock cap of a deterministic run, as a multiple of its share (a safety net). The rates
-# above are about half of what this host reaches on most models, but not on all: some hinted 5.5k-variable
-# models reach 0.02-0.06 (rate 0.07), and 19k-variable ones 0.01-0.05 (rate 0.04); there the cap stops them
+WALL_SAFETY = DEFAULTS.wall_safety  # wall-clock cap of a deterministic run, as a multiple of its share (see settings)
 
 
 def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
@@ -207,10 +206,6 @@ def byte_unit(cap: int) -> int:
     return max(1, math.ceil(cap / 2**30))
 
 
-HINT_MAX_GROWTH = 2.0  # solve.cp_hint gives CP-SAT a hint only if its grid grows at most this much. A hint
-# raises only the copies of the ops it holds longer (250-op layered DAGs at 80%, 60 s: 9.7-14.7% overhead
-# against 18.5-19.4% with every op raised to 4, the model three times the size; every op raised to 3 while
-# that at most doubled the model: 13.9% against 11.2% on seed 1, 6.6% against 5.2% on seed 2)
 MAX_MODEL_VARIABLES = 250_000  # 3-6 s of model building on this host (12-22 us per variable)
 BUILD_SECONDS_PER_VARIABLE = 25e-6  # a model is built only if this x its size fits in the wall time left,
 LOAD_SECONDS_PER_VARIABLE = 20e-6  # plus this x its size: CP-SAT's load and presolve start, which its time limit
