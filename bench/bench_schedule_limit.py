@@ -59,7 +59,7 @@ def check(problem: Problem, out: Path) -> dict:
     data = read_json(out)
     scheds = [data, *data.get("baselines", {}).values()]
     for s in scheds:
-        if s["events"] and s["status"] in ("optimal", "feasible"):
+        if s["events"] and s["status"] in ("optimal", "feasible", "raised"):
             r = replay(problem, [tuple(e) for e in s["events"]], s["budget_bytes"])
             assert r.peak_bytes <= s["budget_bytes"], (out, s["method"])
     return {"status": data["status"], "budget_status": data.get("budget_status"),

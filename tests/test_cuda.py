@@ -90,8 +90,10 @@ def test_validation_on_cuda_measures_the_allocator_and_passes_a_faithful_plan(ml
     assert rep["status"] == "passed", rep["reasons"]
     st = rep["stages"][0]
     assert st["measured_peak_bytes"] == st["predicted_peak_bytes"]
-    assert rep["allocator"]["method"] == "torch.cuda.max_memory_allocated"
-    assert rep["allocator"]["peak_bytes"] >= st["measured_peak_bytes"]
+    assert rep["memory"]["allocator_method"] == "torch.cuda.max_memory_allocated"
+    assert rep["memory"]["peak_bytes_allocator"] >= st["measured_peak_bytes"]
+    assert rep["memory"]["counted"] == "peak_bytes_allocator" and rep["memory"]["peak_bytes_process"] is None
+    assert rep["memory"]["peak_bytes_host_pinned"] >= st["host_peak_bytes"] > 0  # pinned blocks: powers of two
     assert rep["timing"]["host_link_now"]["bytes_per_s"] > 0
 
 

@@ -282,17 +282,22 @@ def test_two_stages_run_interleaved_on_their_own_pools(small_cnn):
 
 
 def test_validation_passes_a_faithful_plan_and_reports_everything(mlp):
+    """A swap plan on a CPU declared to stand in for a device with separate host memory: the budget counts the
+    allocator's bytes, the host copies are reported apart."""
     built, _, _, tables = mlp
     plan = plan_for(tables, [tables.nodes.name.tolist()], swap_and_recompute)
     v = validate_plan(built, plan, parse_plan(plan), tables.tensors, export_names=tables.nodes.name.tolist(),
-                      settings=ValidateSettings(repeats=1, warmup=0, tolerances=LOOSE_TIME))
+                      settings=ValidateSettings(repeats=1, warmup=0, tolerances=LOOSE_TIME, host_memory="separate"))
     rep = v.report
     assert rep["status"] == "passed", rep["reasons"]
     st = rep["stages"][0]
     assert st["measured_peak_bytes"] == st["predicted_peak_bytes"] and st["peak_rel_err"] == 0.0
     assert st["budget_respected"] and st["first_divergence"] is None and st["size_mismatch_count"] == 0
+    assert st["counted_peak_bytes"] == st["measured_peak_bytes"] and st["host_peak_bytes"] > 0
     assert rep["gradients"]["vs_compiled_step"]["bit_exact"]
-    assert rep["allocator"]["peak_bytes"] >= st["measured_peak_bytes"]  # the allocator also sees temporaries
+    assert rep["memory_model"]["host_memory"] == "separate" and rep["memory"]["counted"] == "peak_bytes_allocator"
+    assert rep["memory"]["peak_bytes_allocator"] >= st["measured_peak_bytes"]  # the allocator also sees temporaries
+    assert len(rep["memory"]["process_readings_bytes"]) == 3 and rep["memory"]["budget_respected"]
     faults = rep["timing"]["page_faults_per_run"]
     assert len(faults) == 1 and all(isinstance(f, int) and f >= 0 for f in faults)
     assert len(v.timeline) == len(plan["stages"][0]["schedule"]["events"])
@@ -319,7 +324,7 @@ def test_the_verdict_rests_on_the_raw_time_and_a_busy_machine_is_unreliable(mlp,
     st = stages[0]
     planned, profiled = float(st.schedule["time"]), st.problem.compute_time
     times = StageTime([measured * planned], [baseline * profiled])
-    rep = stage_report(st, result.records, predict(st.problem, st.events), times, Tolerances())
+    rep = stage_report(st, result.records, predict(st.problem, st.events), times, Tolerances(), host_shared=False)
     assert rep["status"] == status, rep["reasons"]
     assert rep["time_rel_err"] == pytest.approx(measured - 1)
     assert rep["load_factor"] == pytest.approx(baseline)
@@ -337,7 +342,7 @@ def test_the_load_adjusted_time_recosts_compute_at_the_load_and_transfers_at_the
     planned, profiled = float(st.schedule["time"]), p.compute_time
     assert transfer > 0
     times = StageTime([planned], [1.5 * profiled], link_scale=3.0)  # compute 1.5x slower, link 3x slower
-    rep = stage_report(st, result.records, predict(p, st.events), times, Tolerances())
+    rep = stage_report(st, result.records, predict(p, st.events), times, Tolerances(), host_shared=False)
     assert rep["predicted_transfer_s"] == pytest.approx(transfer)
     assert rep["predicted_time_now_s"] == pytest.approx(1.5 * (planned - transfer) + 3.0 * transfer)
     assert rep["time_rel_err_load_adjusted"] == pytest.approx(planned / rep["predicted_time_now_s"] - 1)
@@ -353,10 +358,10 @@ def test_each_plan_run_is_recosted_at_the_baseline_run_beside_it(mlp):
     planned, profiled = float(st.schedule["time"]), st.problem.compute_time
     pred = predict(st.problem, st.events)
     drifting = StageTime([2 * planned] * 3 + [planned] * 2, [2 * profiled] * 2 + [profiled] * 3)
-    rep = stage_report(st, result.records, pred, drifting, Tolerances())
+    rep = stage_report(st, result.records, pred, drifting, Tolerances(), host_shared=False)
     assert rep["time_rel_err_load_adjusted"] == pytest.approx(0.0) and rep["status"] == "failed"
     slow_plan = StageTime([1.5 * planned] * 3, [profiled] * 3)  # the plan itself 50% over
-    rep = stage_report(st, result.records, pred, slow_plan, Tolerances())
+    rep = stage_report(st, result.records, pred, slow_plan, Tolerances(), host_shared=False)
     assert rep["time_rel_err_load_adjusted"] == pytest.approx(0.5) and rep["status"] == "failed"
 
 

@@ -102,6 +102,7 @@ def test_a_raised_budget_says_what_is_known_about_the_requested_one(tmp_path):
     assert res.returncode == 0, res.stderr
     data = read_json(out)
     assert data["requested_budget_bytes"] == 100 and data["budget_status"] == "proven_infeasible"
+    assert data["status"] == "raised" and " ours raised " in res.stdout
     assert f"budget={data['budget_bytes']} (raised from 100: proven_infeasible)" in res.stdout
 
 

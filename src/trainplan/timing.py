@@ -1,5 +1,6 @@
 """Timing hygiene shared by the profile and the validation: no cyclic garbage collection inside a timed run,
-and host memory that a freed tensor leaves behind kept for the next one (no page faults in steady state)."""
+and host memory that a freed tensor leaves behind kept for the next one (no page faults in steady state), or,
+while memory is metered, returned to the system."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc <malloc.h>
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc <malloc.h>
+MMAP_MAX_DEFAULT = 65536  # glibc's DEFAULT_MMAP_MAX
 
 
 @contextmanager
@@ -50,6 +52,19 @@ def live_objects_frozen(collect: bool = True) -> Iterator[None]:
         gc.unfreeze()
 
 
+def _mallopt(settings: dict[int, int]) -> str | None:
+    """Apply glibc ``mallopt`` settings (parameter -> value); None if done, else why not."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return "no glibc mallopt"
+    if not all(mallopt(param, value) == 1 for param, value in settings.items()):
+        return "mallopt refused"
+    return None
+
+
 def keep_freed_memory() -> str:
     """Make glibc's malloc keep freed memory for reuse, for the rest of the process: no ``mmap`` for big
     blocks and no trimming of the heap (``mallopt(M_MMAP_MAX, 0)``, ``mallopt(M_TRIM_THRESHOLD, 2^31 - 1)``).
@@ -59,12 +74,17 @@ def keep_freed_memory() -> str:
     faults, a fifth of GPT-2's CPU step on this host, varying with the host. With the heap kept, a step
     reuses the pages of the step before, as a caching allocator (CUDA's) does, and the profile and the
     validation time the same steady state. Returns what was set, for the artifacts."""
-    if not sys.platform.startswith("linux"):
-        return "unchanged: not Linux"
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return "unchanged: no glibc mallopt"
-    if mallopt(M_MMAP_MAX, 0) != 1 or mallopt(M_TRIM_THRESHOLD, 2**31 - 1) != 1:
-        return "unchanged: mallopt refused"
-    return "glibc malloc keeps freed memory (M_MMAP_MAX 0, M_TRIM_THRESHOLD 2^31-1)"
+    why = _mallopt({M_MMAP_MAX: 0, M_TRIM_THRESHOLD: 2**31 - 1})
+    return f"unchanged: {why}" if why else "glibc malloc keeps freed memory (M_MMAP_MAX 0, M_TRIM_THRESHOLD 2^31-1)"
+
+
+def return_freed_memory() -> str:
+    """Make glibc's malloc return freed memory to the system, so the process's resident memory tracks the bytes
+    it holds (the process-level meter, ``execute.measure``): every block of 64 KiB or more mapped on its own and
+    unmapped on free, the heap trimmed down at every free (``M_MMAP_THRESHOLD`` 64 KiB, ``M_TRIM_THRESHOLD`` 0,
+    ``M_MMAP_MAX`` glibc's default). Set in the process (the same as ``MALLOC_MMAP_THRESHOLD_=65536
+    MALLOC_TRIM_THRESHOLD_=0`` in its environment); it acts on later allocations, so set it before the runs to
+    meter (:func:`keep_freed_memory` undoes it). Returns what was set, for the artifacts."""
+    why = _mallopt({M_MMAP_MAX: MMAP_MAX_DEFAULT, M_MMAP_THRESHOLD: 64 * 1024, M_TRIM_THRESHOLD: 0})
+    return f"unchanged: {why}" if why else \
+        "glibc malloc returns freed memory (M_MMAP_THRESHOLD 64 KiB, M_TRIM_THRESHOLD 0)"

@@ -25,6 +25,7 @@ _check_checkout()
 
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.support import load_table
+from trainplan.host_swap import memory_model
 from trainplan.models import ModelSpecError, check_spec
 from trainplan.precision.policy import PolicyError, load_policy
 from trainplan.provenance.code import closure as code_closure, digest as code_digest
@@ -190,6 +191,18 @@ def model_spec(wildcards):
 def device_spec(wildcards):
     """The config entry of the device named by the wildcard."""
     return config["devices"][wildcards.device]
+
+
+def memory_model_of(device):
+    """The memory model of a key of `devices`: host memory shared or separate (`host_memory`, else by type), whether
+    plans may swap, and a note for the artifacts and captions (trainplan.host_swap.memory_model)."""
+    spec = config["devices"][device]
+    return memory_model(spec["type"], spec.get("host_memory")).to_dict()
+
+
+def device_memory_model(wildcards):
+    """The memory model of the device named by the wildcard (memory_model_of)."""
+    return memory_model_of(wildcards.device)
 
 
 def backend_of(device):

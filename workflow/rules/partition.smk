@@ -41,6 +41,7 @@ rule balance:
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
         balance=config["balance"],
         solver=config["solver"],
+        memory_model=device_memory_model,
         code=code_version("balance"),
     threads: config["solver"]["workers"]
     wildcard_constraints:

@@ -18,6 +18,7 @@ rule plot_plan_memory:
     log:
         "logs/plot_plan_memory/{model}/{device}/k{k}/b{budget}.log",
     params:
+        memory_model=device_memory_model,
         code=code_version("plot_plan_memory"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",

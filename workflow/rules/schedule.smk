@@ -15,6 +15,7 @@ rule schedule:
         time_limit_s=config["solver"]["time_limit_s"],
         workers=config["solver"]["workers"],
         seed=config["solver"]["seed"],
+        memory_model=device_memory_model,
         code=code_version("schedule"),
     threads: config["solver"]["workers"]
     conda:

@@ -42,6 +42,7 @@ rule plot_validate:
     log:
         "logs/plot_validate/{model}/{device}/k{k}/b{budget}.log",
     params:
+        memory_model=device_memory_model,
         code=code_version("plot_validate"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
@@ -66,6 +67,7 @@ rule validate_summary:
     log:
         "logs/validate/summary.log",
     params:
+        memory_models={device: memory_model_of(device) for device in DEVICES},
         code=code_version("validate_summary"),
     conda:
         "../envs/trainplan.yaml"

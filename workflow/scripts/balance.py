@@ -1,7 +1,8 @@
 """Snakemake adapter: schedule each stage at the budget, re-partition for balance, compare with the DP.
 
 Iteration 0 (the partition rule's stages) takes its schedules from the schedule rule's schedules.json, checked
-against the partition and replayed; later iterations solve their new stages with the same function.
+against the partition and replayed; later iterations solve their new stages with the same function, swapping
+only where the device's host memory is separate (its memory model, recorded in plan.json).
 """
 
 from trainplan.artifacts import read_host_link, read_profiled_graph
@@ -32,12 +33,13 @@ with log_to(snakemake.log[0]) as log:
     first = partition_from_dict(pipeline, partition)
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(inp.profile_summary),
-                               budget_fraction=par.budget_fraction, solver=solver)
+                               budget_fraction=par.budget_fraction, solver=solver, swap=par.memory_model["swaps"])
     for res in read_stage_schedules(inp.schedules, [stage["nodes"] for stage in partition["stages"]]):
         scheduler.reuse(res.nodes, res.problem, res.ours)
     log.info("reused %d stage schedule(s) from %s", scheduler.reused, inp.schedules)
     result = balance(pipeline, tables, first, scheduler, settings, memory)
-    head = {"model": wc.model, "device": wc.device, "k": first.k, "budget_fraction": par.budget_fraction}
+    head = {"model": wc.model, "device": wc.device, "k": first.k, "budget_fraction": par.budget_fraction,
+            "memory_model": dict(par.memory_model)}
     log.info("chosen iteration %d of %d (%s); %d stage schedules solved here", result.chosen,
              len(result.iterations), result.stop_reason, scheduler.solved)
     write_json(snakemake.output.iterations, {**head, **iterations_dict(result)})

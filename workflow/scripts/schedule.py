@@ -1,5 +1,6 @@
 """Snakemake adapter: build each stage's scheduling problem and solve it with our method and every baseline;
-write every stage (problem, schedules) to one schedules.json and the comparison table."""
+write every stage (problem, schedules) to one schedules.json and the comparison table. Ops may be swapped only
+where the device's host memory is separate (its memory model, recorded in schedules.json)."""
 
 from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.io import read_json, write_json, write_table
@@ -13,11 +14,13 @@ with log_to(snakemake.log[0]) as log:
     stages = [stage["nodes"] for stage in partition["stages"]]
     results = schedule_stages(graph.nodes, graph.tensors, stages, fraction=float(wc.budget),
                               bandwidth=read_host_link(inp.profile_summary),
-                              solver=SolverSettings(par.time_limit_s, par.workers, par.seed))
+                              solver=SolverSettings(par.time_limit_s, par.workers, par.seed),
+                              swap=par.memory_model["swaps"])
     for res in results:
         log.info("stage %d: %s, time %s s, peak %s B of budget %s B; baselines: %s", res.index, res.ours.status,
                  res.ours.time, res.ours.peak_bytes, res.ours.budget_bytes,
                  ", ".join(f"{m} {d['status']}" for m, d in res.methods.items() if m != "ours"))
-    head = {"model": wc.model, "device": wc.device, "k": int(wc.k), "budget_fraction": float(wc.budget)}
+    head = {"model": wc.model, "device": wc.device, "k": int(wc.k), "budget_fraction": float(wc.budget),
+            "memory_model": dict(par.memory_model)}
     write_json(out.schedules, stage_schedules_dict(head, results))
     write_table(out.table, comparison_table(wc.model, int(wc.k), float(wc.budget), results))

@@ -25,6 +25,7 @@ with log_to(snakemake.log[0]) as log:
         tolerances=Tolerances(**par.settings["tolerances"]),
         allocator_check=par.settings["allocator_check"],
         attempts=par.settings["attempts"],
+        host_memory=par.device.get("host_memory"),
     )
     result = validate_plan(built, plan, stages, graph.tensors, export_names=graph.nodes["name"].tolist(),
                            settings=settings, link_sizes=read_host_link_sizes(inp.profile_summary))

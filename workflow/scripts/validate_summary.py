@@ -1,4 +1,5 @@
-"""Snakemake adapter: one row per validated stage of every plan, failed plans and their reasons included."""
+"""Snakemake adapter: one row per validated stage of every plan, failed plans and their reasons included; raised
+budgets and each device's memory model logged."""
 
 import pandas as pd
 
@@ -13,4 +14,10 @@ with log_to(snakemake.log[0]) as log:
     log.info("%d plan(s) validated: %s", len(snakemake.input), plans.status.value_counts().to_dict())
     for row in plans[plans.status != "passed"].itertuples():
         log.warning("%s: %s k=%s budget %s", row.status.upper(), row.model, row.k, row.budget_fraction)
+    for row in table[table.schedule_status == "raised"].itertuples():
+        log.warning("RAISED: %s k=%s budget %s stage %s: requested %s B, planned at %s B (requested budget: %s)",
+                    row.model, row.k, row.budget_fraction, row.stage, row.requested_budget_bytes, row.budget_bytes,
+                    row.budget_status)
+    for device, model in snakemake.params.memory_models.items():
+        log.info("device %s: host memory %s: %s", device, model["host_memory"], model["note"])
     write_table(snakemake.output.table, table)

@@ -33,8 +33,12 @@ def _bars(ax: Any, predicted: list[float], measured: list[float], unit: str, tit
 
 
 def _headline(report: dict[str, Any], what: str = "") -> str:
-    """Model, k, budget, status (and what the figure shows), then the first reason of a failure."""
+    """Model, k, budget, status (and what the figure shows), the device's host memory, then the first reason of a
+    failure."""
     head = f"{report['model']} k={report['k']} budget {report['budget_fraction']}{what}: {report['status'].upper()}"
+    host = report.get("memory_model", {}).get("host_memory")
+    if host:
+        head += f" (host memory {host})"
     reasons = report.get("reasons") or []
     if reasons:
         head += f"\n{reasons[0][:160]}" + (f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else "")
@@ -55,14 +59,21 @@ def plot_validation(report: dict[str, Any], timeline: pd.DataFrame, path: str) -
         part = timeline[timeline.stage == st["index"]]
         ax.plot(part.position, part.predicted_bytes_peak / MIB, lw=1, label="predicted", color="tab:blue")
         ax.plot(part.position, part.measured_bytes_peak / MIB, lw=1, ls="--", label="measured", color="tab:orange")
-        ax.axhline(st["budget_bytes"] / MIB, color="black", lw=0.8, label="budget")
+        raised = " (raised: the least found)" if st.get("schedule_status") == "raised" else ""
+        ax.axhline(st["budget_bytes"] / MIB, color="black", lw=0.8, label=f"budget{raised}")
         ax.set_xlabel("event")
         ax.set_ylabel("device MiB")
         ax.set_title(f"stage {st['index']}: {st['status']}", fontsize=10)
         ax.legend(fontsize=8)
     fig.suptitle(_headline(report), fontsize=10)
-    _bars(fig.add_subplot(grid[1, 0]), [s["predicted_peak_bytes"] / MIB for s in stages],
+    peaks = fig.add_subplot(grid[1, 0])
+    _bars(peaks, [s["predicted_peak_bytes"] / MIB for s in stages],
           [s["measured_peak_bytes"] / MIB for s in stages], "MiB", "peak device bytes")
+    memory = report.get("memory", {})
+    if memory.get("peak_bytes_counted") is not None:
+        peaks.axhline(memory["peak_bytes_counted"] / MIB, color="tab:red", lw=0.9, ls="--",
+                      label=f"whole run, {memory['counted']}")
+        peaks.legend(fontsize=8)
     _bars(fig.add_subplot(grid[1, 1]), [s["predicted_time_s"] for s in stages],
           [s["measured_time_s"] for s in stages], "s", "step time (median)")
     save_figure(fig, path, dpi=100)
@@ -109,17 +120,20 @@ def plot_plan_memory(report: dict[str, Any], timeline: pd.DataFrame, stages: lis
         rep = by_index.get(st.index, {})
         budget = rep.get("requested_budget_bytes", st.raw.get("budget_bytes"))
         ax.axhline(budget / MIB, color="black", lw=0.9, label=f"budget {budget / MIB:.2f} MiB")
-        if rep.get("budget_bytes", budget) > budget:
+        if rep.get("schedule_status") == "raised":
+            known = "proven infeasible" if rep.get("budget_status") == "proven_infeasible" else "not met in time"
             ax.axhline(rep["budget_bytes"] / MIB, color="tab:red", lw=0.9, ls=":",
-                       label=f"smallest feasible budget found {rep['budget_bytes'] / MIB:.2f} MiB")
+                       label=f"raised to the least budget found {rep['budget_bytes'] / MIB:.2f} MiB "
+                             f"(requested: {known})")
         ax.axhline(st.problem.fixed_bytes / MIB, color="tab:green", lw=0.8, ls="-.",
                    label=f"fixed: parameters, buffers, inputs {st.problem.fixed_bytes / MIB:.2f} MiB")
         ax.set_ylim(bottom=0)
         ax.set_xlabel(f"ops of stage {st.index} computed so far (program order; recomputes and swaps in between)")
         ax.set_ylabel("device MiB")
         computes = part[part.kind == "compute"]
-        ax.set_title(f"stage {st.index}: {rep.get('status', 'no report')}; {len(computes) - computes.op.nunique()} "
-                     f"recomputes, {int((part.kind == 'swap_in').sum())} swap-ins", fontsize=10)
+        ax.set_title(f"stage {st.index}: {rep.get('status', 'no report')}, schedule {st.schedule.get('status')}; "
+                     f"{len(computes) - computes.op.nunique()} recomputes, {int((part.kind == 'swap_in').sum())} "
+                     "swap-ins", fontsize=10)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(_headline(report, ", device memory before and after the plan"), fontsize=10)
     save_figure(fig, path, dpi=100)

@@ -14,24 +14,27 @@ from trainplan.execute.check import compare_outputs
 from trainplan.execute.compile import Probe, clocked_run, compile_plan, probe_run
 from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
 from trainplan.execute.layout import GraphLayout, stage_layouts
-from trainplan.execute.measure import allocator_peak, time_runs
+from trainplan.execute.measure import Peaks, measure_peaks, time_runs
 from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
 from trainplan.export.trace import TracedStep, make_step_fn, trace_training_step
+from trainplan.host_swap import MemoryModel, memory_model
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.profile.link import LinkMeasurement, measure_host_link
 from trainplan.schedule import solve
-from trainplan.timing import keep_freed_memory
+from trainplan.timing import keep_freed_memory, return_freed_memory
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ValidateSettings:
-    """Timing repetitions (after ``warmup``), the device to execute on, the pass tolerances, whether to
-    cross-check the allocator's peak, and how many times to time the plan while the machine is busy."""
+    """Timing repetitions (after ``warmup``), the device to execute on and its host memory (``shared`` or
+    ``separate``; None: by device type, ``host_swap.memory_model``), the pass tolerances, whether to meter the
+    whole run's peaks (allocator and process) and check them against the budget, and how many times to time
+    the plan while the machine is busy."""
 
     repeats: int = 3
     warmup: int = 1
@@ -39,6 +42,7 @@ class ValidateSettings:
     tolerances: Tolerances = field(default_factory=Tolerances)
     allocator_check: bool = True
     attempts: int = 3  # timings taken at most, while the machine is busy (a stage's time check unreliable)
+    host_memory: str | None = None
 
 
 @dataclass
@@ -122,8 +126,13 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
     no-recompute plan compiled and timed alternately with it. A plan whose stage has no schedule, or whose
     measurements fall outside ``settings.tolerances``, is reported ``failed`` with the reasons; one whose
     memory checks pass but whose time was measured while the machine was busy (after ``settings.attempts``
-    timings) is reported ``unreliable``; an unreadable plan raises PlanError before this point. Keeps
-    freed host memory for the rest of the process (``keep_freed_memory``), as the profile does.
+    timings) is reported ``unreliable``; an unreadable plan raises PlanError before this point.
+
+    The budget counts what the device's memory model says (``settings.host_memory``): each stage's storages,
+    plus its host copies where host memory is shared; and the whole run's peak at the level that counts
+    everything (:meth:`Peaks.counted`: the process's on the CPU). Memory is metered with freed host memory
+    returned to the system (``return_freed_memory``), then kept for the timing and the rest of the process
+    (``keep_freed_memory``), as the profile does.
     """
     with exact_fp32():
         return _validate(built, plan, stages, tensors, export_names, settings, link_sizes)
@@ -132,11 +141,14 @@ def validate_plan(built: BuiltModel, plan: dict[str, Any], stages: list[StagePla
 def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], tensors: pd.DataFrame,
               export_names: list[str] | None, settings: ValidateSettings, link_sizes: list[int] | None) -> Validation:
     tol, dev = settings.tolerances, torch.device(settings.device)
+    model = memory_model(dev.type, settings.host_memory)
+    host_allocator = {"metering": return_freed_memory()}
     head = {"model": built.name, "device": plan.get("device", settings.device), "k": len(stages),
-            "budget_fraction": plan.get("budget_fraction"), "tolerances": tol.to_dict(),
+            "budget_fraction": plan.get("budget_fraction"), "memory_model": model.to_dict(),
+            "tolerances": tol.to_dict(),
             "settings": {"repeats": settings.repeats, "warmup": settings.warmup, "device": settings.device,
                          "threads": torch.get_num_threads(), "torch": torch.__version__,
-                         "numerics": EXACT_FP32, "host_allocator": keep_freed_memory()}}
+                         "numerics": EXACT_FP32, "host_allocator": host_allocator}}
     missing = [st for st in stages if not st.executable]
     if missing:
         reasons = [f"stage {st.index}: no schedule to execute (status {st.schedule.get('status')}: "
@@ -171,7 +183,9 @@ def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], 
     del probe_outputs, measured.outputs[:]
     start_bytes = sum(st.nbytes() for st in {id(t.untyped_storage()): t.untyped_storage() for t in flat}.values())
     storage_peak = max(r.bytes_peak for r in measured.records)
-    alloc = allocator_peak(lambda: compiled(*flat), dev, start_bytes) if settings.allocator_check else None
+    peaks = measure_peaks(lambda: compiled(*flat), dev, start_bytes) if settings.allocator_check else None
+    memory_reasons, memory = _whole_run_memory(peaks, model, stages, storage_peak, tol)
+    host_allocator["timing"] = keep_freed_memory()
     link_now = _host_link_now(stages, dev, settings, link_sizes)
     for attempt in range(1, max(1, settings.attempts) + 1):
         log.info("timing (attempt %d): %d warm-up + %d runs of the compiled plan", attempt, settings.warmup,
@@ -183,12 +197,13 @@ def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], 
             recs = [r for r in measured.records if r.stage == st.index]
             times = StageTime(timings.stage_runs[pos], timings.baseline_runs[pos], timings.communication_median(pos),
                               st.problem.bandwidth / link_now.bytes_per_s if link_now else 1.0)
-            reports.append(stage_report(st, recs, predict(st.problem, st.events), times, tol))
+            reports.append(stage_report(st, recs, predict(st.problem, st.events), times, tol,
+                                        host_shared=model.host_memory == "shared"))
         busy = [u for rep in reports for u in rep["unreliable"]]
         if not busy:
             break
         log.warning("attempt %d: the machine is busy: %s", attempt, busy[0])
-    reasons = [r for rep in reports for r in rep["reasons"]]
+    reasons = [r for rep in reports for r in rep["reasons"]] + memory_reasons
     if not vs_compiled.within_tolerance:
         reasons.append(f"gradients differ from the unmodified step: max abs error {vs_compiled.max_abs_err:.3g}, "
                        f"max rel error {vs_compiled.max_rel_err:.3g} at '{vs_compiled.worst_output}'")
@@ -204,9 +219,7 @@ def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], 
         "timing_attempts": attempt,
         "gradients": {"vs_compiled_step": vs_compiled.to_dict(), "vs_eager_autograd": vs_eager.to_dict(),
                       "vs_interpreter": vs_interpreted.to_dict()},
-        "allocator": {"method": "torch.cuda.max_memory_allocated" if dev.type == "cuda" else "torch.profiler memory events",
-                      "peak_bytes": alloc, "storage_peak_bytes_all_stages": storage_peak,
-                      "over_storage_rel": (alloc / storage_peak - 1) if alloc else None},
+        "memory": memory,
         "unplanned": {"views_that_allocated": sorted(measured.shared.surprises),
                       "regenerated_ops": sorted(set(measured.shared.regenerated))},
         "compiled_vs_interpreted": {"events": len(probe.after), "mismatches": compiled_mismatch},
@@ -221,19 +234,50 @@ def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], 
     return Validation(report, _timeline(stages, measured, probe))
 
 
+def _whole_run_memory(peaks: Peaks | None, model: MemoryModel, stages: list[StagePlan], storage_peak: int,
+                      tol: Tolerances) -> tuple[list[str], dict[str, Any]]:
+    """The whole compiled run's peaks beside the interpreter's storage peak, the one the budget counts under
+    ``model`` against the stages' budgets together (they run in one process; with k > 1 a weaker check than
+    each stage's own), and the reason it fails where it passes them by more than the meter's tolerance."""
+    budget = sum(int(st.schedule["budget_bytes"]) for st in stages)
+    out: dict[str, Any] = {"storage_peak_bytes_all_stages": storage_peak, "budget_bytes": budget}
+    if peaks is None:
+        return [], {**out, "counted": None, "peak_bytes_counted": None, "budget_respected": None}
+    name, counted = peaks.counted(model)
+    slack = tol.meter_slack_bytes(budget)
+    respected = None if counted is None else counted <= budget + slack
+    out.update(peaks.to_dict(), counted=name, peak_bytes_counted=counted, budget_respected=respected,
+               over_budget_rel=None if counted is None else counted / budget - 1, tolerance_bytes=slack,
+               allocator_over_storage_rel=peaks.allocator / storage_peak - 1 if peaks.allocator else None)
+    if respected is False:
+        return [f"the whole run held {counted} B at most ({name}), {counted / budget - 1:+.1%} over the stages' "
+                f"budget {budget} B, beyond the meter's tolerance ({slack} B: {tol.meter_rel:.0%} + "
+                f"{tol.meter_abs_mib:g} MiB): memory the plan does not count (host copies in shared memory, "
+                f"kernel workspaces, allocator rounding)"], out
+    return [], out
+
+
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per stage of a validation document, for the workflow-level summary table."""
+    """One row per stage of a validation document, for the workflow-level summary table: the stage's numbers,
+    its schedule's status (``raised`` where the requested budget was not met), and the whole run's peaks."""
     base = {k: report.get(k) for k in ("model", "device", "k", "budget_fraction")}
+    base["host_memory"] = report.get("memory_model", {}).get("host_memory")
+    memory = report.get("memory", {})
+    whole = {f"run_{k}": memory.get(k) for k in ("peak_bytes_allocator", "peak_bytes_process", "peak_bytes_host_pinned",
+                                                  "peak_bytes_counted", "budget_respected")}
     grads = report.get("gradients", {}).get("vs_compiled_step", {})
     rows = []
     for st in report["stages"] or [{"index": None, "reasons": report["reasons"]}]:
         rows.append({**base, "stage": st.get("index"), "status": report["status"],
                      "stage_status": st.get("status", "failed"),
-                     **{k: st.get(k) for k in ("predicted_peak_bytes", "measured_peak_bytes", "peak_rel_err",
+                     **{k: st.get(k) for k in ("schedule_status", "requested_budget_bytes", "budget_status",
+                                               "predicted_peak_bytes", "measured_peak_bytes", "peak_rel_err",
+                                               "host_peak_bytes", "counted_peak_bytes",
                                                "budget_bytes", "budget_respected", "over_budget_rel",
                                                "predicted_time_s", "measured_time_s", "time_rel_err", "load_factor",
                                                "link_scale", "predicted_time_now_s", "time_rel_err_load_adjusted",
                                                "communication_s")},
+                     **whole,
                      "grad_max_abs_err": grads.get("max_abs_err"), "grad_max_rel_err": grads.get("max_rel_err"),
                      "reasons": " | ".join(st.get("reasons", [])), "unreliable": " | ".join(st.get("unreliable", []))})
     return rows

@@ -23,7 +23,7 @@ from trainplan.io import read_json
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "TRAINPLAN_PLAN_CACHE"  # overrides the default cache directory
-FORMAT = 1  # of a record: a new one never reads an old one
+FORMAT = 2  # of a record: a new one never reads an old one (2: a raised schedule says status "raised")
 
 
 def cache_dir(given: str | os.PathLike[str] | None = None) -> Path:

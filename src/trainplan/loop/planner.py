@@ -19,6 +19,7 @@ from trainplan.execute.plan import parse_plan, plan_stage
 from trainplan.execute.step import PlannedStep, compile_step
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
+from trainplan.host_swap import memory_model
 from trainplan.io import write_json
 from trainplan.loop.cache import batch_signature, graph_digest, new_record, plan_key, qualified_name, read_record
 from trainplan.loop.errors import InfeasibleBudgetError
@@ -45,14 +46,14 @@ class PlanSettings:
     time_limit_s: float
     workers: int
     seed: int
-    swap: bool | None  # None: swaps where the device has its own memory (not on the CPU)
+    swap: bool | None  # None: swaps where the device's host memory is separate (host_swap.memory_model)
     profile_repeats: int
     on_infeasible: str  # one of ON_INFEASIBLE
     cache_dir: Path
     progress: bool
 
     def swaps_on(self, device: torch.device) -> bool:
-        return self.swap if self.swap is not None else device.type != "cpu"
+        return self.swap if self.swap is not None else memory_model(device.type).swaps
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -37,8 +37,8 @@ class PlanReport:
         """The report of a one-stage plan's scheduled ``stage``."""
         sched = stage.schedule
         requested = int(sched.get("requested_budget_bytes", sched["budget_bytes"]))
-        status = ("met" if "requested_budget_bytes" not in sched
-                  else "proven_infeasible" if sched.get("budget_status") == "proven_infeasible" else "raised")
+        status = ("met" if sched["status"] != "raised"  # the schedule's own status (schedule_io.set_budget_status)
+                  else "proven_infeasible" if sched["budget_status"] == "proven_infeasible" else "raised")
         return cls(requested, int(sched["budget_bytes"]), status, int(sched["peak_bytes"]), float(sched["time"]),
                    no_recompute_peak(stage.raw), stage.problem.floor_bytes, float(sched["solve_seconds"]),
                    cache_hit, cache_path, plan_s)

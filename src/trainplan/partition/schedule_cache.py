@@ -24,14 +24,15 @@ class ScheduledStage:
 
 
 class StageScheduler:
-    """Schedules stages of one profiled graph at one budget fraction; identical stages are solved once."""
+    """Schedules stages of one profiled graph at one budget fraction (``swap``: whether ops may be swapped);
+    identical stages are solved once."""
 
     def __init__(self, nodes: pd.DataFrame, tensors: pd.DataFrame, *, bandwidth: float,
-                 budget_fraction: float, solver: SolverSettings) -> None:
+                 budget_fraction: float, solver: SolverSettings, swap: bool = True) -> None:
         if not 0.0 < budget_fraction <= 1.0:
             raise PartitionError(f"budget fraction {budget_fraction} must be in (0, 1]")
         self.nodes, self.tensors = nodes, tensors
-        self.bandwidth, self.fraction, self.solver = bandwidth, budget_fraction, solver
+        self.bandwidth, self.fraction, self.solver, self.swap = bandwidth, budget_fraction, solver, swap
         self._cache: dict[tuple[str, ...], ScheduledStage] = {}
         self.reused = 0
 
@@ -50,7 +51,7 @@ class StageScheduler:
         if key not in self._cache:
             t0 = time.perf_counter()
             problem, sched = schedule_stage(self.nodes, self.tensors, stage_nodes, fraction=self.fraction,
-                                            bandwidth=self.bandwidth, solver=self.solver)
+                                            bandwidth=self.bandwidth, solver=self.solver, swap=self.swap)
             self._cache[key] = ScheduledStage(problem, sched, time.perf_counter() - t0)
             log.info("stage %d: %d nodes, budget %d B, %s time %s s (%.1f s)", index, len(stage_nodes),
                      problem["budget_bytes"], sched.status, sched.time, self._cache[key].seconds)

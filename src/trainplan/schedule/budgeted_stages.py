@@ -29,9 +29,10 @@ class SolverSettings:
 
 
 def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *,
-                           fraction: float, bandwidth: float) -> dict[str, Any]:
-    """The stage's problem dict with ``budget_bytes`` at ``fraction`` of its no-recompute activation peak."""
-    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth)
+                           fraction: float, bandwidth: float, swap: bool = True) -> dict[str, Any]:
+    """The stage's problem dict with ``budget_bytes`` at ``fraction`` of its no-recompute activation peak;
+    ``swap=False``: no op may be swapped (a device whose host memory is shared, ``host_swap.memory_model``)."""
+    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth, swap=swap)
     raw["budget_bytes"] = budget_for(raw, float(fraction))  # a float: a fraction, never bytes
     raw["budget_fraction"] = fraction
     raw["no_recompute_peak_bytes"] = no_recompute_peak(raw)
@@ -44,10 +45,10 @@ def solve_stage(raw: dict[str, Any], solver: SolverSettings, method: str = "ours
 
 
 def schedule_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, fraction: float,
-                   bandwidth: float, solver: SolverSettings) -> tuple[dict[str, Any], Schedule]:
+                   bandwidth: float, solver: SolverSettings, swap: bool = True) -> tuple[dict[str, Any], Schedule]:
     """The one place a stage is scheduled with our method, for the ``schedule`` rule and the balance loop:
-    its budgeted problem and our schedule."""
-    raw = budgeted_stage_problem(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth)
+    its budgeted problem (``swap``: whether ops may be swapped) and our schedule."""
+    raw = budgeted_stage_problem(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth, swap=swap)
     return raw, solve_stage(raw, solver)
 
 
@@ -63,15 +64,18 @@ class StageSchedules:
 
 
 def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[list[str]], *, fraction: float,
-                    bandwidth: float, solver: SolverSettings, progress: bool = True) -> list[StageSchedules]:
-    """Build each stage's problem at ``fraction`` of its no-recompute peak and solve it with every method.
+                    bandwidth: float, solver: SolverSettings, swap: bool = True,
+                    progress: bool = True) -> list[StageSchedules]:
+    """Build each stage's problem at ``fraction`` of its no-recompute peak (``swap``: whether ops may be
+    swapped) and solve it with every method.
 
     Our method bisects to the smallest feasible budget when the requested one is infeasible; the
     baselines are run at the requested budget and report ``infeasible`` where they cannot meet it.
     """
     out: list[StageSchedules] = []
     for index, stage_nodes in enumerate(tqdm(stages, desc="schedule stages", disable=not progress)):
-        raw, ours = schedule_stage(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth, solver=solver)
+        raw, ours = schedule_stage(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth, solver=solver,
+                                   swap=swap)
         methods = {m: solve_stage(raw, solver, m).to_dict() for m in METHODS if m != "ours"}
         methods["ours"] = ours.to_dict()
         out.append(StageSchedules(index, list(stage_nodes), raw, ours, methods))

@@ -32,8 +32,8 @@ class Schedule:
 
     @property
     def ok(self) -> bool:
-        """True when the schedule is valid and within its budget."""
-        return self.status in ("optimal", "feasible")
+        """True when the schedule is valid and within its budget (a raised one: within the raised budget)."""
+        return self.status in ("optimal", "feasible", "raised")
 
     def to_dict(self) -> dict[str, Any]:
         head = {k: getattr(self, k) for k in HEAD_KEYS if k != "events"}
@@ -68,10 +68,13 @@ NO_SCHEDULE_STATUSES = ("infeasible", "unknown", "not_built")
 def set_budget_status(schedule: Schedule, status: str, proof: str | None = None) -> Schedule:
     """Record what is known about the requested budget: ``met`` (this schedule meets it),
     ``proven_infeasible`` (no schedule can; ``proof`` names the argument) or ``not_found`` (none was found
-    within the time limit, and none is proven impossible)."""
+    within the time limit, and none is proven impossible). The one place a schedule's status says ``raised``:
+    a valid schedule within a budget raised above ``requested_budget_bytes`` (the least one found)."""
     if status not in BUDGET_STATUSES or (proof is not None) != (status == "proven_infeasible"):
         raise ValueError(f"budget status {status!r} with proof {proof!r}")
     schedule.extra.update(budget_status=status, infeasibility_proof=proof)
+    if schedule.ok and schedule.budget_bytes > schedule.extra.get("requested_budget_bytes", schedule.budget_bytes):
+        schedule.status = "raised"
     return schedule
 
 
