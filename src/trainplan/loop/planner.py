@@ -28,7 +28,7 @@ from trainplan.loop.report import PlanReport
 from trainplan.models import BuiltModel
 from trainplan.profile.link import host_link_bytes_per_s
 from trainplan.profile.op_times import profile_nodes
-from trainplan.schedule.solve import BISECT_TOLERANCE
+from trainplan.schedule.settings import DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def _infeasible(report: PlanReport, settings: PlanSettings) -> InfeasibleBudgetE
                   "limit may meet it)")
     return InfeasibleBudgetError(
         f"budget {asked} ({format_bytes(requested)}) is met by no schedule of this step: {known}. The least budget "
-        f"reached is {format_bytes(least)} ({least} B; found by bisection to {BISECT_TOLERANCE:.1%}, not proven "
+        f"reached is {format_bytes(least)} ({least} B; found by bisection to {DEFAULTS.bisect_tolerance:.1%}, not proven "
         f"least: the proven floor is {report.floor_bytes} B). Pass on_infeasible='raise_budget' to train at it")
 
 
