@@ -32,9 +32,12 @@ pytestmark = pytest.mark.workflow
 
 def snakemake(workdir: Path, *args: str, config: str | Path = TINY,
               snakefile: Path = REPO / "Snakefile") -> subprocess.CompletedProcess[str]:
+    """The workflow of ``snakefile`` with the trainplan of its own checkout (an unpacked archive's: what
+    ``pip install -e .`` there gives; the workflow refuses another checkout's package)."""
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
            "--configfile", str(workdir / config), "--cores", "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, check=False)
+    env = {**os.environ, "PYTHONPATH": str(snakefile.parent / "src")}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, check=False, env=env)
 
 
 @pytest.fixture(scope="module")
