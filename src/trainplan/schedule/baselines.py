@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 
-from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
+from trainplan.schedule.heuristic import POLICIES, Limits, Simulator, greedy
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
@@ -65,7 +65,7 @@ def sqrt_checkpoint_events(problem: Problem, stop_at: float | None = None) -> li
             if u not in checkpoint and nu is not None and nu // seg > i // seg and rebuildable(u, nu):
                 sim.free(u)
 
-    return Simulator(problem, None, allow_swap=False, stop_at=stop_at).run(after_step=drop_interior)
+    return Simulator(problem, None, allow_swap=False, limits=Limits(stop_at)).run(after_step=drop_interior)
 
 
 def sqrt_checkpoint(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
@@ -89,7 +89,7 @@ def swap_only(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
     budget = problem.budget_bytes
     best, best_time = None, math.inf
     for policy in POLICIES:
-        events = greedy(problem, budget, allow_recompute=False, policy=policy, stop_at=deadline)
+        events = greedy(problem, budget, allow_recompute=False, policy=policy, limits=Limits(deadline))
         if events is not None and (t := replay(problem, events).time) < best_time:
             best, best_time = events, t
     extra = {}
@@ -98,7 +98,7 @@ def swap_only(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
         hi = replay(problem, best).peak_bytes
         while hi - lo > max(1, int(0.005 * hi)) and time.perf_counter() < deadline:
             mid = (lo + hi) // 2
-            events = greedy(problem, mid, allow_recompute=False, stop_at=deadline)
+            events = greedy(problem, mid, allow_recompute=False, limits=Limits(deadline))
             if events is None:
                 lo = mid
             else:
