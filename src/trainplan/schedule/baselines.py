@@ -25,8 +25,7 @@ def no_recompute(problem: Problem) -> Schedule:
     """Baseline 1: no recompute, no swap. Infeasible when its peak exceeds the budget."""
     start = time.perf_counter()
     events = no_recompute_events(problem)
-    return from_events(problem, events, budget_bytes=problem.budget_bytes, method="no_recompute",
-                       solve_seconds=time.perf_counter() - start)
+    return from_events(problem, events, method="no_recompute", solve_seconds=time.perf_counter() - start)
 
 
 def sqrt_checkpoint_events(problem: Problem, stop_at: float | None = None) -> list[tuple[str, str]] | None:
@@ -76,8 +75,7 @@ def sqrt_checkpoint(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
     if events is None:
         return no_schedule(problem.budget_bytes, "sqrt_checkpoint", time.perf_counter() - start,
                            "time limit passed before the schedule was complete", status="unknown")
-    return from_events(problem, events, budget_bytes=problem.budget_bytes, method="sqrt_checkpoint",
-                       solve_seconds=time.perf_counter() - start)
+    return from_events(problem, events, method="sqrt_checkpoint", solve_seconds=time.perf_counter() - start)
 
 
 def swap_only(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
@@ -104,5 +102,4 @@ def swap_only(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
             else:
                 best, hi = events, replay(problem, events).peak_bytes
         extra["note"] = f"greedy swap-only eviction cannot meet the budget; the least budget it met: {hi} B"
-    return from_events(problem, best, budget_bytes=budget, method="swap_only",
-                       solve_seconds=time.perf_counter() - start, extra=extra)
+    return from_events(problem, best, method="swap_only", solve_seconds=time.perf_counter() - start, extra=extra)

@@ -203,5 +203,4 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return no_schedule(budget, "checkmate", wall, "time limit without a solution", extra, status="unknown")
     extra["milp_bound_recompute_only"] = solver.BestObjectiveBound() * tu
-    return from_events(p, _decode(p, solver, R, S), budget_bytes=budget, method="checkmate", solve_seconds=wall,
-                       optimal=False, extra=extra)
+    return from_events(p, _decode(p, solver, R, S), method="checkmate", solve_seconds=wall, extra=extra)

@@ -16,7 +16,7 @@ from trainplan.schedule.fast import cp_hint
 from trainplan.schedule.heuristic import Events, guided
 from trainplan.schedule.mip import CpSatRun, MipResult, ModelSpec, SearchStop, objective_ticks, solve_mip
 from trainplan.schedule.replay import ScheduleError, replay
-from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
+from trainplan.schedule.schedule_io import Optimality, Schedule, from_events, no_schedule, set_budget_status
 from trainplan.schedule.staged_bound import solve_staged, staged_variables
 from trainplan.schedule.staged_events import staged_events
 
@@ -315,11 +315,11 @@ def answer(ctx: Context) -> Schedule:
         if res.status == "OPTIMAL" and not at_bound:
             extra["optimal_within"] = (f"the CP-SAT model: {res.stats.get('copies')} copies per op, "
                                        f"{res.stats.get('slots')} remat slots per block")
-        sched = from_events(ctx.problem, mip_events, budget_bytes=ctx.budget, method="ours", solve_seconds=elapsed,
-                            bound=bound.seconds, optimal=at_bound, extra=extra)
+        sched = from_events(ctx.problem, mip_events, method="ours", solve_seconds=elapsed,
+                            optimality=Optimality(bound.seconds, at_bound), extra=extra)
     elif inc.events is not None:
-        sched = from_events(ctx.problem, inc.events, budget_bytes=ctx.budget, method="ours", solve_seconds=elapsed,
-                            bound=bound.seconds, optimal=proven, extra=extra)
+        sched = from_events(ctx.problem, inc.events, method="ours", solve_seconds=elapsed,
+                            optimality=Optimality(bound.seconds, proven), extra=extra)
     else:
         note = ("no schedule found: the CP-SAT model (at most C copies per op, K remat slots per block) is "
                 "infeasible; not a proof for the unrestricted problem" if res.status == "INFEASIBLE"
