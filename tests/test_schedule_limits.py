@@ -9,7 +9,7 @@ import pytest
 from ortools.sat.python import cp_model
 
 from trainplan.schedule import deadline as dl
-from trainplan.schedule import bounds, mip, replay, solve, staged_bound
+from trainplan.schedule import SolveOptions, bounds, mip, replay, solve, staged_bound
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.chain import adjoint_chain
 from trainplan.schedule.heuristic import POLICIES, Limits, Simulator, greedy
@@ -121,7 +121,7 @@ def test_the_bisection_does_not_depend_on_wall_time(monkeypatch):
             return real_probe(ctx)
 
         monkeypatch.setattr(fast, "least_memory_chain", slow_probe)
-        s = solve(p, time_limit_s=4.0, workers=1, seed=0, settings=halved)
+        s = solve(p, time_limit_s=4.0, workers=1, seed=0, options=SolveOptions(settings=halved))
         assert s.extra["budget_status"] == "not_found" and s.budget_bytes > p.budget_bytes
         runs.append((probed, s.budget_bytes, s.extra["bisection_work_seconds"]))
     assert len(runs[0][0]) >= 1  # a probe (after the raised plan, which takes its work)
@@ -311,7 +311,7 @@ def test_deterministic_shares_do_not_depend_on_wall_time(monkeypatch, workers):
         monkeypatch.setattr(improve, "guided", guided)
         main_limits.clear()
         beside_limits.clear()
-        s = solve(p, time_limit_s=6, workers=workers, seed=0, bisect=False, deterministic=True)
+        s = solve(p, time_limit_s=6, workers=workers, seed=0, options=SolveOptions(bisect=False, deterministic=True))
         runs.append((list(main_limits), list(beside_limits), s.bound, s.events, s.extra["mip"].get("stopped")))
     assert len(runs[0][0]) + len(runs[0][1]) >= 4
     assert runs[0][0] == runs[1][0]  # every step of the calling thread

@@ -4,7 +4,7 @@ import pytest
 
 from schedule_exact import exact_min_time
 from test_schedule_exact import instance
-from trainplan.schedule import replay, solve
+from trainplan.schedule import SolveOptions, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.bounds import relaxation_bound
 from trainplan.schedule.mip import CpSatRun, ModelSpec, solve_mip
@@ -55,7 +55,7 @@ def test_100_op_graph_is_proven_optimal_by_the_restricted_model(seed, fraction):
     """The restricted model meets the relaxation bound, so the schedule is optimal among all schedules
     (CP-SAT's full model is skipped)."""
     p = at(training_graph(100, seed), fraction)
-    s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False)
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False))
     assert s.status == "optimal" and s.extra["heuristic"] == "relaxation-restricted-mip"
     assert s.extra["restricted_mip"]["at_bound"] and s.extra["mip"]["status"] == "SKIPPED"
     assert "optimal_within" not in s.extra

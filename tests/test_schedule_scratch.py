@@ -22,7 +22,7 @@ from trainplan.schedule import bisection, fast
 from trainplan.schedule.context import FastOptions
 from trainplan.schedule.portfolio import best_heuristic
 from trainplan.schedule.settings import DEFAULTS
-from trainplan.schedule.solve import solve
+from trainplan.schedule.solve import SolveOptions, solve
 from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
 
 from test_schedule_deadline import independent_replay
@@ -184,7 +184,7 @@ def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypat
 
         monkeypatch.setattr(fast, "scratch_events", slow)
         monkeypatch.setattr(bisection, "min_feasible_budget", bisect)
-        s = solve(prob, 6.0, settings=settings)
+        s = solve(prob, 6.0, options=SolveOptions(settings=settings))
         assert s.extra["budget_status"] == "not_found" and s.ok
         before = calls[:calls.index("bisection ends")]
         assert len(before) >= 2 and any(events is not None for _, events in before)

@@ -5,7 +5,7 @@ import pytest
 
 from schedule_exact import exact_min_time
 from test_schedule_exact import instance
-from trainplan.schedule import replay, solve, staged_bound
+from trainplan.schedule import SolveOptions, replay, solve, staged_bound
 from trainplan.schedule.bounds import relaxation_bound
 from trainplan.schedule.mip import CpSatRun, objective_ticks
 from trainplan.schedule.replay import ScheduleError
@@ -65,7 +65,7 @@ def test_staged_bound_counts_memory_inside_a_stage():
     exact, staged = check_below_exact(p)
     assert staged.status == "OPTIMAL" and staged.seconds == pytest.approx(exact, rel=1e-6)
     assert staged.seconds > 1.05 * relaxation_bound(p, p.budget_bytes, RELAXATION).seconds
-    s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False, deterministic=True)
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False, deterministic=True))
     assert s.status == "optimal" and "optimal_within" not in s.extra
     assert s.time == pytest.approx(exact, rel=1e-6) and s.gap < 1e-6
 
@@ -96,7 +96,7 @@ def test_staged_schedule_leads_to_the_optimum():
     the answer is proven optimal."""
     p = training_graph(40, 1)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False, deterministic=True)
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False, deterministic=True))
     assert s.status == "optimal" and "optimal_within" not in s.extra and s.gap < 1e-6
     assert s.extra["heuristic"] == "staged-model"
     assert s.time <= s.extra["staged_bound"]["schedule_time"] == s.extra["heuristic_time"]
@@ -112,7 +112,8 @@ def test_staged_model_beside_cp_sat_proves_and_stops_it():
     gives the same events."""
     p = training_graph(60, 2)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    runs = [solve(p, time_limit_s=10, workers=2, seed=0, bisect=False, deterministic=True) for _ in range(2)]
+    options = SolveOptions(bisect=False, deterministic=True)
+    runs = [solve(p, time_limit_s=10, workers=2, seed=0, options=options) for _ in range(2)]
     s = runs[0]
     assert s.status == "optimal" and s.gap < 1e-6 and s.extra["heuristic"] == "staged-model"
     assert s.extra["staged_bound"]["status"] == "OPTIMAL" and s.extra["mip"]["stopped"]
@@ -126,7 +127,7 @@ def test_30_op_graph_at_tight_budget_is_proven_optimal():
     (the gap relaxation is 4 points lower)."""
     p = training_graph(30, 0)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False)
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False))
     assert s.status == "optimal" and "optimal_within" not in s.extra
     assert s.extra["staged_bound"]["status"] == "OPTIMAL"
     assert s.bound == s.extra["staged_bound"]["bound"] > 1.03 * s.extra["relaxation"]["bound"]
