@@ -1,7 +1,7 @@
 """Golden set of the scheduler: solve a fixed set of problems and record each answer, to check that a change of
 the solver's structure leaves every answer as it was (a refactor), or to see which answers a change moves.
 
-The cases exercise every strategy of the portfolio (``python -m trainplan.schedule --explain``): layered DAGs
+The cases exercise every strategy of the portfolio (``trainplan schedule PROBLEM.json --explain``): layered DAGs
 (``synthetic.layered_graph``) at fractions of the plain peak and at 1.1x the memory floor, with and without swap;
 training graphs (the staged bound beside CP-SAT with 2 workers, before it with 1); adjoint chains (the chain DP);
 budgets below the floor and proven or not found infeasible (the bisection, the raised plan); the baselines;
