@@ -33,6 +33,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from trainplan.execute.layout import GraphLayout, Slot, StageLayout
 from trainplan.execute.pool import clone_storage
 from trainplan.execute.runner import ExecutionError, execution_order
+from trainplan.execute.state import rerun
 from trainplan.host_swap import HostCopy, from_host, to_host
 
 #: (dtype, storage offset, size, stride) of a slot's tensor, from the trace
@@ -234,8 +235,9 @@ class _Compiler:
             raise ExecutionError(f"{self.where}: node '{node.name}' reads a value that is not resident")
         return st.env[(node.name, -1)]
 
-    def _emit(self, st: _Stage, node: torch.fx.Node, op_id: str, op_storages: tuple[int, ...]) -> None:
-        """One fx node of a compute: a getitem takes the kernel output already made; any other node runs."""
+    def _emit(self, st: _Stage, node: torch.fx.Node, op_id: str, op_storages: tuple[int, ...], again: bool) -> None:
+        """One fx node of a compute: a getitem takes the kernel output already made; any other node runs
+        (``again``, in a recompute: leaving the step's fixed state as it is)."""
         slots = self.layout.slots.get(node.name)
         base = node.args[0] if node.target is operator.getitem else None
         if isinstance(base, torch.fx.Node) and isinstance(base.meta.get("val"), (tuple, list)):
@@ -244,10 +246,17 @@ class _Compiler:
                 return
             source = (base.name, int(node.args[1]))
             if source not in st.env:  # an extra output whose kernel ran while it was held: run it again
-                self._emit(st, self.layout.nodes[base.name], op_id, op_storages)
+                self._emit(st, self.layout.nodes[base.name], op_id, op_storages, again=True)
             self._hold(st, (node.name, -1), st.env[source])
             return
         args, kwargs = map_arg((node.args, node.kwargs), lambda a: self._value(st, a))
+        how = rerun(node, self.layout) if again else None
+        if how is not None and how.skip:  # an in-place update of fixed state: its result is that state
+            if slots:
+                self._hold(st, (node.name, -1), args[0])
+            return
+        if how is not None:
+            args = tuple(self._call(torch.clone, a) if i in how.copies else a for i, a in enumerate(args))
         out = self.graph.call_function(node.target, args, kwargs)
         out.meta = dict(node.meta)
         if not slots:
@@ -275,8 +284,9 @@ class _Compiler:
                 for slot in self.slots_on[sid]:
                     if slot[0] not in own:
                         self._hold(st, slot, self._call(view, storage, *slot_meta(self.layout.nodes[slot[0]], slot[1])))
+        again = op_id in st.computed
         for node in op.nodes:
-            self._emit(st, node, op_id, op.storages)
+            self._emit(st, node, op_id, op.storages, again)
         if op.internal:  # a fused group's storages that never leave it: dropped at the end of its compute
             slots = self._on(st, set(op.internal))
             self._call(free, *dict.fromkeys(st.env.pop(s) for s in slots))

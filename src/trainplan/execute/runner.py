@@ -18,6 +18,7 @@ from torch.fx.node import map_arg
 
 from trainplan.execute.layout import GraphLayout, OpSpec, Slot, StageLayout
 from trainplan.execute.pool import DevicePool, clone_storage
+from trainplan.execute.state import rerun
 from trainplan.host_swap import HostPool
 
 #: (dtype, storage offset, size, stride) of a slot, recorded when its node runs
@@ -123,14 +124,15 @@ class StageRunner:
         for sid in op.storages:
             if sid in self.pool.pending:
                 self.pool.put(sid, self.pool.pending[sid][0])
+        again = op.id in self.computed
         for node in op.nodes:
-            self._run_node(node, op)
+            self._run_node(node, op, again)
         for sid in op.internal:  # a fused group's storages that never leave it
             self.pool.drop_pending(sid)
         for sid in op.storages:
             if sid not in self.pool.resident:  # an extra output whose kernel ran while it was held: run it again
                 self.shared.regenerated.append(op.id)
-                self._run_node(self.layout.nodes[self.layout.producer[sid]], op)
+                self._run_node(self.layout.nodes[self.layout.producer[sid]], op, again=True)
         for sid in self.stage.sends.get(op.id, ()):
             self.shared.channel.setdefault(sid, self.pool.resident[sid])
         self.computed.add(op.id)
@@ -150,8 +152,14 @@ class StageRunner:
             self.pool.put(sid, self.host.load(sid))
 
     # --- values -------------------------------------------------------------------------------
-    def _run_node(self, node: torch.fx.Node, op: OpSpec) -> None:
+    def _run_node(self, node: torch.fx.Node, op: OpSpec, again: bool) -> None:
+        """Run ``node`` on real tensors; ``again`` (a recompute) leaves the step's fixed state as it is."""
+        how = rerun(node, self.layout) if again else None
+        if how is not None and how.skip:  # its result is the fixed storage, read where it lies
+            return
         args, kwargs = map_arg((node.args, node.kwargs), self.value)
+        if how is not None:
+            args = tuple(a.clone() if i in how.copies else a for i, a in enumerate(args))
         out = cast(Callable[..., Any], node.target)(*args, **kwargs)
         del args, kwargs
         slots = self.layout.slots.get(node.name)
