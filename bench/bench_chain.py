@@ -19,7 +19,7 @@ import math
 import sys
 import time
 
-from trainplan.schedule import solve
+from trainplan.schedule import SolveOptions, solve
 from trainplan.schedule.chain import adjoint_chain, chain_min_steps, heterogeneous_chain, revolve_min_steps
 
 METHODS = ("ours", "sqrt_checkpoint", "checkmate")
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{optimum:.0f}", str(revolve_min_steps(length, slots - 2))]
             for method in args.methods:
                 t0 = time.perf_counter()
-                sched = solve(problem, args.time_limit, args.workers, args.seed, method=method, bisect=False,
-                              deterministic=args.deterministic)
+                sched = solve(problem, args.time_limit, args.workers, args.seed, method=method,
+                              options=SolveOptions(bisect=False, deterministic=args.deterministic))
                 print("| " + " | ".join(head + cells(method, sched, optimum)) + " |", flush=True)
                 print(f"<!-- l={length} slots={slots} {method}: {time.perf_counter() - t0:.1f} s -->",
                       file=sys.stderr)
@@ -92,8 +92,9 @@ def heterogeneous(args: argparse.Namespace) -> int:
         chain = heterogeneous_chain(length, args.heterogeneous + length)
         for floor in args.floors:
             problem = chain.with_budget(int(floor * chain.floor_bytes))
-            scheds = {m: solve(problem, args.time_limit, args.workers, args.seed, method=m, bisect=False,
-                               deterministic=args.deterministic) for m in args.methods}
+            scheds = {m: solve(problem, args.time_limit, args.workers, args.seed, method=m,
+                               options=SolveOptions(bisect=False, deterministic=args.deterministic))
+                      for m in args.methods}
             best = min((s.time for s in scheds.values() if s.ok), default=math.nan)
             for method, sched in scheds.items():
                 row = [str(length), str(problem.n), f"{floor:g}"] + cells(method, sched, best, digits=3)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from host_load import load_label
 from trainplan.io import atomic_path
-from trainplan.schedule import replay, solve
+from trainplan.schedule import SolveOptions, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.checkmate import checkmate, model_size
 from trainplan.schedule.checkmate_lp import checkmate_lp, lp_variables
@@ -57,7 +57,7 @@ def main() -> None:
             p = g.with_budget(g.fixed_bytes + int(frac * (peak - g.fixed_bytes)))
             runs = {"checkmate": lambda: checkmate(p, time_limit_s=args.time_limit, seed=args.seed),
                     "checkmate LP rounding": lambda: checkmate_lp(p, time_limit_s=args.time_limit, seed=args.seed),
-                    "ours": lambda: solve(p, args.time_limit, 2, args.seed, bisect=False)}
+                    "ours": lambda: solve(p, args.time_limit, 2, args.seed, options=SolveOptions(bisect=False))}
             for name, run in runs.items():
                 t0 = time.perf_counter()
                 s = run()

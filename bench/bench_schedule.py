@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainplan.io import read_json
-from trainplan.schedule import METHODS, compare, load_problem, replay, solve
+from trainplan.schedule import METHODS, SolveOptions, compare, load_problem, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.synthetic import training_graph
@@ -86,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * 11)
     for label, problem in cases(args):
         t0 = time.perf_counter()
-        results = compare(problem, args.time_limit, args.workers, args.seed, deterministic=args.deterministic)
+        results = compare(problem, args.time_limit, args.workers, args.seed,
+                          SolveOptions(bisect=False, deterministic=args.deterministic))
         if RC_ONLY in args.methods:
             rc_only = Problem(tuple(replace(op, swap=False) for op in problem.ops), problem.budget_bytes,
                               problem.bandwidth, problem.fixed_bytes, problem.keep)
-            results[RC_ONLY] = solve(rc_only, args.time_limit, args.workers, args.seed, bisect=False,
-                                     deterministic=args.deterministic)
+            results[RC_ONLY] = solve(rc_only, args.time_limit, args.workers, args.seed,
+                                     options=SolveOptions(bisect=False, deterministic=args.deterministic))
         for name in args.methods:
             print(row(label, problem, name, results[name]), flush=True)
         print(f"<!-- {label}: {time.perf_counter() - t0:.1f} s -->", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Golden set of the scheduler: solve a fixed set of problems and record each answer, to check that a change of
 the solver's structure leaves every answer as it was (a refactor), or to see which answers a change moves.
 
-The cases exercise every strategy of the portfolio (``python -m trainplan.schedule --explain``): layered DAGs
+The cases exercise every strategy of the portfolio (``trainplan schedule PROBLEM.json --explain``): layered DAGs
 (``synthetic.layered_graph``) at fractions of the plain peak and at 1.1x the memory floor, with and without swap;
 training graphs (the staged bound beside CP-SAT with 2 workers, before it with 1); adjoint chains (the chain DP);
 budgets below the floor and proven or not found infeasible (the bisection, the raised plan); the baselines;
@@ -68,8 +68,9 @@ class Case:
     name: str
     problem: Callable[[], Problem]
     time_limit_s: float
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # solve's workers, seed, method
     compare: bool = False  # compare() instead of solve(): one record per method
+    options: dict[str, Any] = field(default_factory=dict)  # solve's SolveOptions
 
 
 def _cases() -> list[Case]:
@@ -94,7 +95,7 @@ def _cases() -> list[Case]:
         cases.append(Case(f"floor{n}-s{seed}-{'swap' if swap else 'rc'}-1.1",
                           lambda n=n, s=seed, w=swap: at_floor(layered_graph(n, s, swap=w), 1.1), 10))
     cases.append(Case("floor250-s0-rc-1.1-nobisect", lambda: at_floor(layered_graph(250, 0), 1.1), 10,
-                      {"bisect": False}))
+                      options={"bisect": False}))
     # below the floor: straight to the bisection
     cases.append(Case("layered100-s0-rc-below-floor",
                       lambda: layered_graph(100, 0).with_budget(layered_graph(100, 0).floor_bytes - 1), 10))
@@ -143,9 +144,9 @@ def record(s: Any, wall: float) -> dict[str, Any]:
 
 def import_solver() -> None:
     """Import the solver, after :func:`slow_clock` (dataclass defaults bind ``time.perf_counter`` at import)."""
-    global compare, replay, solve, no_recompute_events, adjoint_chain, heterogeneous_chain
+    global SolveOptions, compare, replay, solve, no_recompute_events, adjoint_chain, heterogeneous_chain
     global layered_graph, random_dag, training_graph
-    from trainplan.schedule import compare, replay, solve
+    from trainplan.schedule import SolveOptions, compare, replay, solve
     from trainplan.schedule.baselines import no_recompute_events
     from trainplan.schedule.chain import adjoint_chain, heterogeneous_chain
     from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
@@ -187,7 +188,7 @@ def run(out: Path, pattern: str | None, slowdown: float) -> None:
             results[case.name] = {"methods": sorted(by_method)}
         else:
             kwargs = {"workers": 2, "seed": 0, **case.kwargs}
-            s = solve(p, case.time_limit_s, **kwargs)
+            s = solve(p, case.time_limit_s, **kwargs, options=SolveOptions(**case.options))
             results[case.name] = record(s, time.perf_counter() - t0)
         r = results.get(case.name) if not case.compare else results[f"{case.name}:ours"]
         print(f"{case.name}: {r['status']} time={r['time']} budget={r['budget_bytes']} "
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "list":
         for case in CASES:
-            print(case.name, case.time_limit_s, case.kwargs)
+            print(case.name, case.time_limit_s, case.kwargs, case.options)
         return 0
     if args.cmd == "run":
         run(args.out, args.only, args.slowdown)

@@ -16,7 +16,7 @@ from tests.test_execute import LOOSE_TIME, mlp, plan_for, swap_and_recompute, ti
 from trainplan.execute import ValidateSettings, parse_plan, validate_plan
 from trainplan.execute.measure import measure_peaks, peak_during, process_meter_available, process_peak_during
 from trainplan.host_swap import memory_model, to_host
-from trainplan.schedule.budgeted_stages import budgeted_stage_problem
+from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
 from trainplan.timing import return_freed_memory
 
 MIB = 2**20
@@ -94,8 +94,8 @@ def test_a_cpu_device_plans_no_swap_and_a_separate_one_may(mlp):  # noqa: F811
     _, _, _, tables = mlp
     for device_type, host_memory, swaps in (("cpu", None, False), ("cpu", "separate", True), ("cuda", None, True)):
         model = memory_model(device_type, host_memory)
-        raw = budgeted_stage_problem(timed(tables.nodes), tables.tensors, tables.nodes.name.tolist(), fraction=0.5,
-                                     bandwidth=1e9, swap=model.swaps)
+        raw = budgeted_stage_problem(timed(tables.nodes), tables.tensors, tables.nodes.name.tolist(),
+                                     StageBudget(0.5, 1e9, model.swaps))
         assert model.swaps == swaps and any(op["swap"] for op in raw["ops"]) == swaps
     assert memory_model("cpu").to_dict()["note"].startswith("a CPU standing in for an accelerator")
     with pytest.raises(ValueError, match="host_memory"):

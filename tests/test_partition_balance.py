@@ -152,12 +152,12 @@ def rule_schedules(small, tmp_path_factory):
     """The schedule rule's path: every stage of the first partition solved by every method, written to
     schedules.json as the rule writes it."""
     from trainplan.io import write_json
-    from trainplan.schedule.budgeted_stages import schedule_stages, stage_schedules_dict
+    from trainplan.schedule.budgeted_stages import StageBudget, schedule_stages, stage_schedules_dict
 
     nodes, tensors, g, t = small
     part = partition_graph(g, t, 2, tolerance=0.0)
     stage_nodes = [s.nodes for s in stage_stats(g, part.cuts)]
-    solved = schedule_stages(nodes, tensors, stage_nodes, fraction=0.5, bandwidth=1e6, solver=STEADY, progress=False)
+    solved = schedule_stages(nodes, tensors, stage_nodes, budget=StageBudget(0.5, 1e6), solver=STEADY, progress=False)
     path = tmp_path_factory.mktemp("schedule") / "schedules.json"
     write_json(path, stage_schedules_dict({"model": "small", "k": 2, "budget_fraction": 0.5}, solved))
     return part, stage_nodes, solved, path

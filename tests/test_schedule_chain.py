@@ -5,7 +5,7 @@ import math
 import pytest
 
 from schedule_exact import exact_min_time
-from trainplan.schedule import solve
+from trainplan.schedule import SolveOptions, solve
 from trainplan.schedule.chain import adjoint_chain, chain_min_steps, revolve_min_steps
 
 
@@ -47,7 +47,7 @@ def test_published_optimum_brackets_ours():
 @pytest.mark.parametrize("length,slots", [(4, 3), (6, 3), (8, 4), (8, 5), (12, 6)])
 def test_solver_finds_the_chain_optimum(length, slots):
     p = adjoint_chain(length, slots=slots)
-    sched = solve(p, time_limit_s=5, workers=1, seed=0, bisect=False)
+    sched = solve(p, time_limit_s=5, workers=1, seed=0, options=SolveOptions(bisect=False))
     assert sched.status == "optimal"
     assert sched.time == chain_min_steps(length, slots)
 
@@ -56,7 +56,7 @@ def test_solver_finds_the_chain_optimum(length, slots):
 def test_solver_on_longer_chains_respects_the_optimum(length, slots):
     """Neither the schedule nor the reported lower bound may cross the exact optimum."""
     p = adjoint_chain(length, slots=slots)
-    sched = solve(p, time_limit_s=2, workers=1, seed=0, bisect=False)
+    sched = solve(p, time_limit_s=2, workers=1, seed=0, options=SolveOptions(bisect=False))
     optimum = chain_min_steps(length, slots)
     assert sched.ok and sched.time >= optimum
     assert sched.bound <= optimum

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from schedule_exact import exact_min_time
-from trainplan.schedule import replay, solve
+from trainplan.schedule import SolveOptions, replay, solve
 from trainplan.schedule.chain import adjoint_chain, chain_min_steps, heterogeneous_chain
 from trainplan.schedule.chain_dp import chain_dp_events, chain_length
 from trainplan.schedule.problem import Op, Problem
@@ -75,7 +75,7 @@ def test_coarse_units_stay_within_the_budget():
 
 def test_solve_returns_the_chain_optimum():
     p = adjoint_chain(100, slots=4)
-    sched = solve(p, 2.0, workers=1, bisect=False)
+    sched = solve(p, 2.0, workers=1, options=SolveOptions(bisect=False))
     assert sched.time == chain_min_steps(100, 4) == 615
     assert sched.extra["heuristic"] == "chain-dp"
 

@@ -15,7 +15,7 @@ from trainplan.schedule.checkmate_lp import build_lp
 from trainplan.schedule.heuristic import greedy
 from trainplan.schedule.problem import load_problem, save_problem
 from trainplan.schedule.replay import replay
-from trainplan.schedule.solve import solve
+from trainplan.schedule.solve import SolveOptions, solve
 from trainplan.schedule.synthetic import layered_graph
 
 
@@ -94,7 +94,7 @@ def test_budget_below_the_floor_is_proven_infeasible():
     budget = p.floor_bytes - 1
     ws = max(p.working_sets)
     op = p.ops[p.working_sets.index(ws)].id
-    alone = solve(p.with_budget(budget), time_limit_s=2.0, bisect=False)
+    alone = solve(p.with_budget(budget), time_limit_s=2.0, options=SolveOptions(bisect=False))
     assert not alone.ok and alone.extra["budget_status"] == "proven_infeasible"
     assert f"'{op}'" in alone.extra["infeasibility_proof"] and str(ws) in alone.extra["infeasibility_proof"]
     raised = solve(p.with_budget(budget), time_limit_s=2.0)
@@ -109,7 +109,7 @@ def test_budget_not_met_in_time_is_not_found():
     p = layered_graph(2000, 5)
     budget = int(0.6 * replay(p, no_recompute_events(p)).peak_bytes)
     assert budget >= p.floor_bytes
-    s = solve(p.with_budget(budget), time_limit_s=0.3, bisect=False)
+    s = solve(p.with_budget(budget), time_limit_s=0.3, options=SolveOptions(bisect=False))
     assert not s.ok and s.extra["budget_status"] == "not_found" and s.extra["infeasibility_proof"] is None
     raised = solve(p.with_budget(budget), time_limit_s=0.3)
     assert raised.extra["budget_status"] == "not_found" and raised.extra["requested_budget_bytes"] == budget

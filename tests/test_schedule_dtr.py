@@ -4,7 +4,7 @@ import pytest
 
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule import problem_from_dict
-from trainplan.schedule.dtr import chain_peak, dtr_plan, plain_memory
+from trainplan.schedule.dtr import DtrOptions, chain_peak, dtr_plan, plain_memory
 from trainplan.schedule.heuristic import POLICIES, greedy
 from trainplan.schedule.replay import replay
 from trainplan.schedule.synthetic import layered_graph
@@ -20,7 +20,7 @@ def test_plain_memory_matches_the_no_recompute_replay():
 def test_plan_fits_and_beats_the_greedy(seed, swap, frac):
     p = layered_graph(250, seed, swap=swap)
     budget = int(frac * replay(p, no_recompute_events(p)).peak_bytes)
-    events = dtr_plan(p, budget, allow_swap=swap, restarts=2)
+    events = dtr_plan(p, budget, DtrOptions(allow_swap=swap, restarts=2))
     assert events is not None
     rep = replay(p, events, budget)  # raises if invalid or over the budget
     assert rep.peak_bytes <= budget and rep.time >= p.compute_time
@@ -34,7 +34,7 @@ def test_plan_fits_and_beats_the_greedy(seed, swap, frac):
 def test_restarts_are_reproducible():
     p = layered_graph(200, 2)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
-    assert dtr_plan(p, budget, restarts=3, seed=7) == dtr_plan(p, budget, restarts=3, seed=7)
+    assert dtr_plan(p, budget, DtrOptions(restarts=3, seed=7)) == dtr_plan(p, budget, DtrOptions(restarts=3, seed=7))
 
 
 def test_a_recompute_chain_frees_each_ancestor_after_its_last_reader():
@@ -54,7 +54,7 @@ def test_a_large_recompute_only_graph_at_80_percent_gets_a_plan():
     plan; freeing each after its last reader leaves room for one."""
     p = layered_graph(1000, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
-    events = dtr_plan(p, budget, allow_swap=False)
+    events = dtr_plan(p, budget, DtrOptions(allow_swap=False))
     assert events is not None and replay(p, events, budget).peak_bytes <= budget
 
 
@@ -64,11 +64,12 @@ def test_short_chains_failing_the_plan_is_made_with_chains_of_any_length(monkeyp
     import trainplan.schedule.dtr as dtr
     p = layered_graph(250, 1)
     budget = int(0.8 * replay(p, no_recompute_events(p)).peak_bytes)
-    unbounded = dtr._plan(p, budget, False, dtr.dl.NEVER, None, p.n, early=False, hold=True).events()
+    unbounded = dtr._plan(p, budget, dtr._Rules(False, p.n, early=False, hold=True), dtr.Effort(dtr.dl.NEVER)).events()
     monkeypatch.setattr(dtr, "MAX_CHAIN", 8)
     assert _kind_best(p, budget, 8) is None
-    assert max(len(c) for c in dtr._plan(p, budget, False, dtr.dl.NEVER, None, p.n, early=True).chains.values()) > 8
-    events = dtr_plan(p, budget, allow_swap=False)
+    early = dtr._plan(p, budget, dtr._Rules(False, p.n, early=True), dtr.Effort(dtr.dl.NEVER))
+    assert max(len(c) for c in early.chains.values()) > 8
+    events = dtr_plan(p, budget, DtrOptions(allow_swap=False))
     assert events is not None and events == unbounded
     assert replay(p, events, budget).peak_bytes <= budget
 
@@ -89,19 +90,19 @@ def test_the_plans_with_chains_of_any_length_get_the_restarts(monkeypatch):
     ready: list[float] = []  # when each plan that fits was made
     real_plan = dtr._plan
 
-    def counting_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw):
-        made.append((max_chain, kw["hold"], kw["early"]))
-        plan = real_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw)
+    def counting_plan(problem, budget_bytes, rules, effort, rng):
+        made.append((rules.max_chain, rules.hold, rules.early))
+        plan = real_plan(problem, budget_bytes, rules, effort, rng)
         if plan is not None:
             ready.append(time.perf_counter())
         return plan
 
     monkeypatch.setattr(dtr, "_plan", counting_plan)
-    one = replay(p, dtr_plan(p, budget, allow_swap=False), budget).time
+    one = replay(p, dtr_plan(p, budget, DtrOptions(allow_swap=False)), budget).time
     made.clear()
     ready.clear()
     found: list[float] = []
-    several = replay(p, dtr_plan(p, budget, allow_swap=False, restarts=6, found=found), budget).time
+    several = replay(p, dtr_plan(p, budget, DtrOptions(allow_swap=False, restarts=6), found=found), budget).time
     # the bounded late plans failed, the unbounded late one holding inputs fitted, the bounded early ones failed,
     # and the restarts went to the unbounded plans holding inputs: late only
     assert made == [(6, False, False), (6, True, False), (p.n, True, False), (6, False, True), (6, True, True),
@@ -120,14 +121,14 @@ def test_where_the_late_fallback_plan_does_not_fit_the_early_one_is_made(monkeyp
     made: list[tuple[int, bool, bool]] = []
     real_plan = dtr._plan
 
-    def no_late_fallback(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw):
-        made.append((max_chain, kw["hold"], kw["early"]))
-        if max_chain == problem.n and not kw["early"]:
+    def no_late_fallback(problem, budget_bytes, rules, effort, rng):
+        made.append((rules.max_chain, rules.hold, rules.early))
+        if rules.max_chain == problem.n and not rules.early:
             return None
-        return real_plan(problem, budget_bytes, allow_swap, stop, rng, max_chain, **kw)
+        return real_plan(problem, budget_bytes, rules, effort, rng)
 
     monkeypatch.setattr(dtr, "_plan", no_late_fallback)
-    events = dtr_plan(p, budget, allow_swap=False, restarts=6)
+    events = dtr_plan(p, budget, DtrOptions(allow_swap=False, restarts=6))
     assert events is not None and replay(p, events, budget).peak_bytes <= budget
     assert made[2] == (p.n, True, False)  # before the bounded early plans
     assert made[5:] == [(p.n, True, True), (p.n, True, False), (p.n, True, True)]  # 1 + 6 // 2 attempts in all
@@ -176,7 +177,7 @@ def test_a_plan_gives_the_events_its_time_was_measured_on_after_the_deadline():
     deadline). The 100-op seed 1 DAG at 80%: its early plan's events take 1.7% longer unpolished."""
     import trainplan.schedule.dtr as dtr
     p, budget = _layered(100, 1)
-    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True)
+    plan = dtr._plan(p, budget, dtr._Rules(False, dtr.MAX_CHAIN, early=True), dtr.Effort(dtr.dl.NEVER))
     t = plan.time()
     u, k, c = next((u, k, c) for u in range(p.n) for k, c in plan.evicted[u].items())
 
@@ -196,7 +197,7 @@ def _kind_best(p, budget: int, max_chain: int, *, hold: bool = False, restarts: 
     """The cheapest plan of one kind (recompute only; late, then early restores, then restarts) and its time."""
     import trainplan.schedule.dtr as dtr
     kind = dtr._Kind(max_chain, hold, 0)
-    dtr._Search(p, budget, False, dtr.dl.NEVER, [0], dtr.INF, None).rest(kind, restarts)
+    dtr._Search(p, budget, False, dtr.Effort(dtr.dl.NEVER), None).rest(kind, restarts)
     return kind.best
 
 
@@ -211,8 +212,8 @@ def test_early_restores_recompute_before_the_next_reader_and_cost_less():
     cheaper than the plan restoring only before readers."""
     import trainplan.schedule.dtr as dtr
     p, budget = _layered(500, 1)
-    early = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True)
-    late = dtr._plan(p, budget, False, dtr.dl.NEVER, None, p.n, early=False)
+    early = dtr._plan(p, budget, dtr._Rules(False, dtr.MAX_CHAIN, early=True), dtr.Effort(dtr.dl.NEVER))
+    late = dtr._plan(p, budget, dtr._Rules(False, p.n, early=False), dtr.Effort(dtr.dl.NEVER))
     restores = [(u, k, c) for u in range(p.n) for k, c in early.evicted[u].items()]
     assert any(c < early.gaps.stops[u][k + 1] for u, k, c in restores)
     assert all(c == late.gaps.stops[u][k + 1] for u in range(p.n) for k, c in late.evicted[u].items())
@@ -226,8 +227,8 @@ def test_keeping_every_evicted_gap_gives_back_the_plain_order(hold):
     reserved reads or held inputs, no transient bytes and the plain order's over-budget count."""
     import trainplan.schedule.dtr as dtr
     p, budget = _layered(300, 2)
-    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True, hold=hold)
-    fresh = dtr._Plan(p, budget, False, dtr.dl.NEVER, dtr.MAX_CHAIN, True)
+    plan = dtr._plan(p, budget, dtr._Rules(False, dtr.MAX_CHAIN, early=True, hold=hold), dtr.Effort(dtr.dl.NEVER))
+    fresh = dtr._Plan(p, budget, dtr._Rules(False, dtr.MAX_CHAIN, True), dtr.Effort(dtr.dl.NEVER))
     assert plan.paid and plan.excess != fresh.excess
     assert any(plan.held_until(w) > plan.gaps.last[w] for w in range(p.n)) == hold
     for u, k in sorted(plan.paid):
@@ -284,7 +285,7 @@ def test_ruin_and_recreate_improves_the_plan_and_is_reproducible():
     better.stop = dtr.dl.Deadline(0.0)  # refine's share of the time is over when its plan is read: still polished
     assert replay(p, better.events(), budget).time == t1
     assert dtr.refine_plan(plan.copy(), t0, 1_000_000, random.Random(3), dtr.dl.NEVER)[1].events() == better.events()
-    assert dtr_plan(p, budget, allow_swap=False, refine=1_000_000, seed=3) is not None
+    assert dtr_plan(p, budget, DtrOptions(allow_swap=False, seed=3, refine=1_000_000)) is not None
 
 
 def test_graphs_with_many_edges_get_the_larger_refinement_share(monkeypatch):
@@ -322,10 +323,10 @@ def test_kept_chain_walks_answer_as_fresh_walks_do():
 
     import trainplan.schedule.dtr as dtr
     p, budget = _layered(300, 2)
-    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=True, hold=True)
+    plan = dtr._plan(p, budget, dtr._Rules(False, dtr.MAX_CHAIN, early=True, hold=True), dtr.Effort(dtr.dl.NEVER))
     t0 = plan.time()
     _, plan = dtr.refine_plan(plan.copy(), t0, 300_000, random.Random(1), dtr.dl.NEVER)
-    fresh = dtr._Plan(p, budget, False, dtr.dl.NEVER, dtr.MAX_CHAIN, True, hold=True)
+    fresh = dtr._Plan(p, budget, dtr._Rules(False, dtr.MAX_CHAIN, True, hold=True), dtr.Effort(dtr.dl.NEVER))
     partial = fresh.copy()  # half the plan's gaps evicted: steps over the budget, restores' transient bytes
     for (u, k), c in sorted(((u, k), c) for u in range(p.n) for k, c in plan.evicted[u].items())[::2]:
         if partial.cost(u, k, c)[0] < dtr.INF:
@@ -396,16 +397,16 @@ def test_a_raised_plan_is_its_kind_s_plan_where_that_fits_and_raises_its_budget_
     p = layered_graph(100, 0, swap=False)
     peak = replay(p, no_recompute_events(p)).peak_bytes
     budget = int(0.8 * peak)
-    plan = dtr._plan(p, budget, False, dtr.dl.NEVER, None, dtr.MAX_CHAIN, early=False, hold=True)
+    plan = dtr._plan(p, budget, dtr._Rules(False, dtr.MAX_CHAIN, early=False, hold=True), dtr.Effort(dtr.dl.NEVER))
     assert plan is not None and plan.time() is not None
     assert dtr.raised_plan(p, budget, 1, peak, allow_swap=False) == plan.events()
     low = int(1.1 * p.floor_bytes)
-    assert dtr_plan(p, low, allow_swap=False) is None
+    assert dtr_plan(p, low, DtrOptions(allow_swap=False)) is None
     raised = replay(p, dtr.raised_plan(p, low, 1, peak, allow_swap=False)).peak_bytes
     assert low < raised < peak
     assert dtr.raised_plan(p, low, 1, (low + raised) // 2, allow_swap=False) is None
     meter = [0]
-    full = dtr.raised_plan(p, low, 1, peak, allow_swap=False, meter=meter)
-    short = dtr.raised_plan(p, low, 1, peak, allow_swap=False, work_cap=meter[0] // 10)
+    full = dtr.raised_plan(p, low, 1, peak, allow_swap=False, effort=dtr.Effort(meter=meter))
+    short = dtr.raised_plan(p, low, 1, peak, allow_swap=False, effort=dtr.Effort(work_cap=meter[0] // 10))
     assert short is not None and short != full and replay(p, short).peak_bytes > low  # the plan cut short, valid
-    assert dtr.raised_plan(p, low, 1, peak, stop=dtr.dl.Deadline(time.perf_counter() - 1)) is None
+    assert dtr.raised_plan(p, low, 1, peak, effort=dtr.Effort(dtr.dl.Deadline(time.perf_counter() - 1))) is None

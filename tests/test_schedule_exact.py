@@ -5,7 +5,7 @@ import random
 import pytest
 
 from schedule_exact import exact_min_time
-from trainplan.schedule import problem_from_dict, replay, solve
+from trainplan.schedule import SolveOptions, problem_from_dict, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.settings import DEFAULTS
 from trainplan.schedule.synthetic import random_dag, training_graph
@@ -27,7 +27,7 @@ def instance(seed: int):
 def test_ours_matches_exact_search(seed):
     p = instance(seed)
     exact = exact_min_time(p, p.budget_bytes)
-    sched = solve(p, time_limit_s=5, workers=1, seed=0, bisect=False)
+    sched = solve(p, time_limit_s=5, workers=1, seed=0, options=SolveOptions(bisect=False))
     if exact is None:
         assert sched.status == "infeasible"
         return
@@ -42,7 +42,7 @@ def test_exact_search_sees_swap_and_recompute():
     used = set()
     for seed in range(40):
         p = instance(seed)
-        sched = solve(p, time_limit_s=5, workers=1, seed=0, bisect=False)
+        sched = solve(p, time_limit_s=5, workers=1, seed=0, options=SolveOptions(bisect=False))
         if sched.ok:
             used |= {k for k in ("recomputes", "swap_ins") if sched.extra[k]}
     assert used == {"recomputes", "swap_ins"}
@@ -55,7 +55,7 @@ def test_budget_monotonicity(seed):
     budgets = sorted({p.floor_bytes + (peak - p.floor_bytes) * k // 4 for k in range(5)}, reverse=True)
     times = []
     for b in budgets:
-        s = solve(p, time_limit_s=5, workers=1, seed=0, budget_bytes=b, bisect=False)
+        s = solve(p, time_limit_s=5, workers=1, seed=0, options=SolveOptions(budget_bytes=b, bisect=False))
         if s.ok:
             assert s.status == "optimal"
             times.append(s.time)

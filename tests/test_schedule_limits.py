@@ -9,11 +9,11 @@ import pytest
 from ortools.sat.python import cp_model
 
 from trainplan.schedule import deadline as dl
-from trainplan.schedule import bounds, mip, replay, solve, staged_bound
+from trainplan.schedule import SolveOptions, bounds, mip, replay, solve, staged_bound
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.chain import adjoint_chain
-from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
-from trainplan.schedule.mip import model_variables, solve_mip
+from trainplan.schedule.heuristic import POLICIES, Limits, Simulator, greedy
+from trainplan.schedule.mip import CpSatRun, ModelSpec, model_variables, solve_mip
 from trainplan.schedule.replay import replay as independent_replay
 from trainplan.schedule import fast, improve, portfolio
 from trainplan.schedule.bisection import min_feasible_budget
@@ -68,7 +68,7 @@ def test_greedy_run_is_abandoned_past_stop_at():
     """A run that passes its deadline returns nothing (solve then keeps its earlier schedules)."""
     p = adjoint_chain(40, slots=4)
     assert greedy(p, p.budget_bytes) is not None
-    assert greedy(p, p.budget_bytes, stop_at=time.perf_counter() - 1.0) is None
+    assert greedy(p, p.budget_bytes, limits=Limits(stop_at=time.perf_counter() - 1.0)) is None
 
 
 def test_bisection_drops_to_the_peak_of_each_schedule_found():
@@ -121,7 +121,7 @@ def test_the_bisection_does_not_depend_on_wall_time(monkeypatch):
             return real_probe(ctx)
 
         monkeypatch.setattr(fast, "least_memory_chain", slow_probe)
-        s = solve(p, time_limit_s=4.0, workers=1, seed=0, settings=halved)
+        s = solve(p, time_limit_s=4.0, workers=1, seed=0, options=SolveOptions(settings=halved))
         assert s.extra["budget_status"] == "not_found" and s.budget_bytes > p.budget_bytes
         runs.append((probed, s.budget_bytes, s.extra["bisection_work_seconds"]))
     assert len(runs[0][0]) >= 1  # a probe (after the raised plan, which takes its work)
@@ -198,7 +198,7 @@ def test_a_probe_makes_only_the_plans_that_hold_no_input(monkeypatch):
     real_plan = dtr._plan
 
     def recording_plan(*args, **kwargs):
-        made.append(kwargs["hold"])
+        made.append(args[2].hold)
         return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(dtr, "_plan", recording_plan)
@@ -215,8 +215,8 @@ def test_a_greedy_run_past_its_work_cap_is_abandoned():
     budget = int(0.85 * replay(p, no_recompute_events(p)).peak_bytes)
     events = greedy(p, budget, allow_swap=False, policy="cost")
     assert events is not None
-    assert greedy(p, budget, allow_swap=False, policy="cost", work_cap=10**9) == events
-    assert greedy(p, budget, allow_swap=False, policy="cost", work_cap=p.n) is None
+    assert greedy(p, budget, allow_swap=False, policy="cost", limits=Limits(work_cap=10**9)) == events
+    assert greedy(p, budget, allow_swap=False, policy="cost", limits=Limits(work_cap=p.n)) is None
 
 
 def test_greedy_variants_equal_on_a_problems_flags_run_once():
@@ -264,10 +264,10 @@ def test_mip_is_not_built_past_its_size_cap(monkeypatch):
     p = training_graph(40, 3)
     peak = replay(p, no_recompute_events(p)).peak_bytes
     ncop = [2 if (op.recompute or op.swap) else 1 for op in p.ops]
-    built = solve_mip(p, peak, time_limit_s=1.0, copies=2)
+    built = solve_mip(p, peak, CpSatRun(1.0), ModelSpec(copies=2))
     assert abs(model_variables(p, ncop) - built.stats["variables"]) <= 0.15 * built.stats["variables"]
     monkeypatch.setattr(mip, "MAX_MODEL_VARIABLES", 100)
-    skipped = solve_mip(p, peak, time_limit_s=1.0, copies=2)
+    skipped = solve_mip(p, peak, CpSatRun(1.0), ModelSpec(copies=2))
     assert skipped.status == "SKIPPED" and skipped.events is None and "not built" in skipped.stats["note"]
 
 
@@ -311,7 +311,7 @@ def test_deterministic_shares_do_not_depend_on_wall_time(monkeypatch, workers):
         monkeypatch.setattr(improve, "guided", guided)
         main_limits.clear()
         beside_limits.clear()
-        s = solve(p, time_limit_s=6, workers=workers, seed=0, bisect=False, deterministic=True)
+        s = solve(p, time_limit_s=6, workers=workers, seed=0, options=SolveOptions(bisect=False, deterministic=True))
         runs.append((list(main_limits), list(beside_limits), s.bound, s.events, s.extra["mip"].get("stopped")))
     assert len(runs[0][0]) + len(runs[0][1]) >= 4
     assert runs[0][0] == runs[1][0]  # every step of the calling thread
@@ -333,8 +333,8 @@ def test_a_greedy_run_slower_than_its_time_cap_is_abandoned():
     events = greedy(p, budget, allow_swap=False, policy="cost")
     assert events is not None
     t = replay(p, events, budget).time
-    assert greedy(p, budget, allow_swap=False, policy="cost", time_cap=t) == events  # as fast as the cap: kept
-    assert greedy(p, budget, allow_swap=False, policy="cost", time_cap=0.999 * t) is None
+    assert greedy(p, budget, allow_swap=False, policy="cost", limits=Limits(time_cap=t)) == events  # as fast: kept
+    assert greedy(p, budget, allow_swap=False, policy="cost", limits=Limits(time_cap=0.999 * t)) is None
 
 
 def test_a_schedule_found_in_the_shortened_attempt_gets_the_rest_of_the_limit(monkeypatch):

@@ -13,9 +13,9 @@ from schedule_models import dtr_model
 from trainplan.schedule import deadline as dl
 from trainplan.schedule import lns, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.dtr import dtr_plan
+from trainplan.schedule.dtr import DtrOptions, dtr_plan
 from trainplan.schedule.lns import OP_SET, WINDOW_BLOCKS, _op_set, _rematerialised, _windows, improve
-from trainplan.schedule.mip import (_add_hint, _build, _decode, _grid, _Values, byte_unit,
+from trainplan.schedule.mip import (CpSatRun, ModelSpec, _add_hint, _build, _decode, _grid, _Values, byte_unit,
                                    copies_from_events, model_variables, objective_ticks, solve_mip, time_unit)
 from trainplan.schedule.fast import cp_hint
 from trainplan.schedule.settings import DEFAULTS
@@ -44,12 +44,10 @@ def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic, submod
     p = layered_graph(100, 0)  # recompute only, 80% of the plain order's peak: CP-SAT's first solution is poor
     p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
     if deterministic not in first_solutions:  # no LNS in it: the sub-model setting does not matter
-        first_solutions[deterministic] = solve_mip(p, p.budget_bytes, time_limit_s=4, workers=2, seed=0,
-                                                   deterministic=deterministic)
+        first_solutions[deterministic] = solve_mip(p, p.budget_bytes, CpSatRun(4, 2, 0, deterministic))
     first = first_solutions[deterministic]
     assert first.events is not None  # LNS takes over from a hinted run: hint a first CP-SAT solution
-    r = solve_mip(p, p.budget_bytes, time_limit_s=8, workers=2, seed=0, deterministic=deterministic,
-                  hint=first.events, lns_share=0.5)
+    r = solve_mip(p, p.budget_bytes, CpSatRun(8, 2, 0, deterministic, lns_share=0.5), ModelSpec(hint=first.events))
     stats = r.stats["lns"]
     assert r.events is not None and stats is not None and stats["windows"] > 0 and stats["op_sets"] > 0
     assert stats["objective"] <= stats["objective_before"] and r.objective_s == stats["objective"] <= first.objective_s
@@ -68,12 +66,12 @@ def test_lns_in_a_worker_thread_stops_at_the_runs_wall_clock_end():
 
     p = layered_graph(100, 0)
     p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
-    hint = dtr_plan(p, p.budget_bytes, allow_swap=False)
+    hint = dtr_plan(p, p.budget_bytes, DtrOptions(allow_swap=False))
     cap = 1.5
     with ThreadPoolExecutor(1) as pool:
         t0 = time.perf_counter()
-        r = pool.submit(solve_mip, p, p.budget_bytes, time_limit_s=60, workers=1, seed=0, hint=hint,
-                        deterministic=True, wall_cap_s=cap, lns_share=0.9).result()
+        r = pool.submit(solve_mip, p, p.budget_bytes, CpSatRun(60, 1, 0, True, wall_cap_s=cap, lns_share=0.9),
+                        ModelSpec(hint=hint)).result()
         wall = time.perf_counter() - t0
     assert r.events is not None and r.stats["lns"] is not None  # LNS ran after the first search
     assert wall <= cap + 0.3, wall
@@ -94,8 +92,7 @@ def test_lns_does_not_start_sub_models_where_reading_the_model_would_pass_the_de
     monkeypatch.setattr(lns, "READ_SECONDS_PER_VARIABLE", 2.0 / variables)  # as if reading took 2 s
     for left, searched in ((1.0, False), (30.0, True)):  # 1 s: time for windows, not for reading the model
         with dl.scope(dl.Deadline.after(left)):
-            found = improve(model, g.fpos, g.base, g.horizon, solution, objective, 2.0, make_solver,
-                            deterministic=False)
+            found = improve(model, g, solution, objective, lns.LnsRun(2.0, make_solver, deterministic=False))
         assert (found.windows > 0) == searched and found.objective == objective
 
 
@@ -109,7 +106,7 @@ def test_a_sweep_that_improves_nothing_doubles_the_window_up_to_the_whole_order(
         one.parameters.num_workers, one.parameters.max_time_in_seconds = 2, seconds
         return one
 
-    found = improve(model, g.fpos, g.base, g.horizon, solution, objective, 6.0, make_solver, deterministic=False)
+    found = improve(model, g, solution, objective, lns.LnsRun(6.0, make_solver, deterministic=False))
     sizes = [WINDOW_BLOCKS]
     while sizes[-1] < p.n:
         sizes.append(2 * sizes[-1])
@@ -135,8 +132,7 @@ def test_windows_proven_at_once_bring_the_op_neighbourhoods_forward(monkeypatch)
     monkeypatch.setattr(lns, "EASY_RUN", 2)
     for name, kind in (("_free_copies", "window"), ("_op_free", "op")):
         monkeypatch.setattr(lns, name, lambda *a, _f=getattr(lns, name), _k=kind: kinds.append(_k) or _f(*a))
-    found = improve(model, g.fpos, g.base, g.horizon, solution, objective, 4.0, make_solver, deterministic=True,
-                    inputs=p.inputs)
+    found = improve(model, g, solution, objective, lns.LnsRun(4.0, make_solver, deterministic=True), inputs=p.inputs)
     assert found.improved == found.op_improved == 0 and found.objective == objective
     first_sweep = len(_windows(p.n, g.base, g.horizon, WINDOW_BLOCKS))
     assert first_sweep > 2
@@ -169,11 +165,11 @@ def test_a_hint_raises_only_the_ops_it_holds_longer_where_raising_every_op_would
     that hint returns a valid schedule no slower than it."""
     p = layered_graph(250, 3)
     p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
-    hint = dtr_plan(p, p.budget_bytes, allow_swap=False, restarts=8)
+    hint = dtr_plan(p, p.budget_bytes, DtrOptions(allow_swap=False, restarts=8))
     held = [len(c) for c in copies_from_events(p, hint)[0]]
     assert model_variables(p, [max(held)] * p.n) > DEFAULTS.hint_max_growth * model_variables(p, [2] * p.n)
-    r = solve_mip(p, p.budget_bytes, time_limit_s=3, workers=2, seed=0, hint=hint)
-    plain = solve_mip(p, p.budget_bytes, time_limit_s=1.0, workers=2, seed=0)
+    r = solve_mip(p, p.budget_bytes, CpSatRun(3, 2, 0), ModelSpec(hint=hint))
+    plain = solve_mip(p, p.budget_bytes, CpSatRun(1.0, 2, 0))
     assert r.stats["copies"] == max(held) and plain.stats["copies"] == 2
     assert plain.stats["variables"] < r.stats["variables"] <= DEFAULTS.hint_max_growth * plain.stats["variables"]
     assert replay(p, r.events, p.budget_bytes).time <= replay(p, hint).time
@@ -183,7 +179,7 @@ def test_a_hint_far_above_the_bound_is_refused():
     """CP-SAT stays near its hint: one taking more than hint_max_over_bound x the lower bound is not given."""
     p = layered_graph(250, 1)
     p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
-    hint = dtr_plan(p, p.budget_bytes, allow_swap=False, restarts=8)
+    hint = dtr_plan(p, p.budget_bytes, DtrOptions(allow_swap=False, restarts=8))
     t = replay(p, hint).time
     assert cp_hint(p, hint, t / DEFAULTS.hint_max_over_bound, DEFAULTS) == hint
     assert cp_hint(p, hint, 0.99 * t / DEFAULTS.hint_max_over_bound, DEFAULTS) is None
@@ -200,9 +196,10 @@ def test_a_schedule_optimal_only_within_its_grid_grows_the_grid():
     p = layered_graph(100, 0)
     budget = int(0.9 * replay(p, no_recompute_events(p)).peak_bytes)
     p = p.with_budget(budget)
-    hint = dtr_plan(p, budget, allow_swap=False)
-    bound = relaxation_bound(p, budget, time_limit_s=5, workers=1)
-    first = solve_mip(p, budget, time_limit_s=5, workers=2, hint=hint, lower_bound_ticks=bound.ticks, lns_share=0.5)
+    hint = dtr_plan(p, budget, DtrOptions(allow_swap=False))
+    bound = relaxation_bound(p, budget, CpSatRun(5, workers=1, deterministic=False))
+    first = solve_mip(p, budget, CpSatRun(5, workers=2, lns_share=0.5),
+                      ModelSpec(hint=hint, lower_bound_ticks=bound.ticks))
     assert first.status == "OPTIMAL" and objective_ticks(p, first.events) > bound.ticks
     grown = grow_grid(Context.detached(p), first, CpSatStep(30.0, 60.0, bound.ticks, workers=2))
     runs = grown.stats["grown"]
@@ -223,7 +220,7 @@ def _optimal_model():
     assert best.status == "optimal"
     hint_copies, cover, used = copies_from_events(p, best.events)
     g = _grid(p, None, None, hint_copies, used, None)
-    model = _build(p, g, p.budget_bytes - p.fixed_bytes, time_unit(p), byte_unit(p.budget_bytes), 0)
+    model = _build(p, g, p.budget_bytes - p.fixed_bytes, byte_unit(p.budget_bytes), 0)
     _add_hint(p, g, model, hint_copies, cover)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers, solver.parameters.max_time_in_seconds = 2, 10

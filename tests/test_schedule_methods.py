@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from trainplan.io import read_json
-from trainplan.schedule import compare, problem_from_dict, replay, save_schedule, solve
+from trainplan.schedule import SolveOptions, compare, problem_from_dict, replay, save_schedule, solve
 from trainplan.schedule import checkmate as checkmate_module
 from trainplan.schedule import checkmate_lp
 from trainplan.schedule.baselines import no_recompute_events, sqrt_checkpoint, swap_only
@@ -172,7 +172,7 @@ def test_reported_bound_is_the_relaxation_bound_not_cp_sats():
     that bound holds only within the model (C copies, K slots), so the reported one is the relaxation's, the
     gap stays open and the schedule is only feasible (optimal within the model, as the extra says)."""
     no_staged = replace(DEFAULTS, staged_variables_per_second=0)
-    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, bisect=False, settings=no_staged)
+    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, options=SolveOptions(bisect=False, settings=no_staged))
     mip_bound, relax = s.extra["mip"]["bound"], s.extra["relaxation"]["bound"]
     assert s.extra["mip"]["status"] == "OPTIMAL" and mip_bound > relax * (1 + 1e-6)
     assert s.status == "feasible" and s.bound == max(relax, GRAPH.compute_time) and s.gap > 1e-9
@@ -182,7 +182,7 @@ def test_reported_bound_is_the_relaxation_bound_not_cp_sats():
 def test_staged_bound_proves_what_cp_sat_proved_only_within_its_model():
     """The same case with the staged bound on: it meets the schedule, which is then optimal among all
     schedules (not only within CP-SAT's model), and the full model is not built."""
-    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, bisect=False)
+    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, options=SolveOptions(bisect=False))
     relax, staged = s.extra["relaxation"]["bound"], s.extra["staged_bound"]["bound"]
     assert s.extra["staged_bound"]["status"] == "OPTIMAL" and staged > relax * (1 + 1e-6)
     assert s.status == "optimal" and "optimal_within" not in s.extra and s.extra["mip"]["status"] == "SKIPPED"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trainplan import cli
-from trainplan.schedule import replay, solve
+from trainplan.schedule import SolveOptions, replay, solve
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.chain import adjoint_chain
 from trainplan.schedule.context import RunOptions
@@ -78,7 +78,7 @@ def test_explain_below_the_floor_goes_straight_to_the_bisection_and_follows_the_
 
 
 def test_the_schedule_records_the_strategies_that_ran():
-    s = solve(training(0.6), time_limit_s=3, workers=2, seed=0, bisect=False)
+    s = solve(training(0.6), time_limit_s=3, workers=2, seed=0, options=SolveOptions(bisect=False))
     steps = s.extra["strategies"]
     assert [step["name"] for step in steps] == NAMES
     assert all(step["why"] for step in steps) and all(step["phase"] in PHASES for step in steps)
@@ -135,9 +135,9 @@ def test_a_changed_setting_changes_what_runs():
     line = next(line for line in explain(p, 3, RunOptions(settings=no_staged)) if line.name == name)
     assert line.verdict == "skipped" and "variables" in line.why
     assert next(line for line in explain(p, 3) if line.name == name).verdict.startswith("runs if")
-    s = solve(p, time_limit_s=3, workers=2, seed=0, bisect=False, settings=no_staged)
+    s = solve(p, time_limit_s=3, workers=2, seed=0, options=SolveOptions(bisect=False, settings=no_staged))
     assert not by_name(s.extra["strategies"])[name]["ran"] and "staged_bound" not in s.extra
-    default = solve(p, time_limit_s=3, workers=2, seed=0, bisect=False)
+    default = solve(p, time_limit_s=3, workers=2, seed=0, options=SolveOptions(bisect=False))
     assert by_name(default.extra["strategies"])[name]["ran"] and "staged_bound" in default.extra
 
 
@@ -147,7 +147,7 @@ def test_a_changed_setting_changes_the_time_kept_for_the_bisection():
     p = layered_graph(300, 0)
     p = p.with_budget(int(1.1 * p.floor_bytes))
     quarter = dataclasses.replace(DEFAULTS, no_heuristic_share=0.25)
-    s = solve(p, time_limit_s=2.0, workers=1, seed=0, settings=quarter)
+    s = solve(p, time_limit_s=2.0, workers=1, seed=0, options=SolveOptions(settings=quarter))
     keep = by_name(s.extra["strategies"])["keep time for the bisection"]
     assert keep["ran"] and "now 0.5 s" in keep["result"]
 

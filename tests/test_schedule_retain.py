@@ -4,7 +4,7 @@ import pytest
 
 from trainplan.schedule import problem_from_dict
 from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.dtr import _events, _Gaps, _Plan
+from trainplan.schedule.dtr import Effort, _events, _Gaps, _Plan, _Rules
 from trainplan.schedule.deadline import NEVER
 from trainplan.schedule.replay import ScheduleError, replay
 from trainplan.schedule.retain import retain_recomputes
@@ -75,7 +75,7 @@ def test_a_swapped_out_recompute_is_not_deleted():
 def test_on_eviction_plans_of_unseen_layered_graphs_it_stays_valid_and_never_slower(n, seed, frac):
     p = layered_graph(n, seed)
     budget = int(frac * replay(p, no_recompute_events(p)).peak_bytes)
-    plan = _Plan(p, budget, False, NEVER, n, early=True)
+    plan = _Plan(p, budget, _Rules(False, n, early=True), Effort(NEVER))
     assert plan.relieve(None)
     raw = _events(p, _Gaps(p), plan.evicted, plan.by_swap, plan.chains)  # the plan's events before the pass
     before = replay(p, raw, budget)

@@ -13,7 +13,7 @@ import pytest
 from trainplan import cli
 from trainplan.schedule import deadline as dl
 from trainplan.schedule.baselines import no_recompute_events
-from trainplan.schedule.dtr import dtr_plan
+from trainplan.schedule.dtr import DtrOptions, dtr_plan
 from trainplan.schedule.heuristic import greedy
 from trainplan.schedule.problem import Op, Problem, save_problem
 from trainplan.schedule.scratch import scratch_bound, scratch_events
@@ -22,7 +22,7 @@ from trainplan.schedule import bisection, fast
 from trainplan.schedule.context import FastOptions
 from trainplan.schedule.portfolio import best_heuristic
 from trainplan.schedule.settings import DEFAULTS
-from trainplan.schedule.solve import solve
+from trainplan.schedule.solve import SolveOptions, solve
 from trainplan.schedule.synthetic import layered_graph, random_dag, training_graph
 
 from test_schedule_deadline import independent_replay
@@ -112,7 +112,7 @@ def test_outside_a_probe_the_run_goes_until_its_work_cap_whatever_its_uncached_c
     assert scratch_events(prob, budget, meter=meter) is not None
     share_s = 2 * meter[0] / DEFAULTS.scratch_work_per_second
     assert scratch_bound(prob).computes > 4 * share_s * DEFAULTS.scratch_work_per_second
-    assert dtr_plan(prob, budget, allow_swap=False, restarts=2) is None
+    assert dtr_plan(prob, budget, DtrOptions(allow_swap=False, restarts=2)) is None
     events, name, *_ = best_heuristic(prob, FastOptions(first_only=True, deadline_s=share_s))
     assert name == "scratch-recompute" and independent_replay(prob, events)[1] <= budget
     name = best_heuristic(prob, FastOptions(first_only=True), dl.Allowance(share_s)).name
@@ -130,7 +130,7 @@ def test_the_cli_meets_a_recompute_only_budget_no_other_fast_schedule_meets(tmp_
     budget = scratch_bound(p).bytes
     prob = p.with_budget(budget)
     assert all(greedy(prob, budget, allow_swap=False, policy=policy) is None for policy in ("belady", "cost"))
-    assert dtr_plan(prob, budget, allow_swap=False, restarts=4) is None
+    assert dtr_plan(prob, budget, DtrOptions(allow_swap=False, restarts=4)) is None
     src, out = tmp_path / "p.json", tmp_path / "s.json"
     save_problem(src, prob)
     assert cli.main(["schedule", str(src), "-o", str(out), "--time-limit", "4"]) == 0
@@ -184,7 +184,7 @@ def test_the_run_from_scratch_is_charged_by_its_work_not_its_wall_time(monkeypat
 
         monkeypatch.setattr(fast, "scratch_events", slow)
         monkeypatch.setattr(bisection, "min_feasible_budget", bisect)
-        s = solve(prob, 6.0, settings=settings)
+        s = solve(prob, 6.0, options=SolveOptions(settings=settings))
         assert s.extra["budget_status"] == "not_found" and s.ok
         before = calls[:calls.index("bisection ends")]
         assert len(before) >= 2 and any(events is not None for _, events in before)

@@ -5,14 +5,16 @@ import pytest
 
 from schedule_exact import exact_min_time
 from test_schedule_exact import instance
-from trainplan.schedule import replay, solve, staged_bound
+from trainplan.schedule import SolveOptions, replay, solve, staged_bound
 from trainplan.schedule.bounds import relaxation_bound
-from trainplan.schedule.mip import objective_ticks
+from trainplan.schedule.mip import CpSatRun, objective_ticks
 from trainplan.schedule.replay import ScheduleError
 from trainplan.schedule.portfolio import best_heuristic
 from trainplan.schedule.staged_bound import solve_staged
 from trainplan.schedule.staged_events import staged_events
 from trainplan.schedule.synthetic import training_graph
+
+RELAXATION = CpSatRun(5, workers=1, deterministic=False)  # the gap relaxation's run here
 
 TIGHT = [(n, seed) for n in (7, 8, 9) for seed in range(6)]
 
@@ -21,7 +23,7 @@ def check_below_exact(p):
     """The bound is at most the exact optimum; the solution's events replay within the budget at the
     exact optimum (on every instance here: the staged model is exact on them)."""
     exact = exact_min_time(p, p.budget_bytes)
-    staged, solution = solve_staged(p, p.budget_bytes, time_limit_s=5, deterministic=True)
+    staged, solution = solve_staged(p, p.budget_bytes, CpSatRun(5, deterministic=True))
     if exact is None:
         return None, staged
     assert not staged.infeasible
@@ -48,7 +50,7 @@ def test_staged_bound_charges_the_inputs_of_a_restore():
     p = training_graph(9, 4)
     p = p.with_budget(p.floor_bytes)
     exact, staged = check_below_exact(p)
-    relax = relaxation_bound(p, p.budget_bytes, time_limit_s=5, workers=1)
+    relax = relaxation_bound(p, p.budget_bytes, RELAXATION)
     assert staged.status == "OPTIMAL" and relax.seconds < 0.99 * exact
     assert staged.seconds == pytest.approx(exact, rel=1e-6)
 
@@ -62,8 +64,8 @@ def test_staged_bound_counts_memory_inside_a_stage():
     p = p.with_budget(p.floor_bytes)
     exact, staged = check_below_exact(p)
     assert staged.status == "OPTIMAL" and staged.seconds == pytest.approx(exact, rel=1e-6)
-    assert staged.seconds > 1.05 * relaxation_bound(p, p.budget_bytes, time_limit_s=5, workers=1).seconds
-    s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False, deterministic=True)
+    assert staged.seconds > 1.05 * relaxation_bound(p, p.budget_bytes, RELAXATION).seconds
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False, deterministic=True))
     assert s.status == "optimal" and "optimal_within" not in s.extra
     assert s.time == pytest.approx(exact, rel=1e-6) and s.gap < 1e-6
 
@@ -75,12 +77,12 @@ def test_chain_rows_count_a_kept_tensor_at_a_later_recompute(monkeypatch):
     p = training_graph(40, 0)
     p = p.with_budget(p.floor_bytes)
     monkeypatch.setattr(staged_bound, "CHAIN_ROWS", False)
-    loose, solution = solve_staged(p, p.budget_bytes, time_limit_s=10, deterministic=True)
+    loose, solution = solve_staged(p, p.budget_bytes, CpSatRun(10, deterministic=True))
     assert loose.status == "OPTIMAL"
     with pytest.raises(ScheduleError):
         replay(p, staged_events(p, solution), p.budget_bytes)
     monkeypatch.setattr(staged_bound, "CHAIN_ROWS", True)
-    tight, solution = solve_staged(p, p.budget_bytes, time_limit_s=10, deterministic=True)
+    tight, solution = solve_staged(p, p.budget_bytes, CpSatRun(10, deterministic=True))
     assert tight.status == "OPTIMAL" and tight.ticks > loose.ticks
     assert any(solution.restored_twice)
     events = staged_events(p, solution)
@@ -94,7 +96,7 @@ def test_staged_schedule_leads_to_the_optimum():
     the answer is proven optimal."""
     p = training_graph(40, 1)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False, deterministic=True)
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False, deterministic=True))
     assert s.status == "optimal" and "optimal_within" not in s.extra and s.gap < 1e-6
     assert s.extra["heuristic"] == "staged-model"
     assert s.time <= s.extra["staged_bound"]["schedule_time"] == s.extra["heuristic_time"]
@@ -110,7 +112,8 @@ def test_staged_model_beside_cp_sat_proves_and_stops_it():
     gives the same events."""
     p = training_graph(60, 2)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    runs = [solve(p, time_limit_s=10, workers=2, seed=0, bisect=False, deterministic=True) for _ in range(2)]
+    options = SolveOptions(bisect=False, deterministic=True)
+    runs = [solve(p, time_limit_s=10, workers=2, seed=0, options=options) for _ in range(2)]
     s = runs[0]
     assert s.status == "optimal" and s.gap < 1e-6 and s.extra["heuristic"] == "staged-model"
     assert s.extra["staged_bound"]["status"] == "OPTIMAL" and s.extra["mip"]["stopped"]
@@ -124,7 +127,7 @@ def test_30_op_graph_at_tight_budget_is_proven_optimal():
     (the gap relaxation is 4 points lower)."""
     p = training_graph(30, 0)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    s = solve(p, time_limit_s=10, workers=1, seed=0, bisect=False)
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False))
     assert s.status == "optimal" and "optimal_within" not in s.extra
     assert s.extra["staged_bound"]["status"] == "OPTIMAL"
     assert s.bound == s.extra["staged_bound"]["bound"] > 1.03 * s.extra["relaxation"]["bound"]
@@ -143,7 +146,7 @@ def test_staged_bound_is_deterministic(n, seed, limit):
     twice, and above the gap relaxation at 100 ops."""
     p = training_graph(n, seed)
     b = int(1.1 * p.floor_bytes)
-    first, second = (solve_staged(p, b, time_limit_s=limit, deterministic=True)[0] for _ in range(2))
+    first, second = (solve_staged(p, b, CpSatRun(limit, deterministic=True))[0] for _ in range(2))
     assert (first.ticks, first.status) == (second.ticks, second.status)
     if n == 100:
-        assert first.seconds > relaxation_bound(p, b, time_limit_s=5, workers=1).seconds
+        assert first.seconds > relaxation_bound(p, b, RELAXATION).seconds

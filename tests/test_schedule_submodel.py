@@ -69,7 +69,7 @@ def test_with_the_exact_profile_a_sub_model_has_the_optimum_of_the_whole_model_w
     incumbent = _optimum(_fixed_clone(model, solution, [], {}))[0]
     gains = 0
     for free, lo, hi in _neighbourhoods(p, g, model, solution):
-        free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, free, solution, lo, hi)
+        free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, lns.Neighbourhood(free, lo, hi), solution)
         sub, _ = reducer.sub_model(solution, free_vars, narrowed)
         assert len(sub.Proto().variables) == len(free_vars) < len(solution)
         best, _ = _optimum(sub)
@@ -84,8 +84,8 @@ def test_below_the_threshold_the_clone_of_the_whole_model_has_the_same_optimum(s
     p, g, model, solution = start
     reducer, copies = submodel.Reducer(model.m), lns._Copies(model)
     for free, lo, hi in _neighbourhoods(p, g, model, solution):
-        free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, free, solution, lo, hi)
-        clone, n_free = lns._sub_model(model.m, model, copies, free, solution, lo, hi)
+        free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, lns.Neighbourhood(free, lo, hi), solution)
+        clone, n_free = lns._sub_model(model, copies, lns.Neighbourhood(free, lo, hi), solution)
         assert n_free > 0
         assert _optimum(clone)[0] == _optimum(_fixed_clone(model, solution, free_vars, narrowed))[0]
 
@@ -95,7 +95,7 @@ def test_with_merged_levels_a_sub_model_is_never_better_and_its_answer_is_a_vali
     assert submodel.PROFILE_SLACK > 0
     reducer, copies = submodel.Reducer(model.m), lns._Copies(model)
     for free, lo, hi in _neighbourhoods(p, g, model, solution):
-        free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, free, solution, lo, hi)
+        free_vars, narrowed = lns._free_vars(model, copies, reducer.domains, lns.Neighbourhood(free, lo, hi), solution)
         sub, _ = reducer.sub_model(solution, free_vars, narrowed)
         best, values = _optimum(sub)
         assert best >= _optimum(_fixed_clone(model, solution, free_vars, narrowed))[0]

@@ -56,7 +56,7 @@ def _schedule_problem(args: argparse.Namespace) -> Problem:
 
 
 def _run_schedule(args: argparse.Namespace) -> int:
-    from trainplan.schedule import METHODS, compare, save_schedule, solve
+    from trainplan.schedule import METHODS, SolveOptions, compare, save_schedule, solve
     from trainplan.schedule import deadline as dl
     from trainplan.schedule.context import RunOptions
     from trainplan.schedule.portfolio import explanation_text
@@ -71,13 +71,13 @@ def _run_schedule(args: argparse.Namespace) -> int:
     methods = len(METHODS) if args.method == "all" else 1
     with dl.scope(dl.Deadline.after(methods * args.time_limit)):
         problem = _schedule_problem(args)
-        opts = {"deterministic": not args.nondeterministic, "verbose": args.verbose}
+        opts = SolveOptions(deterministic=not args.nondeterministic, verbose=args.verbose)
         if args.method == "all":  # as the workflow's schedule rule: ours bisects, the baselines at the budget
-            results = compare(problem, args.time_limit, args.workers, args.seed, bisect=True, **opts)
+            results = compare(problem, args.time_limit, args.workers, args.seed, opts)
             sched = results.pop("ours")
             sched.extra["baselines"] = {name: s.to_dict() for name, s in results.items()}
         elif args.method == "ours":
-            sched = solve(problem, args.time_limit, args.workers, args.seed, **opts)
+            sched = solve(problem, args.time_limit, args.workers, args.seed, options=opts)
         else:
             sched = solve(problem, args.time_limit, args.workers, args.seed, method=args.method)
         save_schedule(args.output, sched)

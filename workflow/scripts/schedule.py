@@ -5,17 +5,17 @@ where the device's host memory is separate (its memory model, recorded in schedu
 from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.io import read_json, write_json, write_table
 from trainplan.logs import log_to
-from trainplan.schedule.budgeted_stages import SolverSettings, comparison_table, schedule_stages, stage_schedules_dict
+from trainplan.schedule.budgeted_stages import (SolverSettings, StageBudget, comparison_table, schedule_stages,
+                                                stage_schedules_dict)
 
 with log_to(snakemake.log[0]) as log:
     inp, out, par, wc = snakemake.input, snakemake.output, snakemake.params, snakemake.wildcards
     graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
     partition = read_json(inp.partition, schema="partition")
     stages = [stage["nodes"] for stage in partition["stages"]]
-    results = schedule_stages(graph.nodes, graph.tensors, stages, fraction=float(wc.budget),
-                              bandwidth=read_host_link(inp.profile_summary),
-                              solver=SolverSettings(par.time_limit_s, par.workers, par.seed),
-                              swap=par.memory_model["swaps"])
+    budget = StageBudget(float(wc.budget), read_host_link(inp.profile_summary), par.memory_model["swaps"])
+    results = schedule_stages(graph.nodes, graph.tensors, stages, budget=budget,
+                              solver=SolverSettings(par.time_limit_s, par.workers, par.seed))
     for res in results:
         log.info("stage %d: %s, time %s s, peak %s B of budget %s B; baselines: %s", res.index, res.ours.status,
                  res.ours.time, res.ours.peak_bytes, res.ours.budget_bytes,

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from trainplan.partition.errors import PartitionError
-from trainplan.schedule.budgeted_stages import SolverSettings, schedule_stage
+from trainplan.schedule.budgeted_stages import SolverSettings, StageBudget, schedule_stage
 from trainplan.schedule.schedule_io import Schedule
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class StageScheduler:
         if not 0.0 < budget_fraction <= 1.0:
             raise PartitionError(f"budget fraction {budget_fraction} must be in (0, 1]")
         self.nodes, self.tensors = nodes, tensors
-        self.bandwidth, self.fraction, self.solver, self.swap = bandwidth, budget_fraction, solver, swap
+        self.budget, self.solver = StageBudget(budget_fraction, bandwidth, swap), solver
         self._cache: dict[tuple[str, ...], ScheduledStage] = {}
         self.reused = 0
 
@@ -50,8 +50,8 @@ class StageScheduler:
         key = tuple(stage_nodes)
         if key not in self._cache:
             t0 = time.perf_counter()
-            problem, sched = schedule_stage(self.nodes, self.tensors, stage_nodes, fraction=self.fraction,
-                                            bandwidth=self.bandwidth, solver=self.solver, swap=self.swap)
+            problem, sched = schedule_stage(self.nodes, self.tensors, stage_nodes, budget=self.budget,
+                                            solver=self.solver)
             self._cache[key] = ScheduledStage(problem, sched, time.perf_counter() - t0)
             log.info("stage %d: %d nodes, budget %d B, %s time %s s (%.1f s)", index, len(stage_nodes),
                      problem["budget_bytes"], sched.status, sched.time, self._cache[key].seconds)
@@ -59,5 +59,5 @@ class StageScheduler:
         if not hit.schedule.ok:
             raise PartitionError(
                 f"stage {index} ({len(stage_nodes)} nodes, first '{stage_nodes[0]}'): no schedule meets "
-                f"budget {hit.problem['budget_bytes']} B ({self.fraction} of its peak): {hit.schedule.extra.get('note')}")
+                f"budget {hit.problem['budget_bytes']} B ({self.budget.fraction} of its peak): {hit.schedule.extra.get('note')}")
         return hit

@@ -1,13 +1,13 @@
 """Recompute/swap scheduling of one pipeline stage under a device-memory cap.
 
 Public API: :func:`problem_from_dict`, :func:`load_problem`, :func:`replay`,
-:func:`solve`, :func:`compare`, :class:`Problem`, :class:`Schedule`.
+:func:`solve`, :func:`compare`, :class:`SolveOptions`, :class:`Problem`, :class:`Schedule`.
 """
 
 from trainplan.schedule.problem import Op, Problem, ProblemError, load_problem, problem_from_dict
 from trainplan.schedule.replay import Replay, ScheduleError, replay
 from trainplan.schedule.schedule_io import Schedule, save_schedule
-from trainplan.schedule.solve import METHODS, compare, solve
+from trainplan.schedule.solve import METHODS, SolveOptions, compare, solve
 
 __all__ = [
     "METHODS",
@@ -17,6 +17,7 @@ __all__ = [
     "Replay",
     "Schedule",
     "ScheduleError",
+    "SolveOptions",
     "compare",
     "load_problem",
     "problem_from_dict",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 
-from trainplan.schedule.heuristic import POLICIES, Simulator, greedy
+from trainplan.schedule.heuristic import POLICIES, Limits, Simulator, greedy
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.replay import replay
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
@@ -25,8 +25,7 @@ def no_recompute(problem: Problem) -> Schedule:
     """Baseline 1: no recompute, no swap. Infeasible when its peak exceeds the budget."""
     start = time.perf_counter()
     events = no_recompute_events(problem)
-    return from_events(problem, events, budget_bytes=problem.budget_bytes, method="no_recompute",
-                       solve_seconds=time.perf_counter() - start)
+    return from_events(problem, events, method="no_recompute", solve_seconds=time.perf_counter() - start)
 
 
 def sqrt_checkpoint_events(problem: Problem, stop_at: float | None = None) -> list[tuple[str, str]] | None:
@@ -65,7 +64,7 @@ def sqrt_checkpoint_events(problem: Problem, stop_at: float | None = None) -> li
             if u not in checkpoint and nu is not None and nu // seg > i // seg and rebuildable(u, nu):
                 sim.free(u)
 
-    return Simulator(problem, None, allow_swap=False, stop_at=stop_at).run(after_step=drop_interior)
+    return Simulator(problem, None, allow_swap=False, limits=Limits(stop_at)).run(after_step=drop_interior)
 
 
 def sqrt_checkpoint(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
@@ -76,8 +75,7 @@ def sqrt_checkpoint(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
     if events is None:
         return no_schedule(problem.budget_bytes, "sqrt_checkpoint", time.perf_counter() - start,
                            "time limit passed before the schedule was complete", status="unknown")
-    return from_events(problem, events, budget_bytes=problem.budget_bytes, method="sqrt_checkpoint",
-                       solve_seconds=time.perf_counter() - start)
+    return from_events(problem, events, method="sqrt_checkpoint", solve_seconds=time.perf_counter() - start)
 
 
 def swap_only(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
@@ -89,7 +87,7 @@ def swap_only(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
     budget = problem.budget_bytes
     best, best_time = None, math.inf
     for policy in POLICIES:
-        events = greedy(problem, budget, allow_recompute=False, policy=policy, stop_at=deadline)
+        events = greedy(problem, budget, allow_recompute=False, policy=policy, limits=Limits(deadline))
         if events is not None and (t := replay(problem, events).time) < best_time:
             best, best_time = events, t
     extra = {}
@@ -98,11 +96,10 @@ def swap_only(problem: Problem, time_limit_s: float = 10.0) -> Schedule:
         hi = replay(problem, best).peak_bytes
         while hi - lo > max(1, int(0.005 * hi)) and time.perf_counter() < deadline:
             mid = (lo + hi) // 2
-            events = greedy(problem, mid, allow_recompute=False, stop_at=deadline)
+            events = greedy(problem, mid, allow_recompute=False, limits=Limits(deadline))
             if events is None:
                 lo = mid
             else:
                 best, hi = events, replay(problem, events).peak_bytes
         extra["note"] = f"greedy swap-only eviction cannot meet the budget; the least budget it met: {hi} B"
-    return from_events(problem, best, budget_bytes=budget, method="swap_only",
-                       solve_seconds=time.perf_counter() - start, extra=extra)
+    return from_events(problem, best, method="swap_only", solve_seconds=time.perf_counter() - start, extra=extra)

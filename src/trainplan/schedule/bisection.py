@@ -17,9 +17,9 @@ from trainplan.schedule import baselines
 from trainplan.schedule import deadline as dl
 from trainplan.schedule import fast
 from trainplan.schedule.context import Context, FastOptions
-from trainplan.schedule.dtr import raised_plan
+from trainplan.schedule.dtr import Effort, raised_plan
 from trainplan.schedule.heuristic import Events
-from trainplan.schedule.mip import solve_mip
+from trainplan.schedule.mip import CpSatRun, ModelSpec, solve_mip
 from trainplan.schedule.replay import replay
 from trainplan.schedule.schedule_io import Schedule, set_budget_status
 from trainplan.schedule.scratch import scratch_bound
@@ -82,8 +82,8 @@ class _Probes:
             self.mip_probes += 1
             probe_s = max(s.min_limit_s, s.probe_share * self.ctx.time.full_limit_s)
             self.allowance.charge(probe_s, 1.0)  # a CP-SAT probe: its limit
-            events = solve_mip(pctx.problem, budget, time_limit_s=probe_s, workers=run.workers, seed=run.seed,
-                               copies=run.copies, deterministic=run.deterministic).events
+            events = solve_mip(pctx.problem, budget, CpSatRun(probe_s, run.workers, run.seed, run.deterministic),
+                               ModelSpec(copies=run.copies)).events
             events = events if pctx.valid(events) is not None else None
         return None if events is None else self.keep(events)
 
@@ -114,8 +114,8 @@ def bisect(ctx: Context, attempt: Attempt, first_schedule: FirstSchedule) -> str
         # (first: where the run from scratch takes the allowance and fails, it is left with nothing)
         meter = [0]
         start = max(budget, prob.floor_bytes)
-        events = raised_plan(prob, start, int(s.raise_step * start), nr_peak - 1, meter=meter,
-                             work_cap=probes.allowance.units(s.probe_dtr_per_second))
+        events = raised_plan(prob, start, int(s.raise_step * start), nr_peak - 1,
+                             effort=Effort(meter=meter, work_cap=probes.allowance.units(s.probe_dtr_per_second)))
         probes.allowance.charge(meter[0], s.probe_dtr_per_second)
         if events is not None:
             hi = probes.keep(events)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from trainplan.schedule import deadline as dl
-from trainplan.schedule.mip import _ticks, configure, time_unit, used_seconds
+from trainplan.schedule.mip import CpSatRun, _ticks, configure, time_unit, used_seconds
 from trainplan.schedule.problem import Problem
 
 
@@ -66,8 +66,7 @@ def trivial_bound(problem: Problem, status: str) -> Bound:
     return Bound(problem.compute_time, sum(_ticks(op.time, tu) for op in problem.ops), status)
 
 
-def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, workers: int = 2,
-                     seed: int = 0, deterministic: bool = False, wall_cap_s: float | None = None) -> Bound:
+def relaxation_bound(problem: Problem, budget_bytes: int, run: CpSatRun) -> Bound:
     """Relaxation: each tensor's life is cut into gaps between consecutive first-compute readers
     (and to the end for keep ops); a gap is either kept on the device through every first compute
     strictly inside it, or costs at least one recompute (op time) or one swap-in (one transfer),
@@ -75,20 +74,20 @@ def relaxation_bound(problem: Problem, budget_bytes: int, *, time_limit_s: float
     Memory rows count kept gaps plus each op's inputs, output and workspace at its first compute.
     Every schedule maps onto a feasible point of equal or larger cost, so the optimum (and the
     solver's proven bound) of this integer program bounds the true optimum from below.
-    ``wall_cap_s``: the wall time left to the whole call, if it caps the solve (see mip.configure); the
-    model build stops there too (status ``NOT_BUILT``, the trivial bound).
+    ``run``: the solve's limit, workers, seed and deterministic time (see mip.configure; its ``verbose`` and
+    ``lns_share`` are not used); its ``wall_cap_s``, the wall time left to the whole call, stops the model build
+    too (status ``NOT_BUILT``, the trivial bound).
     """
-    stop = dl.current().earlier(None if wall_cap_s is None else time.perf_counter() + wall_cap_s)
+    stop = dl.current().earlier(None if run.wall_cap_s is None else time.perf_counter() + run.wall_cap_s)
     if relaxation_terms(problem) * RELAX_SECONDS_PER_TERM > stop.left():
         return trivial_bound(problem, "NOT_BUILT")
     try:
-        return _relaxation_bound(problem, budget_bytes, time_limit_s, workers, seed, deterministic, stop)
+        return _relaxation_bound(problem, budget_bytes, run, stop)
     except dl.OutOfTime:
         return trivial_bound(problem, "NOT_BUILT")
 
 
-def _relaxation_bound(problem: Problem, budget_bytes: int, time_limit_s: float, workers: int, seed: int,
-                      deterministic: bool, stop: dl.Deadline) -> Bound:
+def _relaxation_bound(problem: Problem, budget_bytes: int, run: CpSatRun, stop: dl.Deadline) -> Bound:
     p, n = problem, problem.n
     cap = budget_bytes - p.fixed_bytes
     base = sum(p.ops[u].bytes for u in p.keep_idx)
@@ -135,11 +134,11 @@ def _relaxation_bound(problem: Problem, budget_bytes: int, time_limit_s: float, 
     m.Minimize(sum(cost))
     if stop.left() <= 0:
         raise dl.OutOfTime
-    solver = configure(time_limit_s, workers, seed, deterministic, det_per_second=RELAX_DET_PER_SECOND,
-                       wall_cap_s=stop.left())
+    solver = configure(CpSatRun(run.time_limit_s, run.workers, run.seed, run.deterministic, wall_cap_s=stop.left()),
+                       det_per_second=RELAX_DET_PER_SECOND)
     code = solver.Solve(m)
     status = solver.StatusName(code)
-    work = used_seconds(solver, time_limit_s, deterministic)
+    work = used_seconds(solver, run.time_limit_s, run.deterministic)
     if code == cp_model.INFEASIBLE:
         return Bound(math.inf, 0, status, True, work_s=work)
     extra = max(0, math.ceil(solver.BestObjectiveBound() - 1e-6)) if code in (

@@ -28,11 +28,22 @@ class SolverSettings:
     seed: int
 
 
-def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *,
-                           fraction: float, bandwidth: float, swap: bool = True) -> dict[str, Any]:
-    """The stage's problem dict with ``budget_bytes`` at ``fraction`` of its no-recompute activation peak;
-    ``swap=False``: no op may be swapped (a device whose host memory is shared, ``host_swap.memory_model``)."""
-    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth, swap=swap)
+@dataclass(frozen=True)
+class StageBudget:
+    """How a stage's problem is made: its budget at ``fraction`` of its no-recompute activation peak, the host link's
+    ``bandwidth`` (bytes per second), and whether ops may be swapped (``swap=False``: a device whose host memory is
+    shared, ``host_swap.memory_model``)."""
+
+    fraction: float
+    bandwidth: float
+    swap: bool = True
+
+
+def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str],
+                           budget: StageBudget) -> dict[str, Any]:
+    """The stage's problem dict with ``budget_bytes`` at ``budget.fraction`` of its no-recompute activation peak."""
+    fraction = budget.fraction
+    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap)
     raw["budget_bytes"] = budget_for(raw, float(fraction))  # a float: a fraction, never bytes
     raw["budget_fraction"] = fraction
     raw["no_recompute_peak_bytes"] = no_recompute_peak(raw)
@@ -44,11 +55,11 @@ def solve_stage(raw: dict[str, Any], solver: SolverSettings, method: str = "ours
     return solve(problem_from_dict(raw), solver.time_limit_s, solver.workers, solver.seed, method=method)
 
 
-def schedule_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, fraction: float,
-                   bandwidth: float, solver: SolverSettings, swap: bool = True) -> tuple[dict[str, Any], Schedule]:
+def schedule_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, budget: StageBudget,
+                   solver: SolverSettings) -> tuple[dict[str, Any], Schedule]:
     """The one place a stage is scheduled with our method, for the ``schedule`` rule and the balance loop:
-    its budgeted problem (``swap``: whether ops may be swapped) and our schedule."""
-    raw = budgeted_stage_problem(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth, swap=swap)
+    its budgeted problem and our schedule."""
+    raw = budgeted_stage_problem(nodes, tensors, stage_nodes, budget)
     return raw, solve_stage(raw, solver)
 
 
@@ -63,19 +74,16 @@ class StageSchedules:
     methods: dict[str, dict[str, Any]]
 
 
-def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[list[str]], *, fraction: float,
-                    bandwidth: float, solver: SolverSettings, swap: bool = True,
-                    progress: bool = True) -> list[StageSchedules]:
-    """Build each stage's problem at ``fraction`` of its no-recompute peak (``swap``: whether ops may be
-    swapped) and solve it with every method.
+def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[list[str]], *, budget: StageBudget,
+                    solver: SolverSettings, progress: bool = True) -> list[StageSchedules]:
+    """Build each stage's problem at ``budget.fraction`` of its no-recompute peak and solve it with every method.
 
     Our method bisects to the smallest feasible budget when the requested one is infeasible; the
     baselines are run at the requested budget and report ``infeasible`` where they cannot meet it.
     """
     out: list[StageSchedules] = []
     for index, stage_nodes in enumerate(tqdm(stages, desc="schedule stages", disable=not progress)):
-        raw, ours = schedule_stage(nodes, tensors, stage_nodes, fraction=fraction, bandwidth=bandwidth, solver=solver,
-                                   swap=swap)
+        raw, ours = schedule_stage(nodes, tensors, stage_nodes, budget=budget, solver=solver)
         methods = {m: solve_stage(raw, solver, m).to_dict() for m in METHODS if m != "ours"}
         methods["ours"] = ours.to_dict()
         out.append(StageSchedules(index, list(stage_nodes), raw, ours, methods))

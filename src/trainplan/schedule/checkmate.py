@@ -16,8 +16,8 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from trainplan.schedule.checkmate_lp import checkmate_lp
-from trainplan.schedule.heuristic import greedy
-from trainplan.schedule.mip import _ticks, byte_unit, configure, time_unit
+from trainplan.schedule.heuristic import Limits, greedy
+from trainplan.schedule.mip import CpSatRun, _ticks, byte_unit, configure, time_unit
 from trainplan.schedule.problem import Problem
 from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule
 
@@ -84,7 +84,7 @@ def _build(p: Problem, bu: int, tu: float, deadline: float) -> tuple[cp_model.Cp
             S[t, i] = m.NewBoolVar(f"S{t}_{i}")
     for i in range(n):  # the final state: keep ops on device, nothing else
         S[n, i] = m.NewConstant(1 if i in p.keep_idx else 0)
-    events = greedy(p, p.budget_bytes, allow_swap=False, stop_at=deadline)  # recompute-only greedy: a hint
+    events = greedy(p, p.budget_bytes, allow_swap=False, limits=Limits(deadline))  # recompute-only greedy: a hint
     hr, hs = _stage_hint(p, events) if events is not None else (None, None)
 
     def rv(t: int, i: int) -> bool:
@@ -190,7 +190,7 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
                            {"variant": "milp", "milp_status": "NOT_BUILT", "milp_variables": size}, status="not_built")
     m, R, S = built
     left = max(0.05, time_limit_s - (time.perf_counter() - t0) - MILP_STOP_SECONDS_PER_VARIABLE * size)
-    solver = configure(left, workers, seed, deterministic=False)
+    solver = configure(CpSatRun(left, workers, seed, deterministic=False))
     solver.parameters.cp_model_probing_level = 0  # probing dominates presolve on this model
     code = solver.Solve(m)
     status = solver.StatusName(code)
@@ -203,5 +203,4 @@ def checkmate(problem: Problem, *, time_limit_s: float = 10.0, workers: int = 2,
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return no_schedule(budget, "checkmate", wall, "time limit without a solution", extra, status="unknown")
     extra["milp_bound_recompute_only"] = solver.BestObjectiveBound() * tu
-    return from_events(p, _decode(p, solver, R, S), budget_bytes=budget, method="checkmate", solve_seconds=wall,
-                       optimal=False, extra=extra)
+    return from_events(p, _decode(p, solver, R, S), method="checkmate", solve_seconds=wall, extra=extra)

@@ -395,5 +395,4 @@ def checkmate_lp(problem: Problem, *, time_limit_s: float, seed: int = 0,
     if best.events is None:
         return no_schedule(budget, "checkmate", time.perf_counter() - t0,
                            "the time limit passed before a rounding finished", info, status="unknown")
-    return from_events(p, best.events, budget_bytes=budget, method="checkmate",
-                       solve_seconds=time.perf_counter() - t0, extra=info)
+    return from_events(p, best.events, method="checkmate", solve_seconds=time.perf_counter() - t0, extra=info)

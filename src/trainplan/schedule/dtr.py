@@ -31,6 +31,7 @@ import heapq
 import math
 import random
 import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from trainplan.schedule import deadline as dl
@@ -137,29 +138,68 @@ def plain_memory(p: Problem, stop: dl.Deadline = dl.NEVER) -> tuple[list[int], l
     return mem, live_at
 
 
-def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, restarts: int = 0, seed: int = 0,
-             refine: int = 0, stop: dl.Deadline | None = None, refine_wall_s: float | None = None,
-             meter: list[int] | None = None, work_cap: float = INF, found: list[float] | None = None,
-             holds: bool = True) -> Events | None:
+@dataclass(frozen=True)
+class Effort:
+    """What ends making plans, and what they did: ``stop``, a deadline (None: the call's), and ``meter``, a counter
+    the plans add their work units to (:attr:`_Plan.work`; None: a fresh one), past ``work_cap`` units."""
+
+    stop: dl.Deadline | None = None
+    meter: list[int] | None = None
+    work_cap: float = INF
+
+    def started(self) -> Effort:
+        """This effort with the call's deadline for no ``stop`` and a fresh counter for no ``meter``."""
+        return Effort(dl.current() if self.stop is None else self.stop, [0] if self.meter is None else self.meter,
+                      self.work_cap)
+
+
+@dataclass(frozen=True)
+class DtrOptions:
+    """Which plans :func:`dtr_plan` makes: swap-ins allowed (``allow_swap``), randomised ``restarts`` drawn with
+    ``seed``, both kinds of plans or only those that hold no input past its last reader (``holds`` false), and ruin
+    and recreate on the kept plan for at most ``refine`` work units and ``refine_wall_s`` wall seconds."""
+
+    allow_swap: bool = True
+    restarts: int = 0
+    seed: int = 0
+    refine: int = 0
+    refine_wall_s: float | None = None
+    holds: bool = True
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """How a plan evicts and restores: swap-ins allowed (``allow_swap``), chains of at most ``max_chain``
+    recomputes, restores before the next reader (``early``, :meth:`_Plan.restore_steps`), inputs held past their
+    last reader (``hold``, :meth:`_Plan.chain`)."""
+
+    allow_swap: bool
+    max_chain: int
+    early: bool
+    hold: bool = False
+
+
+def dtr_plan(problem: Problem, budget_bytes: int, options: DtrOptions = DtrOptions(), effort: Effort = Effort(),
+             found: list[float] | None = None) -> Events | None:
     """Events of the eviction plan under ``budget_bytes`` (module docstring), or None if none is found (or
     the deadline passed). Plans of two kinds are made, holding inputs past their last reader
-    (:meth:`_Plan.chain`) and not (``holds`` false: only the latter, which fail sooner where no plan exists),
-    with chains of at most MAX_CHAIN recomputes, each kind restoring late and early, and the restarts shared
-    between the kinds (:class:`_Kind`: restarts have their scores perturbed by up to RESTART_NOISE, seeded: the
-    same plans on any machine, unless the deadline cuts them short); the cheapest replay-valid plan is kept.
+    (:meth:`_Plan.chain`) and not (``options.holds`` false: only the latter, which fail sooner where no plan
+    exists), with chains of at most MAX_CHAIN recomputes, each kind restoring late and early, and the restarts
+    shared between the kinds (:class:`_Kind`: restarts have their scores perturbed by up to RESTART_NOISE, seeded:
+    the same plans on any machine, unless the deadline cuts them short); the cheapest replay-valid plan is kept.
     Where no such plan fits, plans with chains of any length (slower: tight budgets on wide DAGs, where earlier
     evictions leave long chains of missing ancestors), those that hold inputs first, until one kind finds a
     plan; these restore late first, and only late once that fits. Late plans come first everywhere: where no
     plan fits they fail sooner, so a tight budget reaches the fallback's late plan before the early plans.
-    ``refine``: ruin and recreate on the kept plan for at most that much work (:func:`refine_plan`), and at most
-    ``refine_wall_s`` wall seconds from its start (a safety net; ``stop`` always ends it). ``meter``: a counter
-    the plans add their work units to (:attr:`_Plan.work`); making plans stops once it passes ``work_cap``.
-    ``found``: gets the ``time.perf_counter()`` at which the first valid plan was ready (the deadline passing
-    then would have returned it; the plans after it may be cheaper)."""
-    search = _Search(problem, budget_bytes, allow_swap, dl.current() if stop is None else stop,
-                     [0] if meter is None else meter, work_cap, found)
-    kinds = (False, True) if holds else (False,)
-    each = restarts // len(kinds)
+    ``options.refine``: ruin and recreate on the kept plan for at most that much work (:func:`refine_plan`), and
+    at most ``options.refine_wall_s`` wall seconds from its start (a safety net; the deadline always ends it).
+    ``effort``: the deadline, and the meter the plans add their work units to; making plans stops once it passes
+    its work cap. ``found``: gets the ``time.perf_counter()`` at which the first valid plan was ready (the deadline
+    passing then would have returned it; the plans after it may be cheaper)."""
+    search = _Search(problem, budget_bytes, options.allow_swap, effort, found)
+    kinds = (False, True) if options.holds else (False,)
+    each = options.restarts // len(kinds)
+    seed = options.seed
     bounded = [_Kind(MAX_CHAIN, hold, seed) for hold in kinds] if MAX_CHAIN < problem.n else []
     fallback = [_Kind(problem.n, hold, seed, late_only=True) for hold in reversed(kinds)]
     try:
@@ -181,25 +221,26 @@ def dtr_plan(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, re
     best = min((kind.best for kind in bounded + fallback if kind.best is not None), key=lambda b: b[0], default=None)
     if best is None:
         return None
-    if refine:
-        refine_stop = search.stop.earlier(None if refine_wall_s is None else time.perf_counter() + refine_wall_s)
-        best = refine_plan(best[1], best[0], refine, random.Random(seed), refine_stop)
+    if options.refine:
+        wall_s = options.refine_wall_s
+        refine_stop = search.stop.earlier(None if wall_s is None else time.perf_counter() + wall_s)
+        best = refine_plan(best[1], best[0], options.refine, random.Random(seed), refine_stop)
     return best[1].events()
 
 
 def raised_plan(problem: Problem, budget_bytes: int, least_raise: int, ceiling: int, *, allow_swap: bool = True,
-                stop: dl.Deadline | None = None, meter: list[int] | None = None,
-                work_cap: float = INF) -> Events | None:
+                effort: Effort = Effort()) -> Events | None:
     """Events of one plan that starts at ``budget_bytes`` and, where a step cannot be relieved, raises its budget
     by 1/RAISE_DIV of that step's excess (at least ``least_raise`` bytes) instead of failing: a schedule near the
     least budget this planner reaches, in about the work of one plan, for a bisection's upper end. The plan
     restores late with chains of at most MAX_CHAIN that hold inputs, the kind that reached the least budgets on
-    the layered DAGs. Out of work (``work_cap``; ``meter`` as in :func:`dtr_plan`), the plan so far, at the
-    budget its worst step needs. None past the deadline or once the budget would pass ``ceiling``."""
-    stop = dl.current() if stop is None else stop
+    the layered DAGs. Out of work (``effort`` as in :func:`dtr_plan`), the plan so far, at the budget its worst
+    step needs. None past the deadline or once the budget would pass ``ceiling``."""
+    effort = effort.started()
+    stop = effort.stop
     try:
-        plan = _Plan(problem, budget_bytes, allow_swap, stop, MAX_CHAIN, early=False, meter=meter, work_cap=work_cap,
-                     hold=True, least_raise=max(1, least_raise), ceiling=ceiling)
+        plan = _Plan(problem, budget_bytes, _Rules(allow_swap, MAX_CHAIN, early=False, hold=True), effort,
+                     least_raise=max(1, least_raise), ceiling=ceiling)
     except dl.OutOfTime:
         return None
     try:
@@ -234,18 +275,19 @@ class _Search:
     """The plans :func:`dtr_plan` makes, under one deadline and work cap; the time the first valid one was ready is
     stamped in ``found``."""
 
-    def __init__(self, problem: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, meter: list[int],
-                 work_cap: float, found: list[float] | None) -> None:
-        self.problem, self.budget, self.allow_swap, self.stop = problem, budget, allow_swap, stop
-        self.meter, self.work_cap, self.found = meter, work_cap, found
+    def __init__(self, problem: Problem, budget: int, allow_swap: bool, effort: Effort,
+                 found: list[float] | None) -> None:
+        self.problem, self.budget, self.allow_swap, self.found = problem, budget, allow_swap, found
+        self.effort = effort.started()  # one deadline and meter for every plan
+        self.stop = self.effort.stop
 
     def make(self, kind: _Kind, early: bool, perturbed: bool = False) -> None:
         """One plan of ``kind``, kept as its best if it fits and is cheaper; OutOfTime past the deadline or the
         work cap."""
-        if self.stop.passed() or self.meter[0] > self.work_cap:
+        if self.stop.passed() or self.effort.meter[0] > self.effort.work_cap:
             raise dl.OutOfTime
-        plan = _plan(self.problem, self.budget, self.allow_swap, self.stop, kind.rng if perturbed else None,
-                     kind.max_chain, early=early, meter=self.meter, work_cap=self.work_cap, hold=kind.hold)
+        plan = _plan(self.problem, self.budget, _Rules(self.allow_swap, kind.max_chain, early, kind.hold), self.effort,
+                     kind.rng if perturbed else None)
         t = None if plan is None else plan.time()
         if not early and not perturbed:
             kind.late_fits = t is not None
@@ -328,14 +370,16 @@ class _Plan:
     gap how it is restored. Gaps are evicted and kept again (``evict``/``keep``) with every derived table
     updated, so a plan can be relieved, thinned and partly undone (:func:`refine_plan`)."""
 
-    def __init__(self, p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, max_chain: int,
-                 early: bool, meter: list[int] | None = None, work_cap: float = INF, hold: bool = False,
-                 least_raise: int = 0, ceiling: float = INF) -> None:
-        self.p, self.budget, self.allow_swap, self.stop, self.max_chain = p, budget, allow_swap, stop, max_chain
-        self.hold = hold  # a restore's chain may keep an input alive past its last reader (:meth:`chain`)
-        self.early = early  # restores may come before the next reader (:meth:`restore_steps`)
+    def __init__(self, p: Problem, budget: int, rules: _Rules, effort: Effort = Effort(), least_raise: int = 0,
+                 ceiling: float = INF) -> None:
+        """``effort``: its deadline (default: the call's) and meter (default: the plan's own) are the plan's."""
+        effort = effort.started()
+        self.p, self.budget, self.allow_swap, self.stop = p, budget, rules.allow_swap, effort.stop
+        self.max_chain = rules.max_chain
+        self.hold = rules.hold  # a restore's chain may keep an input alive past its last reader (:meth:`chain`)
+        self.early = rules.early  # restores may come before the next reader (:meth:`restore_steps`)
         self.gaps = _Gaps(p)
-        mem, self.live_at = plain_memory(p, stop)
+        mem, self.live_at = plain_memory(p, self.stop)
         self.excess = [m - budget for m in mem]
         self.evicted: list[dict[int, int]] = [{} for _ in range(p.n)]  # per tensor: evicted gap -> restore step
         self.swaps = [0] * p.n  # gaps of u restored by swap-in (after the first, a swap-in costs one transfer)
@@ -349,8 +393,8 @@ class _Plan:
         self.transient = [0] * p.n  # peak bytes of the recomputes before step s beyond the restored tensors
         self.base = [op.bytes + op.workspace for op in p.ops]  # a compute's own bytes (output, workspace)
         self.counter = _Counter([e > 0 for e in self.excess])
-        self.work = [0] if meter is None else meter  # work units done (CANDIDATE_WORK...): shared by copies
-        self.work_cap = work_cap  # relieve and thin stop (OutOfTime) once the meter passes it
+        self.work = effort.meter  # work units done (CANDIDATE_WORK...): shared by copies
+        self.work_cap = effort.work_cap  # relieve and thin stop (OutOfTime) once the meter passes it
         self.walks: dict[tuple[int, int, bool], _Walk] = {}  # chain walks kept (:meth:`chain`)
         self.clock = [0]  # residency changes made so far, by this plan and its copies (shared, so epochs are unique)
         self.changed = [0] * p.n  # the clock when each tensor's residency last changed
@@ -719,11 +763,10 @@ class _Plan:
             return None
 
 
-def _plan(p: Problem, budget: int, allow_swap: bool, stop: dl.Deadline, rng: random.Random | None,
-          max_chain: int, early: bool, meter: list[int] | None = None, work_cap: float = INF,
-          hold: bool = False) -> _Plan | None:
+def _plan(p: Problem, budget: int, rules: _Rules, effort: Effort = Effort(),
+          rng: random.Random | None = None) -> _Plan | None:
     """A relieved and thinned plan (``rng``: perturbed scores), or None if some step cannot be relieved."""
-    plan = _Plan(p, budget, allow_swap, stop, max_chain, early, meter, work_cap, hold)
+    plan = _Plan(p, budget, rules, effort)
     if not plan.relieve(rng):
         return None
     plan.thin()

@@ -12,8 +12,8 @@ from typing import NamedTuple
 from trainplan.schedule import baselines
 from trainplan.schedule.chain_dp import chain_dp_events
 from trainplan.schedule.context import Context, Polished
-from trainplan.schedule.dtr import dtr_plan
-from trainplan.schedule.heuristic import INF, POLICIES, Events, Simulator
+from trainplan.schedule.dtr import DtrOptions, Effort, dtr_plan
+from trainplan.schedule.heuristic import INF, POLICIES, Events, Limits, Simulator
 from trainplan.schedule.last_compute import search as last_compute_search
 from trainplan.schedule.mip import hint_growth
 from trainplan.schedule.problem import Problem
@@ -91,10 +91,11 @@ def _greedy(ctx: Context, variant: GreedyVariant) -> bool:
     fr, opts, inc, rate = ctx.fast_run, ctx.fast, ctx.incumbent, ctx.settings.probe_greedy_per_second
     cap = opts.greedy_work if ctx.allowance is None else min(opts.greedy_work or INF, ctx.allowance.units(rate))
     end = fr.call.end if variant.label == "swap" else min(fr.call.end, fr.stop_at or fr.call.end)
-    sim = Simulator(ctx.problem, ctx.budget, allow_swap=variant.allow_swap, allow_recompute=variant.allow_recompute,
-                    policy=variant.policy, stop_at=fr.first_stop.end if inc.time is None else end,
+    limits = Limits(fr.first_stop.end if inc.time is None else end,
                     time_cap=inc.time,  # a run slower than the best stops
                     work_cap=cap)
+    sim = Simulator(ctx.problem, ctx.budget, allow_swap=variant.allow_swap, allow_recompute=variant.allow_recompute,
+                    policy=variant.policy, limits=limits)
     events = sim.run()
     if ctx.allowance is not None:
         ctx.allowance.charge(sim.work_done, rate)
@@ -124,11 +125,11 @@ def _dtr(ctx: Context, allow_swap: bool) -> str:
     share = refine_share(ctx.problem, s)
     refine = 0 if deadline_s is None else int(share * deadline_s * s.refine_work_per_second)
     meter, found = [0], []
-    events = dtr_plan(ctx.problem, ctx.budget, allow_swap=allow_swap, restarts=restarts, refine=refine,
-                      stop=fr.first_stop if ctx.incumbent.time is None else fr.call,
-                      refine_wall_s=None if deadline_s is None else s.wall_safety * share * deadline_s,
-                      meter=meter, work_cap=INF if ctx.allowance is None else ctx.allowance.units(
-                          s.probe_dtr_per_second), found=found, holds=not opts.first_only)
+    options = DtrOptions(allow_swap, restarts, refine=refine, holds=not opts.first_only,
+                         refine_wall_s=None if deadline_s is None else s.wall_safety * share * deadline_s)
+    effort = Effort(fr.first_stop if ctx.incumbent.time is None else fr.call, meter,
+                    INF if ctx.allowance is None else ctx.allowance.units(s.probe_dtr_per_second))
+    events = dtr_plan(ctx.problem, ctx.budget, options, effort, found)
     if ctx.allowance is not None:
         ctx.allowance.charge(meter[0], s.probe_dtr_per_second)
     # the plan's events are polished already; it was valid before its refinement

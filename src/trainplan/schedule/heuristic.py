@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from trainplan.schedule import deadline as dl
 from trainplan.schedule.problem import Problem
@@ -20,35 +21,46 @@ class _OverTimeCap(Exception):
     """A run's computes already take longer than its ``time_cap``, or it has done its ``work_cap``."""
 
 
+@dataclass(frozen=True)
+class Limits:
+    """When a greedy run is abandoned (see :class:`Simulator`): past ``stop_at`` (a ``time.perf_counter()``
+    instant), once its computes take longer than ``time_cap`` seconds, after ``work_cap`` units of work."""
+
+    stop_at: float | None = None
+    time_cap: float | None = None
+    work_cap: float | None = None
+
+
 class Simulator:
     """Runs ops in program order, rematerialising missing inputs and evicting to stay under a cap.
 
     ``budget_bytes=None`` never evicts. ``policy`` picks the eviction victim: "belady" = furthest
     next use (then largest), "cost" = cheapest restore cost per byte and step held. The eviction
     action (swap out vs drop) and the restore action (swap in vs recompute) are chosen by cost.
-    ``stop_at`` (a ``time.perf_counter()`` instant) abandons the run when it is passed, as does the
+    ``limits.stop_at`` (a ``time.perf_counter()`` instant) abandons the run when it is passed, as does the
     current deadline (``deadline.current()``) for a run under a cap or with an ``after_step`` hook (a plain
     uncapped run is linear and always completes); the loops check it at every eviction candidate and
-    rematerialisation, so a run ends within milliseconds of it. ``time_cap`` abandons the run once its
+    rematerialisation, so a run ends within milliseconds of it. ``limits.time_cap`` abandons the run once its
     computes' op time (a lower bound on the schedule's time) exceeds it: it cannot beat a schedule that fast.
-    ``work_cap`` abandons it after that many of those checks (a deterministic bound, the same on any machine).
+    ``limits.work_cap`` abandons it after that many of those checks (a deterministic bound, the same on any
+    machine).
     """
 
     def __init__(self, problem: Problem, budget_bytes: int | None, *, allow_swap: bool = True,
-                 allow_recompute: bool = True, policy: str = "belady", stop_at: float | None = None,
-                 time_cap: float | None = None, work_cap: float | None = None) -> None:
+                 allow_recompute: bool = True, policy: str = "belady", limits: Limits = Limits()) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         self.p = problem
         self.cap = None if budget_bytes is None else budget_bytes - problem.fixed_bytes
         self.allow_swap, self.allow_recompute, self.policy = allow_swap, allow_recompute, policy
-        self.deadline = dl.current().earlier(stop_at)
+        self.deadline = dl.current().earlier(limits.stop_at)
         self.resident: set[int] = set()
         self.host: set[int] = set()
         self.used = 0
+        time_cap = limits.time_cap
         self.time_cap = INF if time_cap is None else time_cap * (1 + 1e-9)  # a running sum: prune surely slower runs
         self.compute_time = 0.0
-        self.work_cap = INF if work_cap is None else work_cap
+        self.work_cap = INF if limits.work_cap is None else limits.work_cap
         self.work_done = 0  # units of work (see _tick)
         self.events: Events = []
         self.touched: list[int] = []
@@ -257,13 +269,12 @@ def guided(problem: Problem, budget_bytes: int, evict: frozenset[tuple[int, int]
             if nu is not None and (u, nu) in evict and sim.evict_cost(u, i + 1)[0] < INF:
                 sim.evict(u, i + 1)
 
-    return Simulator(problem, budget_bytes, policy="cost", stop_at=stop_at).run(after_step=follow)
+    return Simulator(problem, budget_bytes, policy="cost", limits=Limits(stop_at)).run(after_step=follow)
 
 
 def greedy(problem: Problem, budget_bytes: int, *, allow_swap: bool = True, allow_recompute: bool = True,
-           policy: str = "belady", stop_at: float | None = None, time_cap: float | None = None,
-           work_cap: float | None = None) -> Events | None:
-    """One greedy run under ``budget_bytes``; None if it could not stay under the cap (or ran past ``stop_at``,
-    or its computes took longer than ``time_cap``, or it did more than ``work_cap`` units of work)."""
+           policy: str = "belady", limits: Limits = Limits()) -> Events | None:
+    """One greedy run under ``budget_bytes``; None if it could not stay under the cap (or was abandoned at one of
+    its ``limits``)."""
     return Simulator(problem, budget_bytes, allow_swap=allow_swap, allow_recompute=allow_recompute,
-                     policy=policy, stop_at=stop_at, time_cap=time_cap, work_cap=work_cap).run()
+                     policy=policy, limits=limits).run()

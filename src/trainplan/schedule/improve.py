@@ -14,9 +14,9 @@ from trainplan.schedule.bounds import RELAXATION_PROOF, Bound, floor_proof, rela
 from trainplan.schedule.context import Context, Polished
 from trainplan.schedule.fast import cp_hint
 from trainplan.schedule.heuristic import Events, guided
-from trainplan.schedule.mip import MipResult, SearchStop, objective_ticks, solve_mip
+from trainplan.schedule.mip import CpSatRun, MipResult, ModelSpec, SearchStop, objective_ticks, solve_mip
 from trainplan.schedule.replay import ScheduleError, replay
-from trainplan.schedule.schedule_io import Schedule, from_events, no_schedule, set_budget_status
+from trainplan.schedule.schedule_io import Optimality, Schedule, from_events, no_schedule, set_budget_status
 from trainplan.schedule.staged_bound import solve_staged, staged_variables
 from trainplan.schedule.staged_events import staged_events
 
@@ -40,10 +40,9 @@ def cpsat(ctx: Context, step: CpSatStep) -> MipResult:
     """CP-SAT on the full model (``mip.solve_mip``), window LNS after a hinted search."""
     run = ctx.run
     copies, slots = (run.copies, None) if step.grid is None else step.grid
-    return solve_mip(ctx.problem, ctx.budget, time_limit_s=step.time_s,
-                     workers=run.workers if step.workers is None else step.workers, seed=run.seed, hint=step.hint,
-                     copies=copies, slots=slots, lower_bound_ticks=step.bound_ticks, deterministic=run.deterministic,
-                     verbose=run.verbose, stop=step.stop, wall_cap_s=step.wall_s, lns_share=ctx.settings.lns_share)
+    cp_run = CpSatRun(step.time_s, run.workers if step.workers is None else step.workers, run.seed, run.deterministic,
+                      run.verbose, step.wall_s, ctx.settings.lns_share)
+    return solve_mip(ctx.problem, ctx.budget, cp_run, ModelSpec(step.hint, copies, slots, step.bound_ticks), step.stop)
 
 
 def grow_grid(ctx: Context, res: MipResult, step: CpSatStep) -> MipResult:
@@ -110,8 +109,8 @@ def relaxation(ctx: Context) -> str:
     attempt."""
     t, run = ctx.time, ctx.run
     relax_s = max(ctx.settings.min_limit_s, min(t.limit_s / 2, t.left()))
-    relax = relaxation_bound(ctx.problem, ctx.budget, time_limit_s=relax_s, workers=run.workers, seed=run.seed,
-                             deterministic=run.deterministic, wall_cap_s=t.wall_left())
+    relax = relaxation_bound(ctx.problem, ctx.budget,
+                             CpSatRun(relax_s, run.workers, run.seed, run.deterministic, wall_cap_s=t.wall_left()))
     _set_relaxation(ctx, relax)
     if relax.infeasible:
         ctx.proof = RELAXATION_PROOF
@@ -150,14 +149,13 @@ def restricted_mip(ctx: Context) -> str:
     wall_s = ctx.time.wall_left()
     assert relax is not None
     ops = frozenset(u for u, _ in relax.evict)
-    res = solve_mip(ctx.problem, ctx.budget, time_limit_s=share, workers=run.workers, seed=run.seed, remat_ops=ops,
-                    lower_bound_ticks=relax.ticks, deterministic=run.deterministic, wall_cap_s=wall_s)
+    cp_run = CpSatRun(share, run.workers, run.seed, run.deterministic, wall_cap_s=wall_s)
+    res = solve_mip(ctx.problem, ctx.budget, cp_run, ModelSpec(lower_bound_ticks=relax.ticks, remat_ops=ops))
     used = res.work_s
     if res.status == "INFEASIBLE" and share - used > ctx.settings.min_step_s:
         ops |= {w for u in ops for w in ctx.problem.inputs[u]}
-        res = solve_mip(ctx.problem, ctx.budget, time_limit_s=share - used, workers=run.workers, seed=run.seed,
-                        remat_ops=ops, lower_bound_ticks=relax.ticks, deterministic=run.deterministic,
-                        wall_cap_s=wall_s - (time.perf_counter() - t0))
+        cp_run = replace(cp_run, time_limit_s=share - used, wall_cap_s=wall_s - (time.perf_counter() - t0))
+        res = solve_mip(ctx.problem, ctx.budget, cp_run, ModelSpec(lower_bound_ticks=relax.ticks, remat_ops=ops))
         used += res.work_s
     replay_time = ctx.valid(res.events)
     ctx.extra["restricted_mip"] = {
@@ -197,9 +195,8 @@ def _staged_model(ctx: Context, share_s: float, schedule_ticks: int) -> tuple[Bo
     """The staged model for ``share_s`` seconds (summary in the extra), stopped once its bound proves the schedule of
     ``schedule_ticks``: its bound, and the events of its last solution polished, if they fit the budget."""
     t0, run = time.perf_counter(), ctx.run
-    staged, solution = solve_staged(ctx.problem, ctx.budget, time_limit_s=share_s, seed=run.seed,
-                                    deterministic=run.deterministic, stop_at_ticks=schedule_ticks,
-                                    wall_cap_s=ctx.time.wall_left())
+    staged_run = CpSatRun(share_s, seed=run.seed, deterministic=run.deterministic, wall_cap_s=ctx.time.wall_left())
+    staged, solution = solve_staged(ctx.problem, ctx.budget, staged_run, schedule_ticks)
     events, replayed = (staged_events(ctx.problem, solution), None) if solution is not None else (None, None)
     if events is not None:
         try:
@@ -318,11 +315,11 @@ def answer(ctx: Context) -> Schedule:
         if res.status == "OPTIMAL" and not at_bound:
             extra["optimal_within"] = (f"the CP-SAT model: {res.stats.get('copies')} copies per op, "
                                        f"{res.stats.get('slots')} remat slots per block")
-        sched = from_events(ctx.problem, mip_events, budget_bytes=ctx.budget, method="ours", solve_seconds=elapsed,
-                            bound=bound.seconds, optimal=at_bound, extra=extra)
+        sched = from_events(ctx.problem, mip_events, method="ours", solve_seconds=elapsed,
+                            optimality=Optimality(bound.seconds, at_bound), extra=extra)
     elif inc.events is not None:
-        sched = from_events(ctx.problem, inc.events, budget_bytes=ctx.budget, method="ours", solve_seconds=elapsed,
-                            bound=bound.seconds, optimal=proven, extra=extra)
+        sched = from_events(ctx.problem, inc.events, method="ours", solve_seconds=elapsed,
+                            optimality=Optimality(bound.seconds, proven), extra=extra)
     else:
         note = ("no schedule found: the CP-SAT model (at most C copies per op, K remat slots per block) is "
                 "infeasible; not a proof for the unrestricted problem" if res.status == "INFEASIBLE"

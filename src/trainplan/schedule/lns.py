@@ -22,7 +22,9 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ortools.sat.python import cp_model
 
@@ -65,6 +67,32 @@ class LnsResult:
     op_sets: int  # op neighbourhoods tried
     op_improved: int
     work_s: float  # seconds of the limit used (deterministic: from each window's deterministic clock)
+
+
+@dataclass(frozen=True)
+class LnsRun:
+    """How window LNS runs: ``time_limit_s`` seconds of the limit; ``make_solver(seconds)`` returns a configured
+    CP-SAT solver for one neighbourhood; ``deterministic`` (each neighbourhood's time read from its deterministic
+    clock); ``seed`` draws the op neighbourhoods; ``stop`` (a mip.SearchStop) ends it when requested; it ends at
+    ``deadline`` (default: the call's), or less than ``load_s`` (the model's load time) before it."""
+
+    time_limit_s: float
+    make_solver: Callable[[float], cp_model.CpSolver]
+    deterministic: bool
+    seed: int = 0
+    stop: Any = None
+    load_s: float = 0.0
+    deadline: dl.Deadline | None = None
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    """What one neighbourhood may change: per op and copy, whether the copy is ``free``; an absent free copy may
+    start only in positions [lo, hi)."""
+
+    free: list[list[bool]]
+    lo: int
+    hi: int
 
 
 def _windows(n: int, base: list[int], horizon: int, blocks: int = WINDOW_BLOCKS) -> list[tuple[int, int]]:
@@ -136,21 +164,21 @@ def _rematerialised(model, solution: list[int]) -> list[int]:
             if any(solution[model.pres[u][k].Index()] == 1 for k in range(1, len(starts)))]
 
 
-def _sub_model(base_model: cp_model.CpModel, model, copies: _Copies, free: list[list[bool]], solution: list[int],
-               lo: int, hi: int) -> tuple[cp_model.CpModel, int]:
-    """A copy of the model with every copy not ``free`` fixed to the incumbent, absent free copies allowed to
-    start only in [lo, hi), and the incumbent as hint; the count of free copies (0: nothing to re-solve)."""
-    sub = base_model.Clone()
+def _sub_model(model, copies: _Copies, hood: Neighbourhood, solution: list[int]) -> tuple[cp_model.CpModel, int]:
+    """A copy of the model with every copy the neighbourhood does not free fixed to the incumbent, absent free
+    copies allowed to start only in [lo, hi), and the incumbent as hint; the count of free copies (0: nothing to
+    re-solve)."""
+    sub = model.m.Clone()
     proto = sub.Proto()
     n_free = 0
-    for u, row in enumerate(free):
+    for u, row in enumerate(hood.free):
         for k, is_free in enumerate(row):
             if not is_free:
                 for v in copies.own[(u, k)]:
                     _fix(proto, v, solution[v])
             elif _absent(model, solution, u, k):
                 start = model.s[u][k].Index()
-                window = _start_window(list(proto.variables[start].domain), lo, hi)
+                window = _start_window(list(proto.variables[start].domain), hood.lo, hood.hi)
                 if window is None:
                     for x in copies.lits[(u, k)]:
                         _fix(proto, x, 0)
@@ -202,21 +230,21 @@ class _Copies:
                        for u in range(len(model.s))]
 
 
-def _free_vars(model, copies: _Copies, domains: list[tuple[int, ...]], free: list[list[bool]], solution: list[int],
-               lo: int, hi: int) -> tuple[list[int], dict[int, tuple[int, int]]]:
-    """The variables a neighbourhood frees (sorted), and the domains it narrows: every variable of a ``free``
+def _free_vars(model, copies: _Copies, domains: list[tuple[int, ...]], hood: Neighbourhood,
+               solution: list[int]) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """The variables a neighbourhood frees (sorted), and the domains it narrows: every variable of a free
     copy, with an absent one allowed to start only in [lo, hi) (left absent if it cannot), each op's swap-out
     and end-residency literals if a copy of it is free, and the cover literals naming a free copy."""
     out: set[int] = set()
     narrowed: dict[int, tuple[int, int]] = {}
-    for u, row in enumerate(free):
+    for u, row in enumerate(hood.free):
         any_free = False
         for k, is_free in enumerate(row):
             if not is_free:
                 continue
             if _absent(model, solution, u, k):  # an absent copy may only start in [lo, hi)
                 start = model.s[u][k].Index()
-                window = _start_window(domains[start], lo, hi)
+                window = _start_window(domains[start], hood.lo, hood.hi)
                 if window is None:
                     continue
                 narrowed[start] = window
@@ -228,20 +256,21 @@ def _free_vars(model, copies: _Copies, domains: list[tuple[int, ...]], free: lis
     return sorted(out), narrowed
 
 
-def improve(model, fpos: list[int], base: list[int], horizon: int, solution: list[int], objective: int,
-            time_limit_s: float, make_solver, deterministic: bool, inputs: list[list[int]] | None = None,
-            seed: int = 0, stop=None, load_s: float = 0.0, deadline: dl.Deadline | None = None) -> LnsResult:
-    """Window LNS from ``solution`` (objective ``objective``, in ticks) for ``time_limit_s`` seconds of the
-    limit. ``make_solver(seconds)`` returns a configured CP-SAT solver for one neighbourhood. A sweep that
-    improves nothing doubles the window; each sweep is followed by op neighbourhoods if ``inputs`` (each op's
-    input ops) is given, drawn with ``seed``. Stops after a sweep over the whole order in which nothing
-    improved, at ``deadline`` (default: the call's; or less than ``load_s``, the model's load time, before it),
-    when the limit is used, or when ``stop`` (a mip.SearchStop) is requested."""
+def improve(model, grid, solution: list[int], objective: int, run: LnsRun,
+            inputs: list[list[int]] | None = None) -> LnsResult:
+    """Window LNS on ``model`` (a mip._CpModel on ``grid``, a mip._Grid: its first-compute positions ``fpos``, the
+    first position of each block ``base`` and the ``horizon``) from ``solution`` (objective ``objective``, in ticks)
+    as ``run`` says. A sweep that improves nothing doubles the window; each sweep is followed by op neighbourhoods if
+    ``inputs`` (each op's input ops) is given. Stops after a sweep over the whole order in which nothing improved,
+    at the run's deadline, when its limit is used, or when its stop is requested."""
+    fpos, base, horizon = grid.fpos, grid.base, grid.horizon
+    time_limit_s, make_solver, deterministic, stop, load_s = (run.time_limit_s, run.make_solver, run.deterministic,
+                                                              run.stop, run.load_s)
     n = len(fpos)
     blocks = WINDOW_BLOCKS
     state = {"used": 0.0, "best": list(solution), "obj": objective}
     tried, improved, sweeps, op_sets, op_improved = 0, 0, 0, 0, 0
-    call = dl.current() if deadline is None else deadline
+    call = dl.current() if run.deadline is None else run.deadline
 
     def out_of_time() -> bool:
         return (time_limit_s - state["used"] < MIN_WINDOW_S or call.left() < load_s + MIN_WINDOW_S
@@ -250,17 +279,17 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
     def result() -> LnsResult:
         return LnsResult(state["best"], state["obj"], tried, improved, sweeps, op_sets, op_improved, state["used"])
 
-    def attempt(free: list[list[bool]], lo: int, hi: int, seconds: float) -> bool | None:
+    def attempt(hood: Neighbourhood, seconds: float) -> bool | None:
         """Re-solve one neighbourhood; whether it improved the incumbent (None: nothing free). Sets
         ``state["easy"]``: whether the solver proved its answer optimal in less than EASY_SHARE of its time, and
         ``state["unused"]``: the seconds of its share it did not use."""
         state["easy"] = False
         t0 = time.perf_counter()
         if reducer is None:  # a clone of the whole model
-            sub, n_free = _sub_model(model.m, model, copies, free, state["best"], lo, hi)
+            sub, n_free = _sub_model(model, copies, hood, state["best"])
             back, items = None, 0
         else:
-            free_vars, narrowed = _free_vars(model, copies, reducer.domains, free, state["best"], lo, hi)
+            free_vars, narrowed = _free_vars(model, copies, reducer.domains, hood, state["best"])
             sub, items = reducer.sub_model(state["best"], free_vars, narrowed)
             back = free_vars
             n_free = len(free_vars)
@@ -302,14 +331,14 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
             seeds = _rematerialised(model, state["best"])
             if idle >= patience or not seeds or out_of_time() or state["used"] - start >= budget:
                 break
-            gain = attempt(_op_free(model, _op_set(model, inputs, state["best"], rng.choice(seeds))), 0, horizon,
-                           seconds)
+            free = _op_free(model, _op_set(model, inputs, state["best"], rng.choice(seeds)))
+            gain = attempt(Neighbourhood(free, 0, horizon), seconds)
             op_sets += gain is not None
             op_improved += bool(gain)
             gained, idle = gained or bool(gain), 0 if gain else idle + 1
         return gained
 
-    rng = random.Random(seed)
+    rng = random.Random(run.seed)
     variables = len(model.m.Proto().variables)
     big = variables > SUBMODEL_ABOVE
     if big and call.left() < READ_SECONDS_PER_VARIABLE * variables + load_s + MIN_WINDOW_S:
@@ -326,7 +355,7 @@ def improve(model, fpos: list[int], base: list[int], horizon: int, solution: lis
         for lo, hi in windows:
             if out_of_time():
                 return result()
-            gain = attempt(_free_copies(model, fpos, state["best"], lo, hi), lo, hi, per_window)
+            gain = attempt(Neighbourhood(_free_copies(model, fpos, state["best"], lo, hi), lo, hi), per_window)
             tried += gain is not None
             improved += bool(gain)
             windows_gained = windows_gained or bool(gain)

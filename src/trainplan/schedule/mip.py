@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ortools.sat.python import cp_model
@@ -133,25 +133,39 @@ LNS_ONLY_ABOVE = 60  # ops: above this, a hinted wall-clock run gives every work
 WALL_SAFETY = DEFAULTS.wall_safety  # wall-clock cap of a deterministic run, as a multiple of its share (see settings)
 
 
-def configure(time_limit_s: float, workers: int, seed: int, deterministic: bool,
-              verbose: bool = False, wall_cap_s: float | None = None,
-              det_per_second: float = DET_PER_SECOND, interleave: bool = False) -> cp_model.CpSolver:
-    """A CP-SAT solver with our limits. Deterministic: one worker (with ``interleave``, ``workers``
-    subsolvers interleaved in deterministic batches) stopped on deterministic time,
-    ``det_per_second`` x ``time_limit_s`` deterministic seconds (a function of the limit only, so the
-    answer does not depend on machine speed or load), capped at WALL_SAFETY x ``time_limit_s`` of wall time,
-    or ``wall_cap_s`` if less (the wall time left to the whole call): a safety net that keeps the limit on a
-    slow or loaded machine, and only then can the answer change. Otherwise ``workers`` threads stopped
-    on wall time: ``time_limit_s``, or ``wall_cap_s`` if less."""
+@dataclass(frozen=True)
+class CpSatRun:
+    """How one CP-SAT run runs: its limit ``time_limit_s`` (seconds of the call's limit: in a deterministic run a
+    deterministic-time limit, see :func:`configure`), ``workers`` and ``seed``, ``deterministic`` time, ``verbose``
+    (CP-SAT's search log), ``wall_cap_s`` (the wall time left to the whole call, if it caps the run) and, for a
+    hinted :func:`solve_mip`, ``lns_share``: the share of the limit given to window LNS."""
+
+    time_limit_s: float = 10.0
+    workers: int = 2
+    seed: int = 0
+    deterministic: bool = True
+    verbose: bool = False
+    wall_cap_s: float | None = None
+    lns_share: float = 0.0
+
+
+def configure(run: CpSatRun, det_per_second: float = DET_PER_SECOND, interleave: bool = False) -> cp_model.CpSolver:
+    """A CP-SAT solver with our limits (``run``; its ``lns_share`` is :func:`solve_mip`'s). Deterministic: one
+    worker (with ``interleave``, ``workers`` subsolvers interleaved in deterministic batches) stopped on
+    deterministic time, ``det_per_second`` x ``time_limit_s`` deterministic seconds (a function of the limit only,
+    so the answer does not depend on machine speed or load), capped at WALL_SAFETY x ``time_limit_s`` of wall
+    time, or ``wall_cap_s`` if less (the wall time left to the whole call): a safety net that keeps the limit on a
+    slow or loaded machine, and only then can the answer change. Otherwise ``workers`` threads stopped on wall
+    time: ``time_limit_s``, or ``wall_cap_s`` if less."""
     solver = cp_model.CpSolver()
     prm = solver.parameters
-    prm.random_seed = seed
-    prm.log_search_progress = verbose
-    prm.num_workers = max(1, workers) if not deterministic or interleave else 1
-    prm.interleave_search = deterministic and interleave and workers > 1
-    if deterministic:
-        prm.max_deterministic_time = det_per_second * time_limit_s
-    prm.max_time_in_seconds = max(0.05, wall_cap(time_limit_s, deterministic, wall_cap_s))
+    prm.random_seed = run.seed
+    prm.log_search_progress = run.verbose
+    prm.num_workers = max(1, run.workers) if not run.deterministic or interleave else 1
+    prm.interleave_search = run.deterministic and interleave and run.workers > 1
+    if run.deterministic:
+        prm.max_deterministic_time = det_per_second * run.time_limit_s
+    prm.max_time_in_seconds = max(0.05, wall_cap(run.time_limit_s, run.deterministic, run.wall_cap_s))
     return solver
 
 
@@ -282,12 +296,11 @@ class _CpModel:
     ys: dict[tuple[int, int, int, int], Any]
 
 
-def _build(p: Problem, g: _Grid, cap: int, tu: float, bu: int, lower_bound_ticks: int,
-           stop: dl.Deadline = dl.NEVER) -> _CpModel:
+def _build(p: Problem, g: _Grid, cap: int, bu: int, lower_bound_ticks: int, stop: dl.Deadline = dl.NEVER) -> _CpModel:
     """The constraint families of docs/schedule.md: copies (recompute or swap-in, ordered, disjoint), one
-    event per position, the memory cap (cumulative), inputs covered, keep ops resident at the end.
-    Raises deadline.OutOfTime once ``stop`` passes."""
-    n, H, fpos, ncop = p.n, g.horizon, g.fpos, g.ncop
+    event per position, the memory cap (cumulative, in units of ``bu`` bytes), inputs covered, keep ops resident at
+    the end; the objective in ticks of :func:`time_unit`. Raises deadline.OutOfTime once ``stop`` passes."""
+    n, H, fpos, ncop, tu = p.n, g.horizon, g.fpos, g.ncop, time_unit(p)
     m = cp_model.CpModel()
     true = m.NewConstant(1)
     # a remat copy starts in a slot after the op's first compute; first computes occupy their own
@@ -398,27 +411,36 @@ def _add_hint(p: Problem, g: _Grid, v: _CpModel, hint_copies: list[list[_Copy]],
         m.AddHint(y, hint_cover.get((vv, k, w)) == c)
 
 
-def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0, workers: int = 2,
-              seed: int = 0, hint: Events | None = None, copies: int | None = None, slots: int | None = None,
-              lower_bound_ticks: int = 0, deterministic: bool = True, verbose: bool = False,
-              remat_ops: frozenset[int] | None = None, stop: SearchStop | None = None,
-              wall_cap_s: float | None = None, lns_share: float = 0.0) -> MipResult:
-    """Build and solve the CP-SAT model; decode the best solution into events.
+@dataclass(frozen=True)
+class ModelSpec:
+    """What :func:`solve_mip`'s model holds beside the problem and the budget. ``hint``: a schedule given as a
+    complete solution hint. ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
+    (defaults: C = 3, K = n up to 60 ops, else C = 2, K = 2; both raised to fit the hint). ``lower_bound_ticks``: a
+    proven bound in objective ticks (from bounds.relaxation_bound) added as a constraint, so CP-SAT can close the
+    gap. ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted model,
+    exact only within that restriction (not with a hint)."""
 
-    ``copies`` (C) bounds residency periods per op and ``slots`` (K) remat events per block
-    (defaults: C = 3, K = n up to 60 ops, else C = 2, K = 2; both raised to fit the hint).
-    ``lower_bound_ticks``: a proven bound in objective ticks (from bounds.relaxation_bound) added
-    as a constraint, so CP-SAT can close the gap. ``deterministic``: see :func:`configure`.
-    ``remat_ops``: only these ops may have copies beyond the first (default: every op); a restricted
-    model, exact only within that restriction. ``stop``: lets another thread end the search early
-    (``stats["stopped"]``). ``wall_cap_s``: the wall time left to the whole call, if it caps the run (see
-    :func:`configure`; the model build counts against it). ``lns_share``: with a hint, the search stops after (1 -
-    this) of the limit and window LNS (:mod:`trainplan.schedule.lns`) improves its solution for the rest;
-    from scratch the search keeps the whole limit.
+    hint: Events | None = None
+    copies: int | None = None
+    slots: int | None = None
+    lower_bound_ticks: int = 0
+    remat_ops: frozenset[int] | None = None
+
+
+def solve_mip(problem: Problem, budget_bytes: int, run: CpSatRun = CpSatRun(), spec: ModelSpec = ModelSpec(),
+              stop: SearchStop | None = None) -> MipResult:
+    """Build and solve the CP-SAT model of ``spec``; decode the best solution into events.
+
+    ``run``: see :func:`configure`; its ``wall_cap_s`` counts the model build too, and with ``lns_share`` and a
+    hint the search stops after (1 - ``lns_share``) of the limit and window LNS (:mod:`trainplan.schedule.lns`)
+    improves its solution for the rest; from scratch the search keeps the whole limit. ``stop``: lets another
+    thread end the search early (``stats["stopped"]``).
     """
     t0 = time.perf_counter()
+    time_limit_s, deterministic, lns_share = run.time_limit_s, run.deterministic, run.lns_share
+    hint, remat_ops = spec.hint, spec.remat_ops
     ambient = dl.current().left()  # the call's deadline (inf in a worker thread, which passes wall_cap_s)
-    wall_cap_s = ambient if wall_cap_s is None else min(wall_cap_s, ambient)
+    wall_cap_s = ambient if run.wall_cap_s is None else min(run.wall_cap_s, ambient)
     p, n = problem, problem.n
     cap = budget_bytes - p.fixed_bytes
     if cap < 0:
@@ -427,7 +449,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     if hint and remat_ops is not None:
         raise ValueError("a hint may rematerialise any op: it cannot be combined with remat_ops")
     hint_copies, hint_cover, used = copies_from_events(p, hint) if hint else (None, {}, [])
-    g = _grid(p, copies, slots, hint_copies, used, remat_ops)
+    g = _grid(p, spec.copies, spec.slots, hint_copies, used, remat_ops)
     tu, bu = time_unit(p), byte_unit(cap)
     size_estimate = model_variables(p, g.ncop)
     if size_estimate > MAX_MODEL_VARIABLES:  # e.g. a hint with hundreds of recomputes of one op
@@ -443,7 +465,7 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
         return MipResult(None, "SKIPPED", None, None, time.perf_counter() - t0, None,
                          {"copies": g.copies, "slots": max(g.slots), "note": note})
     try:
-        model = _build(p, g, cap, tu, bu, lower_bound_ticks, run_end)
+        model = _build(p, g, cap, bu, spec.lower_bound_ticks, run_end)
         if hint_copies is not None:
             _add_hint(p, g, model, hint_copies, hint_cover)
     except dl.OutOfTime:
@@ -465,8 +487,8 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
 
     def make_solver(seconds: float) -> cp_model.CpSolver:
         wall_left = wall_cap(time_limit_s, deterministic, wall_cap_s) - (time.perf_counter() - t0)
-        solver = configure(seconds, workers, seed, deterministic, verbose, wall_cap_s=wall_left,
-                           det_per_second=det_per_second(variables), interleave=True)
+        solver = configure(replace(run, time_limit_s=seconds, wall_cap_s=wall_left), det_per_second(variables),
+                           interleave=True)
         # a wall cap that ends while the model and its complete hint load leaves nothing to search: allow for
         # the load (CP-SAT 9.15 aborted the process twice, in a 2000-op LNS run near the deadline)
         solver.parameters.max_time_in_seconds = max(0.05, min(solver.parameters.max_time_in_seconds + load_s,
@@ -498,9 +520,9 @@ def solve_mip(problem: Problem, budget_bytes: int, *, time_limit_s: float = 10.0
     status = solver.StatusName(code)
     values: Any = solver
     if lns_share > 0 and code == cp_model.FEASIBLE and not stopped and time_limit_s - work > lns.MIN_WINDOW_S:
-        found = lns.improve(model, g.fpos, g.base, g.horizon, list(solver.ResponseProto().solution),
-                            round(solver.ObjectiveValue()), time_limit_s - work, make_solver, deterministic,
-                            inputs=p.inputs, seed=seed, stop=stop, load_s=load_s, deadline=run_end)
+        lns_run = lns.LnsRun(time_limit_s - work, make_solver, deterministic, run.seed, stop, load_s, run_end)
+        found = lns.improve(model, g, list(solver.ResponseProto().solution), round(solver.ObjectiveValue()), lns_run,
+                            inputs=p.inputs)
         work += found.work_s
         values = _Values(found.solution)
         lns_stats = {"windows": found.windows, "improved": found.improved, "sweeps": found.sweeps,

@@ -40,20 +40,26 @@ class Schedule:
         return {**head, **self.extra, "events": [list(e) for e in self.events]}
 
 
-def from_events(problem: Problem, events: list[tuple[str, str]], *, budget_bytes: int, method: str,
-                solve_seconds: float, bound: float | None = None, optimal: bool = False,
-                extra: dict[str, Any] | None = None) -> Schedule:
-    """Replay ``events`` (must be valid) and build a Schedule; status ``over_budget`` (extra
-    ``over_budget: true``) if its peak exceeds the budget: a valid schedule, with its time and peak, that
-    does not meet the budget.
+@dataclass(frozen=True)
+class Optimality:
+    """What is known of a schedule's optimality: ``bound``, a lower bound on the time at its budget (gap = (time -
+    bound) / time), and whether it is ``proven`` optimal."""
 
-    ``bound`` is a lower bound on the time at this budget; gap = (time - bound) / time.
-    """
+    bound: float | None = None
+    proven: bool = False
+
+
+def from_events(problem: Problem, events: list[tuple[str, str]], *, method: str, solve_seconds: float,
+                optimality: Optimality = Optimality(), extra: dict[str, Any] | None = None) -> Schedule:
+    """Replay ``events`` (must be valid) and build a Schedule at the problem's budget; status ``over_budget`` (extra
+    ``over_budget: true``) if its peak exceeds the budget: a valid schedule, with its time and peak, that
+    does not meet the budget. Its bound is ``optimality.bound``, at least the sum of op times."""
+    budget_bytes = problem.budget_bytes
     rep = replay(problem, events)
     fits = rep.peak_bytes <= budget_bytes
-    bound = max(bound or 0.0, problem.compute_time) if fits else None
+    bound = max(optimality.bound or 0.0, problem.compute_time) if fits else None
     gap = max(0.0, (rep.time - bound) / rep.time) if fits and rep.time > 0 else (0.0 if fits else None)
-    status = ("optimal" if optimal or gap <= 1e-9 else "feasible") if fits else "over_budget"
+    status = ("optimal" if optimality.proven or gap <= 1e-9 else "feasible") if fits else "over_budget"
     counts = {"recomputes": rep.recomputes, "swap_ins": rep.swap_ins, "swap_outs": rep.swap_outs}
     flag = {} if fits else {"over_budget": True}
     return Schedule(status, list(events), rep.time, rep.peak_bytes, budget_bytes, bound, gap,

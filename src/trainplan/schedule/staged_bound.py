@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from trainplan.schedule.bounds import Bound
-from trainplan.schedule.mip import _ticks, configure, time_unit, used_seconds, wall_cap
+from trainplan.schedule.mip import CpSatRun, _ticks, configure, time_unit, used_seconds, wall_cap
 from trainplan.schedule.problem import Problem
 
 DET_BUDGET = 1500.0  # deterministic s per s of limit: min(cap, max(0.05, DET_BUDGET / variables)) with cap 0.4 for
@@ -271,9 +271,8 @@ def _snapshot(p: Problem, st: _Model, value: Callable[[cp_model.LinearExprT], in
                           frozenset(u for u, o in st.out.items() if value(o)), twice)
 
 
-def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5.0, seed: int = 0,
-                 deterministic: bool = False, stop_at_ticks: int | None = None,
-                 wall_cap_s: float | None = None) -> tuple[Bound, StagedSolution | None]:
+def solve_staged(problem: Problem, budget_bytes: int, run: CpSatRun,
+                 stop_at_ticks: int | None = None) -> tuple[Bound, StagedSolution | None]:
     """Relaxation on stages (a stage is the stretch before one first compute, in program order).
     ``R[u,i]``: u resident at the first compute of op i; 1 where op i reads u. u is resident at i only
     if resident at i-1 or restored in stage i: by a recompute, whose inputs are resident at i-1 or
@@ -291,10 +290,12 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     ``OPTIMAL_WITHOUT_STAGE_ROWS``: stopped (time, or the bound reached ``stop_at_ticks``, the cost of a
     known schedule) with rows still to add; otherwise CP-SAT's status of the last round. Also returns the
     last round's solution (None if it found none): ``staged_events.staged_events`` may turn it into a
-    schedule of the same cost. ``wall_cap_s``: the wall time left to the whole call, if it caps the rounds
-    (see mip.configure); the bound's ``work_s`` is the time used (mip.used_seconds)."""
+    schedule of the same cost. ``run``: the rounds' limit, seed and deterministic time, and ``wall_cap_s``, the
+    wall time left to the whole call, if it caps the rounds (see mip.configure); each round runs one worker, without
+    CP-SAT's log. The bound's ``work_s`` is the time used (mip.used_seconds)."""
     p = problem
-    wall_end = time.perf_counter() + wall_cap(time_limit_s, deterministic, wall_cap_s)
+    time_limit_s, deterministic = run.time_limit_s, run.deterministic
+    wall_end = time.perf_counter() + wall_cap(time_limit_s, deterministic, run.wall_cap_s)
     if budget_bytes < p.floor_bytes:  # some op's working set (or the keep set) alone is over the budget
         return Bound(math.inf, 0, "INFEASIBLE", True), None
     tu = time_unit(p)
@@ -311,8 +312,8 @@ def solve_staged(problem: Problem, budget_bytes: int, *, time_limit_s: float = 5
     for lb_tree, left in phases:
         det_rate = min(0.12 if lb_tree else 0.4, max(0.05, DET_BUDGET / variables))
         while left > MIN_SOLVE_S and time.perf_counter() < wall_end:  # row generation stops at the wall cap too
-            solver = configure(left, 1, seed, deterministic, det_per_second=det_rate,  # 1 worker: 2 proved far less
-                               wall_cap_s=wall_end - time.perf_counter())
+            one_worker = CpSatRun(left, 1, run.seed, deterministic, wall_cap_s=wall_end - time.perf_counter())
+            solver = configure(one_worker, det_per_second=det_rate)  # 1 worker: 2 proved far less
             solver.parameters.linearization_level = STAGED_LINEARIZATION
             solver.parameters.optimize_with_lb_tree_search = lb_tree
             code = solver.Solve(st.m)
