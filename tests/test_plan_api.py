@@ -256,11 +256,23 @@ def test_hugging_face_trainer_trains_the_planned_module_as_the_model(cache):
 
 def test_the_loop_example_runs(cache):
     env = {**os.environ, "TRAINPLAN_PLAN_CACHE": str(cache)}
-    done = subprocess.run([sys.executable, "examples/plan_in_loop.py", "--tiny", "--steps", "2"], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "examples/plan_in_loop.py", "--tiny", "--steps", "2", "--budget", "0.6",
+                           "--time-limit", "4"], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("plan: budget") and [line.split(":")[0] for line in lines[1:]] == ["step 0", "step 1"]
+    assert all(" measured peak " in line for line in lines[1:])
+
+
+def test_the_trainer_example_runs(cache):
+    """Trainer trains the planned module with the optimizer in the plan; a callback prints each step's peak."""
+    env = {**os.environ, "TRAINPLAN_PLAN_CACHE": str(cache)}
+    done = subprocess.run([sys.executable, "examples/plan_with_trainer.py", "--tiny", "--steps", "2", "--budget", "0.6",
+                           "--time-limit", "4"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("plan: budget")
+    assert [line.split(":")[0] for line in lines if " measured peak " in line] == ["step 1", "step 2"]
 
 
 def test_importing_trainplan_stays_free_of_torch_until_plan_is_used():

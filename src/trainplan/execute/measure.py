@@ -134,19 +134,35 @@ def process_meter_available() -> bool:
     return sys.platform.startswith("linux") and Path("/proc/self/clear_refs").exists()
 
 
+class HighWaterMark:
+    """The process's resident memory's rise between :meth:`start` and :meth:`read`: freed heap pages handed back
+    (``malloc_trim``), the high-water mark reset (``/proc/self/clear_refs`` 5) and ``VmRSS`` read at the start,
+    ``VmHWM`` less that at the read. For a step that a loop runs (a Trainer callback); see
+    :func:`process_peak_during`."""
+
+    def __init__(self) -> None:
+        self.before = 0
+
+    def start(self) -> None:
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")
+        self.before = _status_bytes("VmRSS")
+
+    def read(self) -> int:
+        return _status_bytes("VmHWM") - self.before
+
+
 def process_peak_during(run: Callable[[], Any]) -> tuple[Any, int]:
-    """``run()``'s result and the most the process's resident memory rose above what it was before: freed
-    heap pages handed back (``malloc_trim``), the high-water mark reset (``/proc/self/clear_refs`` 5),
-    ``VmRSS`` read, ``run()`` on the meter thread (:func:`_meter_thread`), ``VmHWM`` read. It counts
-    everything the run holds: torch's allocator, numpy buffers (host copies on the CPU), BLAS workspaces,
-    allocator rounding, the interpreter. It tracks live bytes only while freed memory goes back to the system
+    """``run()``'s result and the most the process's resident memory rose above what it was before
+    (:class:`HighWaterMark`), ``run()`` on the meter thread (:func:`_meter_thread`). It counts everything the run
+    holds: torch's allocator, numpy buffers (host copies on the CPU), BLAS workspaces, allocator rounding, the
+    interpreter. It tracks live bytes only while freed memory goes back to the system
     (``timing.return_freed_memory``), set before the meter thread's first run."""
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
-    before = _status_bytes("VmRSS")
+    mark = HighWaterMark()
+    mark.start()
     out = _meter_thread().submit(run).result()
-    return out, _status_bytes("VmHWM") - before
+    return out, mark.read()
 
 
 def _pinned_peak_during(run: Callable[[], Any], device: torch.device) -> int:

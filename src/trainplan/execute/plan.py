@@ -104,11 +104,15 @@ def split_nodes(names: list[str], k: int) -> list[list[str]]:
 
 def plan_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, index: int,
                budget: Budget | str | int | float, bandwidth: float, swap: bool = True, time_limit_s: float = 10.0,
-               workers: int = 1, seed: int = 0) -> dict[str, Any]:
+               workers: int = 1, seed: int = 0, optimizer_state_bytes: int = 0) -> dict[str, Any]:
     """One stage of a plan: its problem (``stage_problem``; ``swap=False``: no swaps) at ``budget`` (bytes, or
     a fraction of its no-recompute peak: :mod:`trainplan.budget`) and our solver's schedule of it, raised to the
-    least budget found where the requested one is not met (the schedule says so)."""
+    least budget found where the requested one is not met (the schedule says so). ``optimizer_state_bytes``:
+    the state of an optimizer whose updates run in the step, resident throughout (fixed bytes)."""
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth, swap=swap)
+    if optimizer_state_bytes:
+        raw["fixed_bytes"] += int(optimizer_state_bytes)
+        raw["optimizer_state_bytes"] = int(optimizer_state_bytes)
     raw["budget_bytes"] = budget_for(raw, budget)
     schedule = solve(problem_from_dict(raw), time_limit_s, workers, seed)
     return {"index": index, "nodes": list(stage_nodes), "problem": raw, "schedule": schedule.to_dict()}

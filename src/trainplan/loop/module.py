@@ -20,6 +20,8 @@ from trainplan.loop.cache import BatchSignature, batch_signature
 from trainplan.loop.errors import NewBatchShapeError
 from trainplan.loop.planner import PlanSettings, plan_step
 from trainplan.loop.report import PlanReport
+from trainplan.loop.update_op import updates_bound
+from trainplan.loop.updates import ParamUpdates
 
 ON_NEW_SHAPE = ("replan", "raise")
 
@@ -31,29 +33,49 @@ class StepOutput(NamedTuple):
 
 
 class _PlannedLoss(torch.autograd.Function):
-    """Forward: the planned step's loss, its gradients kept. Backward: those gradients x the loss's upstream
-    gradient, for the parameters (the batch gets none)."""
+    """Forward: the planned step's loss, its gradients kept (or, with ``updates``, applied in the step by the
+    optimizer and freed). Backward: those gradients x the loss's upstream gradient, for the parameters (the
+    batch gets none); with updates, none."""
 
     @staticmethod
-    def forward(ctx: Any, step: PlannedStep, batch: Mapping[str, torch.Tensor], *params: torch.Tensor) -> torch.Tensor:
-        loss, grads = step(dict(zip(step.traced.param_names, params)), batch)
-        ctx.grads = [grads[name] for name in step.traced.param_names]
+    def forward(ctx: Any, step: PlannedStep, batch: Mapping[str, torch.Tensor], updates: ParamUpdates | None,
+                *params: torch.Tensor) -> torch.Tensor:
+        named = dict(zip(step.traced.param_names, params))
+        if updates is None:
+            loss, grads = step(named, batch)
+            ctx.grads = [grads[name] for name in step.traced.param_names]
+            return loss
+        updates.clear()
+        with updates_bound(updates):
+            loss, _ = step(named, batch)
+        ctx.grads = None
+        ctx.updated = True
         return loss
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grads, ctx.grads = ctx.grads, None  # handed over: autograd may take them as .grad without a copy
+        needed = ctx.needs_input_grad[3:]
+        if getattr(ctx, "updated", False):
+            if not bool(grad_loss == 1):
+                raise RuntimeError(UPDATED_IN_STEP)
+            return None, None, None, *(None for _ in needed)
         if grads is None:
             raise RuntimeError("backward through a planned step twice: its gradients were handed over the first "
                                "time (retain_graph is not supported)")
-        needed = ctx.needs_input_grad[2:]
         if bool(grad_loss == 1):
-            return None, None, *(g if need else None for g, need in zip(grads, needed))
+            return None, None, None, *(g if need else None for g, need in zip(grads, needed))
         scaled: list[torch.Tensor | None] = []
         for i, need in enumerate(needed):  # one gradient at a time: the unscaled one is freed as its copy is made
             scaled.append(grads[i] * grad_loss if need else None)
             grads[i] = None  # type: ignore[call-overload]
-        return None, None, *scaled
+        return None, None, None, *scaled
+
+
+UPDATED_IN_STEP = (
+    "backward of a scaled loss through a planned step whose optimizer runs in the step: the parameters were "
+    "updated from the unscaled gradients as the step ran. Gradient accumulation and loss scaling need every "
+    "gradient before the update and are refused with the optimizer in the plan (plan without optimizer=)")
 
 
 def _shape_change(planned: BatchSignature, new: BatchSignature) -> str:
@@ -89,7 +111,9 @@ class PlannedModule(torch.nn.Module):
         self.on_new_shape = on_new_shape
         self._steps: dict[BatchSignature, tuple[PlannedStep, PlanReport]] = {}
         self._planned = self._current = self._signature(example_batch)
-        self._steps[self._current] = plan_step(model, example_batch, settings)
+        self.updates = None if settings.optimizer is None else ParamUpdates(
+            settings.optimizer, [p for _, p in model.named_parameters()], [n for n, _ in model.named_parameters()])
+        self._steps[self._current] = plan_step(model, example_batch, settings, self.updates)
         # Hugging Face's Trainer keeps the dataset columns its model's forward names: name the model's inputs
         self.forward = partial(PlannedModule.forward, self)  # type: ignore[method-assign]
         self.forward.__signature__ = inspect.signature(model.forward)  # type: ignore[attr-defined]
@@ -121,9 +145,9 @@ class PlannedModule(torch.nn.Module):
             if self.on_new_shape == "raise":
                 raise NewBatchShapeError(f"{_shape_change(self._planned, signature)} (on_new_shape='raise'; "
                                          "'replan' plans for the new shape)")
-            self._steps[signature] = plan_step(self.model, merged, self.settings)
+            self._steps[signature] = plan_step(self.model, merged, self.settings, self.updates)
         self._current = signature
         step = self._steps[signature][0]
         named = dict(self.model.named_parameters())
-        loss = _PlannedLoss.apply(step, merged, *(named[n] for n in step.traced.param_names))
+        loss = _PlannedLoss.apply(step, merged, self.updates, *(named[n] for n in step.traced.param_names))
         return loss if batch is not None else StepOutput(loss)

@@ -1,5 +1,6 @@
-"""Plan one training step of a user's model (one stage): trace it, then read its plan from the cache or profile
-it and solve it at the budget, and compile the plan into a step (``execute.step.compile_step``)."""
+"""Plan one training step of a user's model (one stage): trace it (with the optimizer's updates in it where the
+user hands one over: ``loop.update_pass``), then read its plan from the cache or profile it and solve it at the
+budget, and compile the plan into a step (``execute.step.compile_step``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from trainplan.loop.cache import batch_signature, graph_digest, new_record, plan
 from trainplan.loop.errors import InfeasibleBudgetError
 from trainplan.loop.progress import phase_bar
 from trainplan.loop.report import PlanReport
+from trainplan.loop.update_op import updates_bound
+from trainplan.loop.update_pass import UPDATE_PREFIX, check_update_order, with_updates
+from trainplan.loop.updates import ParamUpdates, scratch_updates, update_costs
 from trainplan.models import BuiltModel
 from trainplan.profile.link import host_link_bytes_per_s
 from trainplan.profile.op_times import profile_nodes
@@ -51,6 +55,7 @@ class PlanSettings:
     on_infeasible: str  # one of ON_INFEASIBLE
     cache_dir: Path
     progress: bool
+    optimizer: torch.optim.Optimizer | None = None  # in the plan: each update runs in backward (loop.updates)
 
     def swaps_on(self, device: torch.device) -> bool:
         return self.swap if self.swap is not None else memory_model(device.type).swaps
@@ -87,29 +92,56 @@ def trace(model: torch.nn.Module, batch: Mapping[str, torch.Tensor],
     return traced, flat, graph_tables(traced)
 
 
-def _profiled_nodes(traced: TracedStep, flat: list[torch.Tensor], tables: GraphTables, device: torch.device,
-                    settings: PlanSettings) -> pd.DataFrame:
-    """The op table with each op's profiled ``time_s``. The profile runs the step on copies of the model's
-    buffers (batch norm's running statistics stay as they are) and on a forked random generator (the
-    user's random stream stays as it is)."""
-    n_p, n_b = len(traced.param_names), len(traced.buffer_names)
-    inputs = [t.detach().clone() if n_p <= i < n_p + n_b else t for i, t in enumerate(flat)]
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        result = profile_nodes(traced, inputs, tables.nodes, repeats=settings.profile_repeats, warmup=PROFILE_WARMUP,
-                               device=str(device), progress=settings.progress)
-    return tables.nodes.merge(result.ops[["name", "time_s"]], on="name", validate="one_to_one")
+@dataclass(frozen=True)
+class Traced:
+    """A traced step, its real flat inputs, its tables and the device it runs on."""
+
+    step: TracedStep
+    flat: list[torch.Tensor]
+    tables: GraphTables
+    device: torch.device
 
 
-def _solved_stage(traced: TracedStep, flat: list[torch.Tensor], tables: GraphTables, device: torch.device,
-                  settings: PlanSettings) -> dict[str, Any]:
+def _profiled_nodes(traced: Traced, settings: PlanSettings, updates: ParamUpdates | None) -> tuple[pd.DataFrame, int]:
+    """The op table with each op's profiled ``time_s`` and ``workspace_bytes`` (an update's temporaries), and
+    the bytes of the optimizer's state (0 without updates). The profile runs the step on copies of the
+    model's buffers (batch norm's running statistics stay as they are), with updates on copies of the
+    parameters and the optimizer (the model and the optimizer stay as they are), on a forked random
+    generator (the user's random stream stays as it is)."""
+    n_p, n_b = len(traced.step.param_names), len(traced.step.buffer_names)
+    inputs = [t.detach().clone() if n_p <= i < n_p + n_b else t for i, t in enumerate(traced.flat)]
+    nodes = traced.tables.nodes.assign(workspace_bytes=0)
+    scratch = scratch_updates(updates) if updates is not None else None
+    if scratch is not None:
+        inputs[:n_p] = [p.detach() for p in scratch.params]
+    with torch.random.fork_rng(devices=[traced.device] if traced.device.type == "cuda" else []), \
+            updates_bound(scratch or _no_update):
+        result = profile_nodes(traced.step, inputs, nodes, repeats=settings.profile_repeats, warmup=PROFILE_WARMUP,
+                               device=str(traced.device), progress=settings.progress)
+    nodes = nodes.merge(result.ops[["name", "time_s"]], on="name", validate="one_to_one")
+    if scratch is None:
+        return nodes, 0
+    costs = update_costs(scratch, traced.device)
+    is_update = nodes.name.str.startswith(UPDATE_PREFIX)
+    nodes.loc[is_update, "workspace_bytes"] = [
+        costs.workspace_bytes[int(n.removeprefix(UPDATE_PREFIX))] for n in nodes.name[is_update]]
+    return nodes, costs.state_bytes
+
+
+def _no_update(index: int, grad: torch.Tensor) -> None:
+    raise RuntimeError("an optimizer_step op in a step planned without an optimizer")
+
+
+def _solved_stage(traced: Traced, settings: PlanSettings, updates: ParamUpdates | None) -> dict[str, Any]:
     """Profile the step and solve its one stage at the budget (``execute.plan.plan_stage``)."""
-    nodes = _profiled_nodes(traced, flat, tables, device, settings)
-    bandwidth, _ = host_link_bytes_per_s({"type": str(device), "host_link_gbytes_per_s": "measured"}, nodes,
+    nodes, state_bytes = _profiled_nodes(traced, settings, updates)
+    bandwidth, _ = host_link_bytes_per_s({"type": str(traced.device), "host_link_gbytes_per_s": "measured"}, nodes,
                                          repeats=settings.profile_repeats, warmup=PROFILE_WARMUP)
-    with phase_bar(f"solve {traced.model}", settings.progress, settings.time_limit_s):
-        return plan_stage(nodes, tables.tensors, nodes.name.tolist(), index=0, budget=settings.budget,
-                          bandwidth=bandwidth, swap=settings.swaps_on(device), time_limit_s=settings.time_limit_s,
-                          workers=settings.workers, seed=settings.seed)
+    with phase_bar(f"solve {traced.step.model}", settings.progress, settings.time_limit_s):
+        return plan_stage(nodes, traced.tables.tensors, nodes.name.tolist(), index=0, budget=settings.budget,
+                          bandwidth=bandwidth, swap=settings.swaps_on(traced.device),
+                          time_limit_s=settings.time_limit_s, workers=settings.workers, seed=settings.seed,
+                          optimizer_state_bytes=state_bytes)
 
 
 def _key_fields(traced: TracedStep, batch: Mapping[str, torch.Tensor], device: torch.device,
@@ -119,7 +151,16 @@ def _key_fields(traced: TracedStep, batch: Mapping[str, torch.Tensor], device: t
             "budget": str(settings.budget), "loss_fn": qualified_name(settings.loss_fn),
             "solver": {"time_limit_s": settings.time_limit_s, "workers": settings.workers, "seed": settings.seed,
                        "swap": settings.swaps_on(device), "profile_repeats": settings.profile_repeats},
-            "torch": torch.__version__}
+            "optimizer": _optimizer_signature(settings.optimizer), "torch": torch.__version__}
+
+
+def _optimizer_signature(optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+    """What of the optimizer changes the plan (its updates' times and bytes): its class and settings."""
+    if optimizer is None:
+        return None
+    groups = [{k: repr(v) for k, v in sorted(g.items()) if k != "params"} | {"params": len(g["params"])}
+              for g in optimizer.param_groups]
+    return {"class": qualified_name(type(optimizer)), "groups": groups}
 
 
 def _infeasible(report: PlanReport, settings: PlanSettings) -> InfeasibleBudgetError:
@@ -135,26 +176,33 @@ def _infeasible(report: PlanReport, settings: PlanSettings) -> InfeasibleBudgetE
         f"least: the proven floor is {report.floor_bytes} B). Pass on_infeasible='raise_budget' to train at it")
 
 
-def plan_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor],
-              settings: PlanSettings) -> tuple[PlannedStep, PlanReport]:
+def plan_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], settings: PlanSettings,
+              updates: ParamUpdates | None = None) -> tuple[PlannedStep, PlanReport]:
     """The model's training step on batches shaped like ``batch``, compiled under a plan at the budget, and its
-    report. The plan is read from the cache when one was made for this graph, batch, device, budget, loss and
-    settings; else the step is profiled and solved, and the plan cached. A budget no schedule was found within
-    raises InfeasibleBudgetError unless ``settings.on_infeasible`` is ``"raise_budget"``."""
+    report; with ``updates`` (the optimizer of ``settings``), the step updates each parameter in backward.
+    The plan is read from the cache when one was made for this graph, batch, device, budget, loss, optimizer
+    and settings; else the step is profiled and solved, and the plan cached. A budget no schedule was found
+    within raises InfeasibleBudgetError unless ``settings.on_infeasible`` is ``"raise_budget"``."""
     start = time.perf_counter()
     device = model_device(model)
     with phase_bar(f"trace {type(model).__name__}", settings.progress):
-        traced, flat, tables = trace(model, batch, settings.loss_fn)
-    key, fields = plan_key(_key_fields(traced, batch, device, settings))
+        step_fx, flat, tables = trace(model, batch, settings.loss_fn)
+        if updates is not None:
+            step_fx = with_updates(step_fx, tables)
+            tables = graph_tables(step_fx)
+    traced = Traced(step_fx, flat, tables, device)
+    key, fields = plan_key(_key_fields(step_fx, batch, device, settings))
     path = settings.cache_dir / f"{key}.json"
     record = read_record(path, fields)
     hit = record is not None
     if record is None:
-        record = new_record(fields, [_solved_stage(traced, flat, tables, device, settings)])
+        record = new_record(fields, [_solved_stage(traced, settings, updates)])
         write_json(path, record)
     log.info("plan %s: %s", "cache hit" if hit else "made and cached", path)
     stages = parse_plan(record, str(path))
-    step = compile_step(record, stages, traced, flat, tables, where=str(path))
+    if updates is not None:
+        check_update_order(stages[0].raw["ops"], stages[0].events, tables, where=str(path))
+    step = compile_step(record, stages, step_fx, flat, tables, where=str(path))
     report = PlanReport.of(stages[0], cache_hit=hit, cache_path=path, plan_s=time.perf_counter() - start)
     if report.status != "met" and settings.on_infeasible == "raise":
         raise _infeasible(report, settings)

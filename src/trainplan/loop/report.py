@@ -18,7 +18,8 @@ STATUSES = ("met", "raised", "proven_infeasible")
 @dataclass(frozen=True)
 class PlanReport:
     """One plan of a planned module. Bytes are the stage's device bytes as the plan counts them: parameters,
-    buffers, the batch, activations, gradients and temporaries (docs/plan_api.md)."""
+    buffers, the batch, activations, gradients and temporaries, and with the optimizer in the step its state
+    (``optimizer_state_bytes``, resident throughout) and its updates' temporaries (docs/plan_api.md)."""
 
     requested_budget_bytes: int
     planned_budget_bytes: int  # the requested budget, or the least one found where that is not met
@@ -31,6 +32,7 @@ class PlanReport:
     cache_hit: bool
     cache_path: Path
     plan_s: float  # seconds this plan took to get: tracing, then the cache or profiling and solving, compiling
+    optimizer_state_bytes: int = 0  # with the optimizer in the step: its state, counted in every peak above
 
     @classmethod
     def of(cls, stage: StagePlan, *, cache_hit: bool, cache_path: Path, plan_s: float) -> PlanReport:
@@ -41,7 +43,7 @@ class PlanReport:
                   else "proven_infeasible" if sched["budget_status"] == "proven_infeasible" else "raised")
         return cls(requested, int(sched["budget_bytes"]), status, int(sched["peak_bytes"]), float(sched["time"]),
                    no_recompute_peak(stage.raw), stage.problem.floor_bytes, float(sched["solve_seconds"]),
-                   cache_hit, cache_path, plan_s)
+                   cache_hit, cache_path, plan_s, int(stage.raw.get("optimizer_state_bytes", 0)))
 
     def __str__(self) -> str:
         budget = format_bytes(self.planned_budget_bytes)

@@ -30,6 +30,10 @@ from trainplan.schedule.problem import problem_from_dict
 
 #: aten ops whose result depends on random state: recomputing them would not reproduce the value.
 RANDOM_OPS = ("aten.rand", "aten.randn", "aten.bernoulli", "aten.native_dropout", "aten.randperm", "aten.randint")
+#: ops a plan runs once per step: a random op (a recompute would draw anew) and an optimizer's update of a
+#: parameter (``trainplan.loop.update_op``: a recompute would apply it twice)
+OPTIMIZER_STEP = "trainplan.optimizer_step"
+ONCE_PER_STEP = (*RANDOM_OPS, OPTIMIZER_STEP)
 
 
 def _storage_tables(tensors: pd.DataFrame) -> tuple[dict[str, int], set[int], dict[int, int]]:
@@ -78,6 +82,8 @@ def stage_problem(
     boundary: dict[str, dict[str, Any]] = {}
     storage_op: dict[int, str] = {}
     fixed_used: set[int] = set()
+    reads_in_backward: dict[str, set[int]] = {}  # op -> fixed storages (parameters) it reads in backward
+    updated: set[int] = set()  # parameters an optimizer_step op of the stage updates
 
     def new_op(op_id: str, storages: list[int], *, time: float = 0.0, inputs: list[str] | None = None,
                is_boundary: bool = False) -> dict[str, Any]:
@@ -121,12 +127,18 @@ def stage_problem(
             op = ops.get(base) or boundary[base]
         op["nodes"] += members
         op["time"] += float(row.time_s)
-        if any(o.startswith(RANDOM_OPS) for o in member_ops):
+        if getattr(row, "workspace_bytes", 0):  # temporaries a node allocates and frees within (measured)
+            op["workspace"] = op.get("workspace", 0) + int(row.workspace_bytes)
+        if any(o.startswith(ONCE_PER_STEP) for o in member_ops):
             op["recompute"] = False
         for tid in row.inputs:
             sid = storage_of[tid]
             if sid in fixed:
                 fixed_used.add(sid)
+                if any(o.startswith(OPTIMIZER_STEP) for o in member_ops):
+                    updated.add(sid)
+                elif getattr(row, "phase", "") == "backward":
+                    reads_in_backward.setdefault(op["id"], set()).add(sid)
                 continue
             src = source(sid)
             if mutates and src != op["id"]:
@@ -137,6 +149,11 @@ def stage_problem(
                 op["inputs"].append(src)
         for extra in extras:
             extra["inputs"] += [x for x in op["inputs"] if x not in extra["inputs"]]
+    # A backward op reading a parameter that the step updates (a gradient's matmul with the weight) runs once:
+    # recomputed after the update (its output freed, needed later), it would read the new value.
+    for op_id, sids in reads_in_backward.items():
+        if sids & updated and op_id in ops:
+            ops[op_id]["recompute"] = False
     consumers_outside = {
         storage_of[tid]
         for row in nodes.itertuples()
