@@ -187,7 +187,8 @@ def write(rows: list[dict[str, Any]], header: str) -> None:
     frame = pd.DataFrame(rows)
     frame.to_csv(OUT / "vs_pytorch.csv", index=False)
     fig, axes = plt.subplots(1, frame.model.nunique(), figsize=(6 * frame.model.nunique(), 4.5), squeeze=False)
-    for ax, (model, part) in zip(axes[0], frame[frame.get("error", pd.Series(dtype=str)).isna()].groupby("model")):
+    measured = frame[frame["error"].isna()] if "error" in frame else frame
+    for ax, (model, part) in zip(axes[0], measured.groupby("model")):
         for family, marker in (("eager", "s"), ("hf_checkpointing", "^"), ("compile", "o"), ("trainplan", "x"),
                                ("trainplan+opt", "*")):
             pts = part[part.method.str.split("@").str[0] == family]
