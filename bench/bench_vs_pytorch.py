@@ -9,6 +9,7 @@ backward, ``optimizer.step()``, ``zero_grad()``), in a fresh Python process per 
 - ``eager``: the model as it is;
 - ``hf_checkpointing``: Hugging Face's ``gradient_checkpointing_enable()`` (models that support it);
 - ``compile@B``: ``torch.compile`` with ``torch._functorch.config.activation_memory_budget = B``;
+- ``compile+exact@B``: the same, its partitioner's knapsack solved exactly (``trainplan.loop.knapsack``);
 - ``trainplan@F``: ``trainplan.plan(model, batch, F)`` (F a fraction of the step's no-recompute peak; where no
   schedule meets it, the least budget found: ``planned_budget_bytes`` says which), gradients to ``.grad``;
 - ``trainplan+opt@F``: the same with the optimizer in the plan (``optimizer=``): each update in backward.
@@ -53,12 +54,14 @@ MODELS: dict[str, dict[str, Any]] = {
 COMPILE_BUDGETS = (1.0, 0.6, 0.3, 0.05)
 PLAN_FRACTIONS = (0.8, 0.5, 0.3, 0.1)
 WARMUP = 2
+OURS = ("trainplan", "compile+exact")  # method families that are trainplan's
 PLAN_TIME_LIMIT_S = 60.0
 
 
 def methods(model: str) -> list[str]:
     hf = [] if model.startswith("resnet") else ["hf_checkpointing"]  # transformers' ResNet has no checkpointing
-    return (["eager", *hf, *(f"compile@{b}" for b in COMPILE_BUDGETS), *(f"trainplan@{f}" for f in PLAN_FRACTIONS),
+    return (["eager", *hf, *(f"compile@{b}" for b in COMPILE_BUDGETS), *(f"compile+exact@{b}" for b in COMPILE_BUDGETS[1:]),
+             *(f"trainplan@{f}" for f in PLAN_FRACTIONS),
              *(f"trainplan+opt@{f}" for f in PLAN_FRACTIONS)])
 
 
@@ -67,6 +70,7 @@ def _prepared(model: str, method: str, cache: Path) -> tuple[Any, Any, dict[str,
     import torch
 
     import trainplan
+    from trainplan.loop.knapsack import ExactKnapsack
     from trainplan.models import build_model
 
     built = build_model(model, MODELS[model], seed=0)
@@ -84,8 +88,10 @@ def _prepared(model: str, method: str, cache: Path) -> tuple[Any, Any, dict[str,
     elif kind == "hf_checkpointing":
         module.gradient_checkpointing_enable()
         forward = module
-    elif kind == "compile":
+    elif kind in ("compile", "compile+exact"):
         torch._functorch.config.activation_memory_budget = float(value)
+        if kind == "compile+exact":
+            torch._functorch.config.activation_memory_budget_solver = ExactKnapsack(time_limit_s=PLAN_TIME_LIMIT_S)
         forward = torch.compile(module)
     else:
         planned = trainplan.plan(module, batch, float(value), optimizer=optimizer if kind == "trainplan+opt" else None,
@@ -104,7 +110,7 @@ def _prepared(model: str, method: str, cache: Path) -> tuple[Any, Any, dict[str,
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
 
-    if kind == "compile":
+    if kind.startswith("compile"):
         step()  # compiles
     return step, optimizer, facts, time.perf_counter() - start
 
@@ -165,13 +171,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def frontier_verdict(rows: list[dict[str, Any]]) -> list[str]:
-    """For each competitor point: a trainplan point with peak <= and time <= it, or the point it lacks."""
+    """For each competitor point: one of ours (a plan, or torch.compile with our knapsack solver) with peak <= and
+    time <= it, or the point it lacks."""
     lines = []
-    ours = [r for r in rows if r["method"].startswith("trainplan") and "error" not in r]
+    ours = [r for r in rows if r["method"].startswith(OURS) and "error" not in r]
     for r in rows:
-        if r["method"].startswith("trainplan") or "error" in r:
+        if r["method"].startswith(OURS) or "error" in r:
             continue
-        win = [o for o in ours if o["peak_mib"] <= r["peak_mib"] and o["step_s"] <= r["step_s"]]
+        win = [o for o in ours if o["model"] == r["model"] and o["peak_mib"] <= r["peak_mib"] and o["step_s"] <= r["step_s"]]
         verdict = f"dominated by {win[0]['method']}" if win else "NOT dominated"
         lines.append(f"- {r['model']} {r['method']} ({r['peak_mib']:.1f} MiB, {r['step_s']:.3f} s): {verdict}")
     return lines
@@ -189,14 +196,14 @@ def write(rows: list[dict[str, Any]], header: str) -> None:
     fig, axes = plt.subplots(1, frame.model.nunique(), figsize=(6 * frame.model.nunique(), 4.5), squeeze=False)
     measured = frame[frame["error"].isna()] if "error" in frame else frame
     for ax, (model, part) in zip(axes[0], measured.groupby("model")):
-        for family, marker in (("eager", "s"), ("hf_checkpointing", "^"), ("compile", "o"), ("trainplan", "x"),
-                               ("trainplan+opt", "*")):
+        for family, marker in (("eager", "s"), ("hf_checkpointing", "^"), ("compile", "o"), ("compile+exact", "D"),
+                               ("trainplan", "x"), ("trainplan+opt", "*")):
             pts = part[part.method.str.split("@").str[0] == family]
             ax.errorbar(pts.peak_mib, pts.step_s, yerr=[pts.step_s - pts.step_min_s, pts.step_max_s - pts.step_s],
                         fmt=marker, label=family, capsize=3)
         ax.set(title=model, xlabel="measured peak above inputs (MiB)", ylabel="step time (s, median; bars: min-max)")
         ax.legend(fontsize=8)
-    fig.suptitle("Memory/time frontier: one meter (process high-water mark), fresh process per method", fontsize=10)
+    fig.suptitle("Memory/time frontier\none meter (process high-water mark), a fresh process per method", fontsize=9)
     fig.tight_layout()
     fig.savefig(OUT / "vs_pytorch.png", dpi=120)
     cols = ["model", "method", "peak_mib", "peak_min_mib", "peak_max_mib", "step_s", "step_min_s", "step_max_s",

@@ -20,6 +20,12 @@ from trainplan.loop.updates import ParamUpdates, state_bytes
 from trainplan.models import build_model, default_loss
 
 
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """A plan cache the tests share: tiny GPT-2 with AdamW(lr=1e-3) at 0.6 is planned once."""
+    return tmp_path_factory.mktemp("plans")
+
+
 def train(model, optimizer, batches) -> list[torch.Tensor]:
     """The losses of a plain loop: forward, backward, optimizer step, zero grad, per batch."""
     losses = []
@@ -36,13 +42,13 @@ def train(model, optimizer, batches) -> list[torch.Tensor]:
     lambda params: torch.optim.AdamW(params, lr=1e-3),
     lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9, weight_decay=1e-4),
 ])
-def test_a_plain_loop_trains_as_eager_with_the_optimizer_in_the_plan(tmp_path, optimizer):
+def test_a_plain_loop_trains_as_eager_with_the_optimizer_in_the_plan(plans, optimizer):
     """4 steps of tiny GPT-2 at 0.6 (recomputes in the plan): the loop is the user's own (backward, step,
     zero_grad), the losses and every parameter after it equal eager's bit for bit."""
     built = build_model("tiny_gpt2", TINY, seed=0)
     reference = copy.deepcopy(built.module)
     opt, ref_opt = optimizer(built.module.parameters()), optimizer(reference.parameters())
-    planned = trainplan.plan(built.module, built.batch, 0.6, cache_dir=tmp_path, optimizer=opt, **FAST)
+    planned = trainplan.plan(built.module, built.batch, 0.6, cache_dir=plans, optimizer=opt, **FAST)
     assert planned.step.stages[0].schedule["recomputes"] > 0
     batches = token_batches(4)
     got = train(planned, opt, batches)
@@ -95,10 +101,10 @@ def test_the_updates_take_the_peak_below_the_gradient_floor(tmp_path):
     assert extra is not None and start + state_bytes(opt) + extra <= report.planned_budget_bytes
 
 
-def test_a_scaled_loss_is_refused_once_the_updates_ran(tmp_path):
+def test_a_scaled_loss_is_refused_once_the_updates_ran(plans):
     built = build_model("tiny_gpt2", TINY, seed=0)
     opt = torch.optim.AdamW(built.module.parameters(), lr=1e-3)
-    planned = trainplan.plan(built.module, built.batch, 0.6, cache_dir=tmp_path, optimizer=opt, **FAST)
+    planned = trainplan.plan(built.module, built.batch, 0.6, cache_dir=plans, optimizer=opt, **FAST)
     with pytest.raises(RuntimeError, match="Gradient accumulation and loss scaling need every gradient"):
         (planned(built.batch) / 2).backward()
 
@@ -142,10 +148,10 @@ def test_each_parameter_is_updated_once_after_its_gradient_and_its_last_reader(g
     assert len(output.args[0]) == 1 and output.args[0][0].name == traced.loss_node
 
 
-def test_a_schedule_that_reads_a_parameter_after_its_update_is_refused(gpt2_with_updates, tmp_path):
+def test_a_schedule_that_reads_a_parameter_after_its_update_is_refused(gpt2_with_updates, plans):
     built = build_model("tiny_gpt2", TINY, seed=0)
     opt = torch.optim.AdamW(built.module.parameters(), lr=1e-3)
-    planned = trainplan.plan(built.module, built.batch, 0.6, cache_dir=tmp_path, optimizer=opt, **FAST)
+    planned = trainplan.plan(built.module, built.batch, 0.6, cache_dir=plans, optimizer=opt, **FAST)
     stage = planned.step.stages[0]
     ops = stage.raw["ops"]
     tables = graph_tables(gpt2_with_updates[2])
