@@ -52,24 +52,30 @@ def eager_budget(model: torch.nn.Module, batch: dict[str, torch.Tensor], share: 
     return budget, peak
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(description: str) -> argparse.Namespace:
+    """The examples' command line."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--share", type=float, default=0.5, help="of eager's measured peak above the inputs")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer GPT-2, batch 2 x 16")
     parser.add_argument("--budget", help="bytes ('2GiB') or a fraction of the no-recompute peak, instead of --share")
     parser.add_argument("--time-limit", type=float, default=60.0, help="the solver's, in seconds")
-    args = parser.parse_args()
-    return_freed_memory()  # the meter reads live bytes
+    return parser.parse_args()
+
+
+def gpt2(tiny: bool) -> tuple[GPT2LMHeadModel, int, int]:
+    """GPT-2 small (batch 2 x 128, the default study's shape) or a 2-layer one (2 x 16), seed 0; batch shape."""
     torch.manual_seed(0)
-    if args.tiny:
-        config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64)
-        batch_size, seq_len = 2, 16
-    else:
-        config = GPT2Config()
-        batch_size, seq_len = 2, 128
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64) if tiny else GPT2Config()
     config.use_cache = False  # a KV cache is appended to again when a block is recomputed
-    model = GPT2LMHeadModel(config)
+    return GPT2LMHeadModel(config), 2, 16 if tiny else 128
+
+
+def main() -> None:
+    args = options(__doc__.splitlines()[0])
+    return_freed_memory()  # the meter reads live bytes
+    model, batch_size, seq_len = gpt2(args.tiny)
+    config = model.config
     gen = torch.Generator().manual_seed(1)
 
     def next_batch() -> dict[str, torch.Tensor]:  # stands in for a data loader

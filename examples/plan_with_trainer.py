@@ -12,14 +12,13 @@ no gradient clipping (``max_grad_norm=0``), no gradient accumulation.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import trainplan
-from plan_in_loop import eager_budget  # this folder's other example
+from plan_in_loop import eager_budget, gpt2, options  # this folder's other example
 from trainplan.budget import format_bytes
 from trainplan.execute.measure import HighWaterMark
 from trainplan.timing import return_freed_memory
@@ -39,20 +38,10 @@ class PeakPerStep(TrainerCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--share", type=float, default=0.5, help="of eager's measured peak above the inputs")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer GPT-2, batch 2 x 16")
-    parser.add_argument("--budget", help="bytes ('2GiB') or a fraction of the no-recompute peak, instead of --share")
-    parser.add_argument("--time-limit", type=float, default=60.0, help="the solver's, in seconds")
-    args = parser.parse_args()
+    args = options(__doc__.splitlines()[0])
     return_freed_memory()
-    torch.manual_seed(0)
-    config = (GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64) if args.tiny
-              else GPT2Config())
-    config.use_cache = False
-    batch_size, seq_len = (2, 16) if args.tiny else (2, 128)
-    model = GPT2LMHeadModel(config)
+    model, batch_size, seq_len = gpt2(args.tiny)
+    config = model.config
     gen = torch.Generator().manual_seed(1)
     rows = [{"input_ids": ids, "labels": ids} for ids in
             torch.randint(0, config.vocab_size, (batch_size * args.steps, seq_len), generator=gen)]

@@ -254,25 +254,17 @@ def test_hugging_face_trainer_trains_the_planned_module_as_the_model(cache):
     assert len(planned_losses) == 2 and planned_losses == eager_losses
 
 
-def test_the_loop_example_runs(cache):
+@pytest.mark.parametrize("example, steps", [("plan_in_loop.py", ["step 0", "step 1"]),
+                                            ("plan_with_trainer.py", ["step 1", "step 2"])])
+def test_the_examples_run(cache, example, steps):
+    """The plain loop and Trainer (the optimizer in the plan) each print the plan, then each step's measured peak."""
     env = {**os.environ, "TRAINPLAN_PLAN_CACHE": str(cache)}
-    done = subprocess.run([sys.executable, "examples/plan_in_loop.py", "--tiny", "--steps", "2", "--budget", "0.6",
-                           "--time-limit", "4"], cwd=REPO, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("plan: budget") and [line.split(":")[0] for line in lines[1:]] == ["step 0", "step 1"]
-    assert all(" measured peak " in line for line in lines[1:])
-
-
-def test_the_trainer_example_runs(cache):
-    """Trainer trains the planned module with the optimizer in the plan; a callback prints each step's peak."""
-    env = {**os.environ, "TRAINPLAN_PLAN_CACHE": str(cache)}
-    done = subprocess.run([sys.executable, "examples/plan_with_trainer.py", "--tiny", "--steps", "2", "--budget", "0.6",
+    done = subprocess.run([sys.executable, f"examples/{example}", "--tiny", "--steps", "2", "--budget", "0.6",
                            "--time-limit", "4"], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("plan: budget")
-    assert [line.split(":")[0] for line in lines if " measured peak " in line] == ["step 1", "step 2"]
+    assert [line.split(":")[0] for line in lines if " measured peak " in line] == steps
 
 
 def test_importing_trainplan_stays_free_of_torch_until_plan_is_used():
