@@ -65,8 +65,8 @@ def methods(model: str) -> list[str]:
              *(f"trainplan+opt@{f}" for f in PLAN_FRACTIONS)])
 
 
-def _prepared(model: str, method: str, cache: Path) -> tuple[Any, Any, dict[str, Any], float]:
-    """The callable doing one step, the optimizer, facts about the method, and its setup seconds."""
+def _prepared(model: str, method: str, cache: Path) -> tuple[Any, dict[str, Any], float]:
+    """The callable doing one step, facts about the method, and its setup seconds."""
     import torch
 
     import trainplan
@@ -112,7 +112,7 @@ def _prepared(model: str, method: str, cache: Path) -> tuple[Any, Any, dict[str,
 
     if kind.startswith("compile"):
         step()  # compiles
-    return step, optimizer, facts, time.perf_counter() - start
+    return step, facts, time.perf_counter() - start
 
 
 def one(model: str, method: str, repeats: int, cache: Path) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def one(model: str, method: str, repeats: int, cache: Path) -> dict[str, Any]:
 
     torch.manual_seed(0)
     return_freed_memory()
-    step, _, facts, setup_s = _prepared(model, method, cache)
+    step, facts, setup_s = _prepared(model, method, cache)
     for _ in range(WARMUP):  # on the meter's thread too, as the measured steps
         process_peak_during(step)
     times, peaks, losses = [], [], []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,7 +115,7 @@ def _profiled_nodes(traced: Traced, settings: PlanSettings, updates: ParamUpdate
     if scratch is not None:
         inputs[:n_p] = [p.detach() for p in scratch.params]
     with torch.random.fork_rng(devices=[traced.device] if traced.device.type == "cuda" else []), \
-            updates_bound(scratch or _no_update):
+            (updates_bound(scratch) if scratch is not None else nullcontext()):
         result = profile_nodes(traced.step, inputs, nodes, repeats=settings.profile_repeats, warmup=PROFILE_WARMUP,
                                device=str(traced.device), progress=settings.progress)
     nodes = nodes.merge(result.ops[["name", "time_s"]], on="name", validate="one_to_one")
@@ -126,10 +126,6 @@ def _profiled_nodes(traced: Traced, settings: PlanSettings, updates: ParamUpdate
     nodes.loc[is_update, "workspace_bytes"] = [
         costs.workspace_bytes[int(n.removeprefix(UPDATE_PREFIX))] for n in nodes.name[is_update]]
     return nodes, costs.state_bytes
-
-
-def _no_update(index: int, grad: torch.Tensor) -> None:
-    raise RuntimeError("an optimizer_step op in a step planned without an optimizer")
 
 
 def _solved_stage(traced: Traced, settings: PlanSettings, updates: ParamUpdates | None) -> dict[str, Any]:

@@ -14,9 +14,6 @@ from contextvars import ContextVar
 
 import torch
 
-#: the op's name in a traced graph's op table (``str(node.target)``)
-OPTIMIZER_STEP = "trainplan.optimizer_step.default"
-
 Update = Callable[[int, torch.Tensor], None]  # (parameter index in the step's parameter order, its gradient)
 
 _BOUND: ContextVar[Update | None] = ContextVar("trainplan_optimizer_step", default=None)

@@ -35,6 +35,7 @@ class ParamUpdates:
                              "in the plan, every trained parameter is updated by it")
         self.optimizer = optimizer
         self.params = list(params)
+        self.names = list(names)
         self.trained = [p.requires_grad for p in params]
 
     def clear(self) -> None:
@@ -56,14 +57,12 @@ class ParamUpdates:
 
 def scratch_updates(updates: ParamUpdates) -> ParamUpdates:
     """A copy of ``updates`` on copies of the parameters and of the optimizer's state, for profiling: running
-    it changes nothing of the user's."""
+    it changes nothing of the user's (planning holds both copies for its duration)."""
     memo: dict[int, object] = {}
     optimizer = copy.deepcopy(updates.optimizer, memo)
-    scratch = ParamUpdates.__new__(ParamUpdates)
-    scratch.optimizer, scratch.trained = optimizer, list(updates.trained)
-    scratch.params = [memo[id(p)] if id(p) in memo else torch.nn.Parameter(p.detach().clone(), requires_grad=False)
-                      for p in updates.params]  # type: ignore[misc]
-    return scratch
+    params = [memo[id(p)] if id(p) in memo else torch.nn.Parameter(p.detach().clone(), requires_grad=False)
+              for p in updates.params]  # a parameter the optimizer does not hold is not trained
+    return ParamUpdates(optimizer, params, updates.names)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -83,15 +82,18 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
 def update_costs(scratch: ParamUpdates, device: torch.device) -> UpdateCosts:
     """The scratch optimizer's state after a step of every parameter, and the most each update allocates on
     top of it (measured once per parameter shape and dtype, on the step's device)."""
-    grads = [torch.randn_like(p) for p in scratch.params]
-    for i, g in enumerate(grads):  # the state exists from the first step on
-        scratch(i, g)
+    for i, p in enumerate(scratch.params):  # the state exists from the first step on
+        scratch(i, torch.randn_like(p))
     measured: dict[tuple[torch.Size, torch.dtype], int] = {}
     workspace = []
     for i, p in enumerate(scratch.params):
         shape = (p.shape, p.dtype)
         if shape not in measured:
-            _, peak = peak_during(lambda: scratch(i, grads[i]), device)  # noqa: B023 (run at once)
-            measured[shape] = int(peak or 0)
+            grad = torch.randn_like(p)
+            _, peak = peak_during(lambda: scratch(i, grad), device)  # noqa: B023 (run at once)
+            if peak is None:
+                raise RuntimeError(f"parameter '{scratch.names[i]}': the allocator's peak during its update cannot "
+                                   "be measured here (no profiler event tree); plan without optimizer=")
+            measured[shape] = peak
         workspace.append(measured[shape] if scratch.trained[i] else 0)
     return UpdateCosts(state_bytes(scratch.optimizer), workspace)
