@@ -1,7 +1,7 @@
 """Benchmark: trainplan against PyTorch's own memory tools on one meter; writes bench/results/vs_pytorch.md,
 .csv and .png (the memory/time frontier).
 
-    python bench/bench_vs_pytorch.py [--models gpt2] [--repeats 5] [--processes 1]
+    python bench/bench_vs_pytorch.py [--models gpt2] [--repeats 5] [--processes 1] [--methods ...] [--name STEM]
 
 Every method trains the same model (random weights, seed 0) with AdamW, one full step each time (forward, loss,
 backward, ``optimizer.step()``, ``zero_grad()``), in a fresh Python process per method and process repeat:
@@ -12,7 +12,10 @@ backward, ``optimizer.step()``, ``zero_grad()``), in a fresh Python process per 
 - ``compile+exact@B``: the same, its partitioner's knapsack solved exactly (``trainplan.loop.knapsack``);
 - ``trainplan@F``: ``trainplan.plan(model, batch, F)`` (F a fraction of the step's no-recompute peak; where no
   schedule meets it, the least budget found: ``planned_budget_bytes`` says which), gradients to ``.grad``;
-- ``trainplan+opt@F``: the same with the optimizer in the plan (``optimizer=``): each update in backward.
+- ``trainplan+opt@F``: the same with the optimizer in the plan (``optimizer=``): each update in backward;
+- ``sac@F``: the plan of ``trainplan@F`` exported as selective activation checkpointing of each block
+  (``trainplan.loop.sac``), the model run eagerly under it;
+- ``sac+compile@F``: the same export under ``torch.compile`` (its partitioner honours the policy's MUST_*).
 
 The meter is the process's (``execute.measure.process_peak_during``: resident memory's high-water mark above
 what the process held before the step, with freed memory returned to the system), the same for every method:
@@ -54,7 +57,7 @@ MODELS: dict[str, dict[str, Any]] = {
 COMPILE_BUDGETS = (1.0, 0.6, 0.3, 0.05)
 PLAN_FRACTIONS = (0.8, 0.5, 0.3, 0.1)
 WARMUP = 2
-OURS = ("trainplan", "compile+exact")  # method families that are trainplan's
+OURS = ("trainplan", "compile+exact", "sac")  # method families that are trainplan's
 PLAN_TIME_LIMIT_S = 60.0
 
 
@@ -62,7 +65,8 @@ def methods(model: str) -> list[str]:
     hf = [] if model.startswith("resnet") else ["hf_checkpointing"]  # transformers' ResNet has no checkpointing
     return (["eager", *hf, *(f"compile@{b}" for b in COMPILE_BUDGETS), *(f"compile+exact@{b}" for b in COMPILE_BUDGETS[1:]),
              *(f"trainplan@{f}" for f in PLAN_FRACTIONS),
-             *(f"trainplan+opt@{f}" for f in PLAN_FRACTIONS)])
+             *(f"trainplan+opt@{f}" for f in PLAN_FRACTIONS), *(f"sac@{f}" for f in PLAN_FRACTIONS),
+             *(f"sac+compile@{f}" for f in PLAN_FRACTIONS)])
 
 
 def _prepared(model: str, method: str, cache: Path) -> tuple[Any, dict[str, Any], float]:
@@ -71,6 +75,7 @@ def _prepared(model: str, method: str, cache: Path) -> tuple[Any, dict[str, Any]
 
     import trainplan
     from trainplan.loop.knapsack import ExactKnapsack
+    from trainplan.loop.sac import sac_policy
     from trainplan.models import build_model
 
     built = build_model(model, MODELS[model], seed=0)
@@ -102,6 +107,11 @@ def _prepared(model: str, method: str, cache: Path) -> tuple[Any, dict[str, Any]
                  "predicted_step_s": report.predicted_step_s, "plan_status": report.status,
                  "cache_hit": report.cache_hit}
         forward = planned
+        if kind.startswith("sac"):
+            export = sac_policy(planned)
+            export.apply(module, strict=kind == "sac")
+            forward = torch.compile(module) if kind == "sac+compile" else module
+            facts["sac"] = export.summary()
 
     def step() -> float:
         loss = built.loss_fn(forward(**batch))
@@ -110,7 +120,7 @@ def _prepared(model: str, method: str, cache: Path) -> tuple[Any, dict[str, Any]
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
 
-    if kind.startswith("compile"):
+    if "compile" in kind:
         step()  # compiles
     return step, facts, time.perf_counter() - start
 
@@ -164,7 +174,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
            "peak_min_mib": min(peaks) / 2**20, "peak_max_mib": max(peaks) / 2**20,
            "step_s": statistics.median(steps), "step_min_s": min(steps), "step_max_s": max(steps),
            "setup_s": statistics.median(r["setup_s"] for r in runs), "loss": first["losses"][0], "processes": len(runs)}
-    for key in ("planned_budget_bytes", "predicted_peak_bytes", "predicted_step_s", "plan_status"):
+    for key in ("planned_budget_bytes", "predicted_peak_bytes", "predicted_step_s", "plan_status", "sac"):
         if key in first:
             row[key] = first[key]
     return row
@@ -184,7 +194,7 @@ def frontier_verdict(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write(rows: list[dict[str, Any]], header: str) -> None:
+def write(rows: list[dict[str, Any]], header: str, name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,12 +202,13 @@ def write(rows: list[dict[str, Any]], header: str) -> None:
     import pandas as pd
 
     frame = pd.DataFrame(rows)
-    frame.to_csv(OUT / "vs_pytorch.csv", index=False)
+    frame.to_csv(OUT / f"{name}.csv", index=False)
     fig, axes = plt.subplots(1, frame.model.nunique(), figsize=(6 * frame.model.nunique(), 4.5), squeeze=False)
     measured = frame[frame["error"].isna()] if "error" in frame else frame
     for ax, (model, part) in zip(axes[0], measured.groupby("model")):
         for family, marker in (("eager", "s"), ("hf_checkpointing", "^"), ("compile", "o"), ("compile+exact", "D"),
-                               ("trainplan", "x"), ("trainplan+opt", "*")):
+                               ("trainplan", "x"), ("trainplan+opt", "*"), ("sac", "P"),
+                               ("sac+compile", "h")):
             pts = part[part.method.str.split("@").str[0] == family]
             ax.errorbar(pts.peak_mib, pts.step_s, yerr=[pts.step_s - pts.step_min_s, pts.step_max_s - pts.step_s],
                         fmt=marker, label=family, capsize=3)
@@ -205,14 +216,14 @@ def write(rows: list[dict[str, Any]], header: str) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("Memory/time frontier\none meter (process high-water mark), a fresh process per method", fontsize=9)
     fig.tight_layout()
-    fig.savefig(OUT / "vs_pytorch.png", dpi=120)
+    fig.savefig(OUT / f"{name}.png", dpi=120)
     cols = ["model", "method", "peak_mib", "peak_min_mib", "peak_max_mib", "step_s", "step_min_s", "step_max_s",
             "setup_s", "planned_budget_bytes", "plan_status", "error"]
     table = frame[[c for c in cols if c in frame]].to_markdown(index=False, floatfmt=".3f")
     verdict = "\n".join(frontier_verdict(rows))
-    (OUT / "vs_pytorch.md").write_text(
+    (OUT / f"{name}.md").write_text(
         f"# trainplan against PyTorch's memory tools\n\n{header}\n\n{table}\n\n## Frontier\n\n{verdict}\n\n"
-        "![frontier](vs_pytorch.png)\n\n*Each point: one method's median step time against its median measured "
+        f"![frontier]({name}.png)\n\n*Each point: one method's median step time against its median measured "
         "peak above the parameters, batch and optimizer state; bars: the min-max step time over every measured "
         "step.*\n")
 
@@ -230,6 +241,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1, help="fresh processes per method")
     parser.add_argument("--methods", nargs="*", help="a subset of the methods (default: all)")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/trainplan-bench-plans"))
+    parser.add_argument("--name", default="vs_pytorch", help="file stem of the tables and figure in bench/results/")
     args = parser.parse_args()
     if args.command == "one":
         print("RESULT " + json.dumps(one(args.model, args.method, args.repeats, args.cache)))
@@ -245,8 +257,8 @@ def main() -> None:
     header = (f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads; AdamW; "
               f"{args.repeats} steps x {args.processes} process(es) per method after {WARMUP} warm-ups; "
               f"`python bench/bench_vs_pytorch.py --models {' '.join(args.models)} --repeats {args.repeats} "
-              f"--processes {args.processes}`, run alone on the machine")
-    write(rows, header)
+              f"--processes {args.processes}{' --methods ' + ' '.join(args.methods) if args.methods else ''}`, run alone on the machine")
+    write(rows, header, args.name)
 
 
 if __name__ == "__main__":

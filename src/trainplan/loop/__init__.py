@@ -5,5 +5,7 @@ from trainplan.loop.errors import InfeasibleBudgetError, NewBatchShapeError
 from trainplan.loop.module import PlannedModule, StepOutput
 from trainplan.loop.api import plan
 from trainplan.loop.report import PlanReport
+from trainplan.loop.sac import SacExport, SacExportError, sac_policy
 
-__all__ = ["InfeasibleBudgetError", "NewBatchShapeError", "PlanReport", "PlannedModule", "StepOutput", "plan"]
+__all__ = ["InfeasibleBudgetError", "NewBatchShapeError", "PlanReport", "PlannedModule", "SacExport", "SacExportError",
+           "StepOutput", "plan", "sac_policy"]
