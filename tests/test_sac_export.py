@@ -119,6 +119,13 @@ def test_compile_honours_the_export(planned) -> None:
     assert set(export.summary()["unmatched"]) <= {"aten.clone.default"}  # dropout's clone, traced after decomposition
 
 
+def test_regions_without_recomputes_are_left_to_autograd(planned, tmp_path) -> None:
+    plan, built, reference = planned
+    whole = trainplan.plan(copy.deepcopy(reference), built.batch, 1.0, cache_dir=tmp_path, **FAST)
+    assert not any(c > 1 for c in Counter(o for k, o in whole.step.stages[0].events if k == "compute").values())
+    assert sac_policy(whole).regions == {}
+
+
 def test_refusals(planned, tmp_path) -> None:
     plan, built, reference = planned
     with pytest.raises(SacExportError, match="not submodules"):

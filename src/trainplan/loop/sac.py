@@ -210,7 +210,8 @@ def _rank(policy: CheckpointPolicy, swap_policy: CheckpointPolicy) -> int:
 def sac_policy(planned: PlannedModule, regions: list[str] | None = None, *,
                swap_policy: CheckpointPolicy = CheckpointPolicy.MUST_CPU_OFFLOAD) -> SacExport:
     """``planned``'s plan as SAC policies over ``regions`` (module names of ``planned.model``; default
-    :func:`block_regions`). Raises SacExportError for a plan with the optimizer in it (its updates cannot be
+    :func:`block_regions`), leaving out a region where the plan recomputes and swaps nothing (checkpointing it
+    would rerun its unsaved calls for nothing: autograd keeps what the plan keeps there). Raises SacExportError for a plan with the optimizer in it (its updates cannot be
     exported: plan without ``optimizer=``) or with more than one stage, and for an unknown region."""
     if planned.updates is not None:
         raise SacExportError("a plan with the optimizer in the step cannot be exported as SAC (the updates run "
@@ -236,4 +237,6 @@ def sac_policy(planned: PlannedModule, regions: list[str] | None = None, *,
             continue
         calls[region][node.target].append(policy)
         nodes[region][node.target].append(node.name)
-    return SacExport({r: RegionPolicy(r, dict(calls[r]), dict(nodes[r])) for r in chosen}, dict(lost))
+    acting = (CheckpointPolicy.MUST_RECOMPUTE, swap_policy)
+    return SacExport({r: RegionPolicy(r, dict(calls[r]), dict(nodes[r])) for r in chosen
+                      if any(p in acting for ps in calls[r].values() for p in ps)}, dict(lost))
