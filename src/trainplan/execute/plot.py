@@ -36,7 +36,8 @@ def _bars(ax: Any, predicted: list[float], measured: list[float], unit: str, tit
 def _headline(report: dict[str, Any], what: str = "") -> str:
     """Model, k, budget, status (and what the figure shows), the device's host memory, then the first reason of a
     failure."""
-    head = f"{report['model']} k={report['k']} budget {Budget.of_fields(report).label}{what}: {report['status'].upper()}"
+    budget = Budget.of_fields(report).label
+    head = f"{report['model']} k={report['k']} budget {budget}{what}: {report['status'].upper()}"
     host = report.get("memory_model", {}).get("host_memory")
     if host:
         head += f" (host memory {host})"
