@@ -51,7 +51,7 @@ def run(model: str, k: int, budget: float, config: dict, time_limit_s: float, ar
     memory = MemoryLimit(int(device["memory_gib"] * 2**30), settings.micro_batches)
     first = partition_graph(pg, tables, k, tolerance=settings.tolerance, memory=memory)
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(art / "profile" / model / config["device"] / "summary.json"),
-                               budget_fraction=budget,
+                               budget=budget,
                                solver=SolverSettings(time_limit_s, solver.get("workers", 2), solver.get("seed", 0)))
     result = balance(pg, tables, first, scheduler, settings, memory)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import TINY_GPT2
 from tests.test_execute import LOOSE_TIME, mlp, plan_for, swap_and_recompute, timed  # noqa: F401 (fixture)
+from trainplan.budget import Budget
 from trainplan.execute import ValidateSettings, parse_plan, validate_plan
 from trainplan.execute.measure import measure_peaks, peak_during, process_meter_available, process_peak_during
 from trainplan.host_swap import memory_model, to_host
@@ -95,7 +96,7 @@ def test_a_cpu_device_plans_no_swap_and_a_separate_one_may(mlp):  # noqa: F811
     for device_type, host_memory, swaps in (("cpu", None, False), ("cpu", "separate", True), ("cuda", None, True)):
         model = memory_model(device_type, host_memory)
         raw = budgeted_stage_problem(timed(tables.nodes), tables.tensors, tables.nodes.name.tolist(),
-                                     StageBudget(0.5, 1e9, model.swaps))
+                                     StageBudget(Budget(fraction=0.5), 1e9, model.swaps))
         assert model.swaps == swaps and any(op["swap"] for op in raw["ops"]) == swaps
     assert memory_model("cpu").to_dict()["note"].startswith("a CPU standing in for an accelerator")
     with pytest.raises(ValueError, match="host_memory"):

@@ -24,6 +24,7 @@ from trainplan.partition import (
     range_tables,
     stage_stats,
 )
+from trainplan.budget import Budget, BudgetError
 from trainplan.partition.balance import scaled_weights
 from trainplan.schedule import problem_from_dict, replay
 
@@ -50,13 +51,13 @@ def small():
 
 
 def scheduler(nodes, tensors, fraction=0.5, solver=SOLVER) -> StageScheduler:
-    return StageScheduler(nodes, tensors, bandwidth=1e6, budget_fraction=fraction, solver=solver)
+    return StageScheduler(nodes, tensors, bandwidth=1e6, budget=fraction, solver=solver)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.5])
 def test_budget_fraction_out_of_range(small, fraction):
     nodes, tensors, _, _ = small
-    with pytest.raises(PartitionError, match=f"budget fraction {fraction} must be in"):
+    with pytest.raises(BudgetError, match=rf"budget {fraction}: a fraction must be in \(0, 1\]"):
         scheduler(nodes, tensors, fraction)
 
 
@@ -134,7 +135,7 @@ def test_a_stage_without_any_schedule_is_named(small, monkeypatch):
         raw["budget_bytes"], "ours", 0.0, "proven infeasible"))
     part = partition_graph(g, t, 2, tolerance=0.0)
     with pytest.raises(PartitionError, match=r"stage 0 \(\d+ nodes, first 'f1'\): no schedule meets budget "
-                                             r"\d+ B \(0.5 of its peak\): proven infeasible"):
+                                             r"\d+ B \(requested: 0.5 of the no-recompute peak\): proven infeasible"):
         balance(g, t, part, scheduler(nodes, tensors), BalanceSettings(0.9, 2, 2, 0.0))
 
 
@@ -157,7 +158,8 @@ def rule_schedules(small, tmp_path_factory):
     nodes, tensors, g, t = small
     part = partition_graph(g, t, 2, tolerance=0.0)
     stage_nodes = [s.nodes for s in stage_stats(g, part.cuts)]
-    solved = schedule_stages(nodes, tensors, stage_nodes, budget=StageBudget(0.5, 1e6), solver=STEADY, progress=False)
+    solved = schedule_stages(nodes, tensors, stage_nodes, budget=StageBudget(Budget(fraction=0.5), 1e6), solver=STEADY,
+                             progress=False)
     path = tmp_path_factory.mktemp("schedule") / "schedules.json"
     write_json(path, stage_schedules_dict({"model": "small", "k": 2, "budget_fraction": 0.5}, solved))
     return part, stage_nodes, solved, path

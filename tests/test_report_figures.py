@@ -20,7 +20,7 @@ def comparison(**extra: list) -> pd.DataFrame:
     """A stage at budget 0.5 as GPT-2's default study had it: every baseline over the budget or without a
     schedule, ours at the smallest feasible budget above the requested one (the figure that was empty)."""
     rows = {
-        "model": ["gpt2"] * 5, "k": [2] * 5, "budget_fraction": [0.5] * 5, "stage": [0] * 5,
+        "model": ["gpt2"] * 5, "k": [2] * 5, "budget": ["0.5"] * 5, "budget_fraction": [0.5] * 5, "stage": [0] * 5,
         "method": ["no_recompute", "sqrt_checkpoint", "checkmate", "swap_only", "ours"],
         "status": ["infeasible", "infeasible", "infeasible", "infeasible", "feasible"],
         "time_s": [1.0, 1.4, None, None, 1.1],
@@ -30,6 +30,7 @@ def comparison(**extra: list) -> pd.DataFrame:
         "memory_fraction": [1.0, 0.95, None, None, 0.7],
         "budget_bytes": [200, 200, 200, 200, 240],
         "requested_budget_bytes": [200] * 5,
+        "requested_memory_fraction": [0.5] * 5,
         **extra,
     }
     return pd.DataFrame(rows)

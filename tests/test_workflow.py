@@ -99,6 +99,10 @@ def test_changed_model_reruns_only_that_model(study, tmp_path):
         (lambda c: c["models"]["tiny_gpt2"].update(architecture="GPT9LMHeadModel"), "GPT9LMHeadModel"),
         (lambda c: c["study"].update(plan=["tiny_gpt2", "nosuchmodel"]), "nosuchmodel"),
         (lambda c: c.update(budgets=[1.5]), "budgets"),
+        # a budget is a fraction (a number) or bytes with a unit: refused by the schema, or at start by the parser
+        (lambda c: c.update(budgets=[0.6, "0.5"]), "On instance['budgets'][1]"),
+        (lambda c: c.update(budgets=[0.6, "2GX"]), "config key 'budgets[1]': budget '2GX': unknown unit 'GX'"),
+        (lambda c: c.update(budgets=["2GiB", "2048 MiB"]), "config key 'budgets[1]': budget '2048 MiB' repeats b2GiB"),
         (lambda c: c["devices"]["cpu"].update(host_link_gbytes_per_s="fast"), "host_link_gbytes_per_s"),
         # a model config's typo would silently plan the reference size (GPT-2's 12 layers): refused, named
         (lambda c: c["models"]["tiny_gpt2"]["config"].update(n_layr=c["models"]["tiny_gpt2"]["config"].pop("n_layer")),

@@ -85,12 +85,13 @@ def plot_schedule_comparison(table: pd.DataFrame, path: str) -> None:
     """Step-time overhead over no recompute against the memory used, per stage, method and budget.
 
     One panel per stage; x is the schedule's peak above the fixed bytes as a fraction of the stage's
-    no-recompute activation peak, so each requested budget is a vertical line at its fraction. A schedule
+    no-recompute activation peak, and each requested budget (a fraction, or bytes) is a vertical line on that
+    scale (``requested_memory_fraction``), labelled as requested (``budget``). A schedule
     over its budget is drawn at its own peak, marked with a hollow red square, never dropped; a method
     without a schedule is named, with its status, in the panel's title.
     """
     title = f"{table.model.iloc[0]}, k={table.k.iloc[0]}" if len(table) else "schedule comparison"
-    points = overhead_points(table) if len(table) else table
+    points = overhead_points(table.assign(budget=table.budget.astype(str))) if len(table) else table
     if not len(table) or not points.drawable.any():
         nothing_to_draw(path, title, "no method produced a schedule with a time and a peak at any budget"
                         if len(table) else "the comparison table is empty")
@@ -101,23 +102,24 @@ def plot_schedule_comparison(table: pd.DataFrame, path: str) -> None:
     fig, axes = plt.subplots(1, len(stages), figsize=(6.5 * len(stages), 4.5), squeeze=False)
     for ax, stage in zip(axes[0], stages):
         part = points[points.stage == stage]
-        for fraction in sorted(part.budget_fraction.unique()):
-            ax.axvline(fraction, color="gray", ls=":", lw=1)
-            ax.annotate(f"budget {fraction:g}", (fraction, 1.0), xycoords=("data", "axes fraction"),
+        at_x = part.groupby("budget").requested_memory_fraction.first().dropna().sort_values()
+        for label, x in at_x.items():
+            ax.axvline(x, color="gray", ls=":", lw=1)
+            ax.annotate(f"budget {label}", (x, 1.0), xycoords=("data", "axes fraction"),
                         rotation=90, va="top", ha="right", fontsize=8, color="gray")
         for method, rows in part[part.drawable].groupby("method"):
             rows = rows.sort_values("memory_fraction")
             x, y, over = rows.memory_fraction, rows.overhead * 100, rows.over_budget
             ax.plot(x, y, color=colors[method], lw=0.8, marker="o", ms=5, label=str(method))
             ax.scatter(x[over], y[over], facecolors="none", edgecolors="tab:red", marker="s", s=90, zorder=3)
-            for (px, py), at in rows.groupby([x, y]).budget_fraction:  # which budgets each point answers
-                ax.annotate("b " + ", ".join(f"{b:g}" for b in sorted(at)), (px, py), xytext=(6, -10),
+            for (px, py), at in rows.groupby([x, y]).budget:  # which budgets each point answers
+                ax.annotate("b " + ", ".join(sorted(at)), (px, py), xytext=(6, -10),
                             textcoords="offset points", fontsize=7, color=colors[method])
         if part.over_budget[part.drawable].any():
             ax.scatter([], [], facecolors="none", edgecolors="tab:red", marker="s", s=90, label="over its budget")
         missing = part[~part.drawable]
         note = "; ".join(f"{m} ({', '.join(sorted(set(rows.status)))}) at "
-                         f"{', '.join(f'{b:g}' for b in sorted(rows.budget_fraction))}" for m, rows in missing.groupby("method"))
+                         f"{', '.join(sorted(rows.budget))}" for m, rows in missing.groupby("method"))
         ax.set_title(f"stage {stage}" + (f"\nno schedule: {note}" if note else ""), fontsize=10)
         ax.set_xlabel("memory used: peak above the fixed bytes / no-recompute activation peak")
         ax.set_ylabel("step-time overhead over no recompute (%)")

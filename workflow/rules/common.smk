@@ -23,6 +23,7 @@ def _check_checkout():
 
 _check_checkout()
 
+from trainplan.budget import WILDCARD as BUDGET_WILDCARD, BudgetError, budget_wildcard, wildcard_budget
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.support import load_table
 from trainplan.host_swap import memory_model
@@ -79,6 +80,25 @@ def _check_config():
 
 _check_config()
 
+
+def _budget_wildcards():
+    """The `{budget}` wildcard of each `budgets` entry (trainplan.budget.budget_wildcard: `b0.5`, `b2GiB`): fails at
+    start naming an entry that is no budget, or one that repeats another."""
+    wildcards = {}
+    for i, entry in enumerate(config["budgets"]):
+        try:
+            text = budget_wildcard(entry)
+        except BudgetError as exc:
+            raise WorkflowError(f"config key 'budgets[{i}]': {exc}") from None
+        budget = wildcard_budget(text)
+        if budget in wildcards:
+            raise WorkflowError(f"config key 'budgets[{i}]': budget {entry!r} repeats b{wildcards[budget]}")
+        wildcards[budget] = text
+    return list(wildcards.values())
+
+
+BUDGETS = _budget_wildcards()
+
 def study_stages():
     """(what, models) for each part of the study, after config layering: the start-up summary."""
     parts = [
@@ -112,7 +132,7 @@ wildcard_constraints:
     device="[A-Za-z0-9_-]+",
     backend="cpu|cuda",
     k="[1-9][0-9]*",
-    budget=r"[0-9]*\.?[0-9]+",
+    budget=BUDGET_WILDCARD,
 
 
 
@@ -239,7 +259,7 @@ def schedule_tables(wildcards):
     """Schedule comparison tables of one model, device and k over every budget."""
     return expand(
         "results/schedule/{model}/{device}/k{k}/b{budget}/compare.csv",
-        budget=config["budgets"],
+        budget=BUDGETS,
         **wildcards,
     )
 
@@ -251,7 +271,7 @@ def validation_files():
         model=PLAN_MODELS,
         device=DEVICES,
         k=config["stages"],
-        budget=config["budgets"],
+        budget=BUDGETS,
     )
 
 
@@ -306,7 +326,7 @@ def fuse_plan_cases():
         for model in MODELS
         for graph in ["raw"] + config["fuse"]["plan"]
         for k in config["stages"]
-        for budget in config["budgets"]
+        for budget in BUDGETS
     ]
 
 
@@ -381,7 +401,7 @@ def all_targets():
         model=PLAN_MODELS,
         device=DEVICES,
         k=config["stages"],
-        budget=config["budgets"],
+        budget=BUDGETS,
     ) + ["results/validate/summary.csv"] + fuse_targets() + (
         ["results/overflow/study.csv", "results/plots/overflow/overflow.png"]
         if config["study"].get("overflow")

@@ -37,7 +37,6 @@ rule balance:
     benchmark:
         "benchmarks/balance/{model}/{device}/k{k}/b{budget}.tsv"
     params:
-        budget_fraction=lambda wildcards: float(wildcards.budget),
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
         balance=config["balance"],
         solver=config["solver"],
@@ -46,7 +45,7 @@ rule balance:
     threads: config["solver"]["workers"]
     wildcard_constraints:
         k=r"[1-9][0-9]*",
-        budget=r"[0-9]*\.?[0-9]+",
+        budget=BUDGET_WILDCARD,
     conda:
         "../envs/trainplan.yaml"
     script:
@@ -70,7 +69,7 @@ rule plot_balance:
         code=code_version("plot_balance"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
-        budget=r"[0-9]*\.?[0-9]+",
+        budget=BUDGET_WILDCARD,
     conda:
         "../envs/trainplan.yaml"
     script:

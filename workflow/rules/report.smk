@@ -22,7 +22,7 @@ rule plot_plan_memory:
         code=code_version("plot_plan_memory"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
-        budget=r"[0-9]*\.?[0-9]+",
+        budget=BUDGET_WILDCARD,
     conda:
         "../envs/trainplan.yaml"
     script:

@@ -20,7 +20,7 @@ rule validate:
     threads: workflow.cores
     wildcard_constraints:
         k=r"[1-9][0-9]*",
-        budget=r"[0-9]*\.?[0-9]+",
+        budget=BUDGET_WILDCARD,
     conda:
         "../envs/trainplan.yaml"
     script:
@@ -46,7 +46,7 @@ rule plot_validate:
         code=code_version("plot_validate"),
     wildcard_constraints:
         k=r"[1-9][0-9]*",
-        budget=r"[0-9]*\.?[0-9]+",
+        budget=BUDGET_WILDCARD,
     conda:
         "../envs/trainplan.yaml"
     script:

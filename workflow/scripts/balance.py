@@ -6,6 +6,7 @@ only where the device's host memory is separate (its memory model, recorded in p
 """
 
 from trainplan.artifacts import read_host_link, read_profiled_graph
+from trainplan.budget import wildcard_budget
 from trainplan.io import read_json, write_json
 from trainplan.logs import log_to
 from trainplan.partition import (
@@ -31,14 +32,15 @@ with log_to(snakemake.log[0]) as log:
     memory = MemoryLimit(par.memory_bytes, settings.micro_batches)
     partition = read_json(inp.partition, schema="partition")
     first = partition_from_dict(pipeline, partition)
+    requested = wildcard_budget(wc.budget)
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(inp.profile_summary),
-                               budget_fraction=par.budget_fraction, solver=solver, swap=par.memory_model["swaps"])
+                               budget=requested, solver=solver, swap=par.memory_model["swaps"])
     for res in read_stage_schedules(inp.schedules, [stage["nodes"] for stage in partition["stages"]]):
         scheduler.reuse(res.nodes, res.problem, res.ours)
     log.info("reused %d stage schedule(s) from %s", scheduler.reused, inp.schedules)
     result = balance(pipeline, tables, first, scheduler, settings, memory)
-    head = {"model": wc.model, "device": wc.device, "k": first.k, "budget_fraction": par.budget_fraction,
+    head = {"model": wc.model, "device": wc.device, "k": first.k, **requested.fields(),
             "memory_model": dict(par.memory_model)}
     log.info("chosen iteration %d of %d (%s); %d stage schedules solved here", result.chosen,
              len(result.iterations), result.stop_reason, scheduler.solved)

@@ -3,6 +3,7 @@ write every stage (problem, schedules) to one schedules.json and the comparison 
 where the device's host memory is separate (its memory model, recorded in schedules.json)."""
 
 from trainplan.artifacts import read_host_link, read_profiled_graph
+from trainplan.budget import wildcard_budget
 from trainplan.io import read_json, write_json, write_table
 from trainplan.logs import log_to
 from trainplan.schedule.budgeted_stages import (SolverSettings, StageBudget, comparison_table, schedule_stages,
@@ -13,14 +14,15 @@ with log_to(snakemake.log[0]) as log:
     graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
     partition = read_json(inp.partition, schema="partition")
     stages = [stage["nodes"] for stage in partition["stages"]]
-    budget = StageBudget(float(wc.budget), read_host_link(inp.profile_summary), par.memory_model["swaps"])
+    requested = wildcard_budget(wc.budget)
+    budget = StageBudget(requested, read_host_link(inp.profile_summary), par.memory_model["swaps"])
     results = schedule_stages(graph.nodes, graph.tensors, stages, budget=budget,
                               solver=SolverSettings(par.time_limit_s, par.workers, par.seed))
     for res in results:
         log.info("stage %d: %s, time %s s, peak %s B of budget %s B; baselines: %s", res.index, res.ours.status,
                  res.ours.time, res.ours.peak_bytes, res.ours.budget_bytes,
                  ", ".join(f"{m} {d['status']}" for m, d in res.methods.items() if m != "ours"))
-    head = {"model": wc.model, "device": wc.device, "k": int(wc.k), "budget_fraction": float(wc.budget),
+    head = {"model": wc.model, "device": wc.device, "k": int(wc.k), **requested.fields(),
             "memory_model": dict(par.memory_model)}
     write_json(out.schedules, stage_schedules_dict(head, results))
-    write_table(out.table, comparison_table(wc.model, int(wc.k), float(wc.budget), results))
+    write_table(out.table, comparison_table(wc.model, int(wc.k), requested, results))

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from trainplan.budget import Budget  # noqa: E402
 from trainplan.execute.plan import StagePlan  # noqa: E402
 from trainplan.execute.predict import predict  # noqa: E402
 from trainplan.plots import nothing_to_draw, save_figure  # noqa: E402
@@ -35,7 +36,8 @@ def _bars(ax: Any, predicted: list[float], measured: list[float], unit: str, tit
 def _headline(report: dict[str, Any], what: str = "") -> str:
     """Model, k, budget, status (and what the figure shows), the device's host memory, then the first reason of a
     failure."""
-    head = f"{report['model']} k={report['k']} budget {report['budget_fraction']}{what}: {report['status'].upper()}"
+    budget = Budget.of_fields(report).label
+    head = f"{report['model']} k={report['k']} budget {budget}{what}: {report['status'].upper()}"
     host = report.get("memory_model", {}).get("host_memory")
     if host:
         head += f" (host memory {host})"

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from trainplan.budget import Budget
 from trainplan.errors import ArtifactError
 from trainplan.execute.check import compare_outputs
 from trainplan.execute.compile import Probe, clocked_run, compile_plan, probe_run
@@ -144,7 +145,7 @@ def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], 
     model = memory_model(dev.type, settings.host_memory)
     host_allocator = {"metering": return_freed_memory()}
     head = {"model": built.name, "device": plan.get("device", settings.device), "k": len(stages),
-            "budget_fraction": plan.get("budget_fraction"), "memory_model": model.to_dict(),
+            **Budget.of_fields(plan).fields(), "memory_model": model.to_dict(),
             "tolerances": tol.to_dict(),
             "settings": {"repeats": settings.repeats, "warmup": settings.warmup, "device": settings.device,
                          "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -260,7 +261,7 @@ def _whole_run_memory(peaks: Peaks | None, model: MemoryModel, stages: list[Stag
 def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per stage of a validation document, for the workflow-level summary table: the stage's numbers,
     its schedule's status (``raised`` where the requested budget was not met), and the whole run's peaks."""
-    base = {k: report.get(k) for k in ("model", "device", "k", "budget_fraction")}
+    base = {k: report.get(k) for k in ("model", "device", "k", "budget", "budget_fraction")}
     base["host_memory"] = report.get("memory_model", {}).get("host_memory")
     memory = report.get("memory", {})
     whole = {f"run_{k}": memory.get(k) for k in ("peak_bytes_allocator", "peak_bytes_process", "peak_bytes_host_pinned",

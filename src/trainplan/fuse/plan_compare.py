@@ -1,6 +1,6 @@
 """Planning on the fused graph next to the raw graph: op counts, solve time, planned and measured step time.
 
-One row per (model, graph, k, budget fraction), where graph is ``raw`` or the fusion target whose fused
+One row per (model, graph, k, budget), where graph is ``raw`` or the fusion target whose fused
 graph was planned (model ``<model>+<target>``), read from the artifacts of the same workflow run:
 
 - ``graph_ops`` (the partition's ops) and ``problem_ops`` (scheduling ops over all stages, after views
@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trainplan.budget import Budget
+
 
 def _fused_saving(stage: dict[str, Any], fused_s: dict[str, float], unfused_s: dict[str, float]) -> float:
     """Seconds a stage's schedule saves when each compute of a timed group runs as its fused kernel."""
@@ -34,7 +36,8 @@ def plan_row(*, model: str, graph: str, partition: dict[str, Any], schedules: di
     stages = plan["stages"]
     planned = float(sum(st["time_s"] for st in stages))
     row = {
-        "model": model, "graph": graph, "k": int(plan["k"]), "budget_fraction": float(plan["budget_fraction"]),
+        "model": model, "graph": graph, "k": int(plan["k"]),
+        "budget": Budget.of_fields(plan).label,
         "graph_ops": int(partition["n_ops"]),
         "problem_ops": int(sum(sum(1 for op in st["problem"]["ops"] if not op.get("boundary")) for st in schedules["stages"])),
         "solve_s": float(sum(st["schedule"]["solve_seconds"] for st in schedules["stages"])),
@@ -56,9 +59,9 @@ def plan_row(*, model: str, graph: str, partition: dict[str, Any], schedules: di
 
 def compare_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The rows with each fused graph's ratios to the raw graph of the same model, k and budget."""
-    table = pd.DataFrame(rows).sort_values(["model", "k", "budget_fraction", "graph"], ignore_index=True)
-    raw = table[table.graph == "raw"].set_index(["model", "k", "budget_fraction"])
+    table = pd.DataFrame(rows).sort_values(["model", "k", "budget", "graph"], ignore_index=True)
+    raw = table[table.graph == "raw"].set_index(["model", "k", "budget"])
     for column in ("problem_ops", "solve_s", "planned_s", "measured_s"):
-        ref = [raw[column].get((m, k, b), np.nan) for m, k, b in zip(table.model, table.k, table.budget_fraction)]
+        ref = [raw[column].get((m, k, b), np.nan) for m, k, b in zip(table.model, table.k, table.budget)]
         table[f"{column}_vs_raw"] = table[column] / np.asarray(ref, dtype=float)
     return table

@@ -48,13 +48,13 @@ def plot_fusion(groups: pd.DataFrame, compare: pd.DataFrame, measure: pd.DataFra
 
 def plot_plan_compare(table: pd.DataFrame, path: str) -> None:
     """Raw vs fused graph per model, k and budget: scheduling ops, solve time, planned and measured step."""
-    cases = table[["model", "k", "budget_fraction"]].drop_duplicates().reset_index(drop=True)
+    cases = table[["model", "k", "budget"]].drop_duplicates().reset_index(drop=True)
     graphs = sorted(table.graph.unique(), key=lambda g: (g != "raw", g))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     width = 0.8 / len(graphs)
-    labels = [f"{m}\nk={k} b={b:g}" for m, k, b in cases.itertuples(index=False)]
+    labels = [f"{m}\nk={k} b={b}" for m, k, b in cases.itertuples(index=False)]
     for j, graph in enumerate(graphs):
-        rows = cases.merge(table[table.graph == graph], on=["model", "k", "budget_fraction"], how="left")
+        rows = cases.merge(table[table.graph == graph], on=["model", "k", "budget"], how="left")
         x = [i + (j - (len(graphs) - 1) / 2) * width for i in range(len(cases))]
         axes[0].bar(x, rows.problem_ops, width=width, label=graph)
         axes[1].bar(x, rows.solve_s, width=width, label=graph)
@@ -70,7 +70,7 @@ def plot_plan_compare(table: pd.DataFrame, path: str) -> None:
         ax.set_title(title)
     axes[0].legend(fontsize=8)
     axes[2].legend(fontsize=7)
-    fig.suptitle("planning on the fused graph (each group one op) vs the raw graph, same budget fractions")
+    fig.suptitle("planning on the fused graph (each group one op) vs the raw graph, same budgets")
     save_figure(fig, path, description="raw vs fused graph: ops, solve time, planned and measured step time")
 
 

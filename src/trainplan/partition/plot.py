@@ -10,12 +10,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from trainplan.budget import Budget  # noqa: E402
 from trainplan.plots import nothing_to_draw, save_figure  # noqa: E402
 
 
 def plot_balance(iterations: dict[str, Any], path: str) -> None:
     """Grouped bars: stage times (ms) of every iteration and of the DP partition, rate in the legend."""
-    title = (f"{iterations['model']} k={iterations['k']} budget {iterations['budget_fraction']}: "
+    title = (f"{iterations['model']} k={iterations['k']} budget {Budget.of_fields(iterations).label}: "
              f"plan = iteration {iterations['chosen_iteration']}; stop: {iterations['stop_reason']}")
     if not iterations["iterations"]:
         nothing_to_draw(path, title, "the balance loop recorded no iteration")

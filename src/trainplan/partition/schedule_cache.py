@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from trainplan.budget import Budget, parse_budget
 from trainplan.partition.errors import PartitionError
 from trainplan.schedule.budgeted_stages import SolverSettings, StageBudget, schedule_stage
 from trainplan.schedule.schedule_io import Schedule
@@ -24,15 +25,13 @@ class ScheduledStage:
 
 
 class StageScheduler:
-    """Schedules stages of one profiled graph at one budget fraction (``swap``: whether ops may be swapped);
-    identical stages are solved once."""
+    """Schedules stages of one profiled graph at one budget (bytes or a fraction: ``parse_budget``, whose
+    BudgetError names a bad one; ``swap``: whether ops may be swapped); identical stages are solved once."""
 
     def __init__(self, nodes: pd.DataFrame, tensors: pd.DataFrame, *, bandwidth: float,
-                 budget_fraction: float, solver: SolverSettings, swap: bool = True) -> None:
-        if not 0.0 < budget_fraction <= 1.0:
-            raise PartitionError(f"budget fraction {budget_fraction} must be in (0, 1]")
+                 budget: Budget | str | int | float, solver: SolverSettings, swap: bool = True) -> None:
         self.nodes, self.tensors = nodes, tensors
-        self.budget, self.solver = StageBudget(budget_fraction, bandwidth, swap), solver
+        self.budget, self.solver = StageBudget(parse_budget(budget), bandwidth, swap), solver
         self._cache: dict[tuple[str, ...], ScheduledStage] = {}
         self.reused = 0
 
@@ -59,5 +58,5 @@ class StageScheduler:
         if not hit.schedule.ok:
             raise PartitionError(
                 f"stage {index} ({len(stage_nodes)} nodes, first '{stage_nodes[0]}'): no schedule meets "
-                f"budget {hit.problem['budget_bytes']} B ({self.budget.fraction} of its peak): {hit.schedule.extra.get('note')}")
+                f"budget {hit.problem['budget_bytes']} B (requested: {self.budget.requested}): {hit.schedule.extra.get('note')}")
         return hit

@@ -1,4 +1,4 @@
-"""Schedule pipeline stages at a budget fraction: one stage problem builder and solver (``schedule_stage``)
+"""Schedule pipeline stages at a budget (bytes or a fraction, :mod:`trainplan.budget`): one stage problem builder and solver (``schedule_stage``)
 shared by the ``schedule`` rule (our solver and every baseline) and the ``balance`` loop (our solver, cached;
 iteration 0 reads the ``schedule`` rule's ``schedules.json``)."""
 
@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from trainplan.budget import Budget
 from trainplan.errors import ArtifactError
 from trainplan.io import read_json
 from trainplan.schedule.problem import problem_from_dict
@@ -30,22 +31,22 @@ class SolverSettings:
 
 @dataclass(frozen=True)
 class StageBudget:
-    """How a stage's problem is made: its budget at ``fraction`` of its no-recompute activation peak, the host link's
-    ``bandwidth`` (bytes per second), and whether ops may be swapped (``swap=False``: a device whose host memory is
-    shared, ``host_swap.memory_model``)."""
+    """How a stage's problem is made: its ``requested`` budget (bytes, or a fraction of its no-recompute activation
+    peak: ``stage_problem.budget_for``), the host link's ``bandwidth`` (bytes per second), and whether ops may be
+    swapped (``swap=False``: a device whose host memory is shared, ``host_swap.memory_model``)."""
 
-    fraction: float
+    requested: Budget
     bandwidth: float
     swap: bool = True
 
 
 def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str],
                            budget: StageBudget) -> dict[str, Any]:
-    """The stage's problem dict with ``budget_bytes`` at ``budget.fraction`` of its no-recompute activation peak."""
-    fraction = budget.fraction
+    """The stage's problem dict with ``budget_bytes`` at the requested budget (its ``budget_fraction`` too, None for
+    bytes)."""
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap)
-    raw["budget_bytes"] = budget_for(raw, float(fraction))  # a float: a fraction, never bytes
-    raw["budget_fraction"] = fraction
+    raw["budget_bytes"] = budget_for(raw, budget.requested)
+    raw["budget_fraction"] = budget.requested.fraction
     raw["no_recompute_peak_bytes"] = no_recompute_peak(raw)
     return raw
 
@@ -76,7 +77,7 @@ class StageSchedules:
 
 def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[list[str]], *, budget: StageBudget,
                     solver: SolverSettings, progress: bool = True) -> list[StageSchedules]:
-    """Build each stage's problem at ``budget.fraction`` of its no-recompute peak and solve it with every method.
+    """Build each stage's problem at the requested budget and solve it with every method.
 
     Our method bisects to the smallest feasible budget when the requested one is infeasible; the
     baselines are run at the requested budget and report ``infeasible`` where they cannot meet it.
@@ -91,7 +92,7 @@ def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[lis
 
 
 def stage_schedules_dict(head: dict[str, Any], results: list[StageSchedules]) -> dict[str, Any]:
-    """The ``schedules.json`` of one budget: ``head`` (model, device, k, budget fraction) and per stage its
+    """The ``schedules.json`` of one budget: ``head`` (model, device, k, ``Budget.fields``) and per stage its
     index, fx nodes, problem, our schedule and every method's schedule at the requested budget."""
     return {**head, "stages": [{"index": r.index, "nodes": r.nodes, "problem": r.problem, "schedule": r.ours.to_dict(),
                                 "methods": {m: d for m, d in r.methods.items() if m != "ours"}} for r in results]}
@@ -124,14 +125,17 @@ def read_stage_schedules(path: str | Path, stages: list[list[str]] | None = None
     return out
 
 
-def comparison_table(model: str, k: int, fraction: float, results: list[StageSchedules]) -> pd.DataFrame:
-    """One row per stage and method: status, time, overhead over no-recompute, peak, budget, gap, solve time.
+def comparison_table(model: str, k: int, budget: Budget, results: list[StageSchedules]) -> pd.DataFrame:
+    """One row per stage and method at the requested ``budget`` (``budget``: its label, ``budget_fraction``: None for
+    bytes): status, time, overhead over no-recompute, peak, budget, gap, solve time.
     A schedule over the budget keeps its time and peak (``over_budget``); ``memory_fraction`` is its peak
-    above the fixed bytes as a fraction of the no-recompute activation peak."""
+    above the fixed bytes as a fraction of the no-recompute activation peak, ``requested_memory_fraction`` the
+    requested budget's on the same scale."""
     rows = []
     for res in results:
         base = res.methods["no_recompute"]["time"]
         fixed, nr_peak = res.problem.get("fixed_bytes", 0), res.problem["no_recompute_peak_bytes"]
+        scale = (lambda b: (b - fixed) / (nr_peak - fixed)) if nr_peak > fixed else (lambda b: None)
         for method, sched in res.methods.items():
             time = sched.get("time")
             peak = sched.get("peak_bytes")
@@ -139,7 +143,8 @@ def comparison_table(model: str, k: int, fraction: float, results: list[StageSch
                 {
                     "model": model,
                     "k": k,
-                    "budget_fraction": fraction,
+                    "budget": budget.label,
+                    "budget_fraction": budget.fraction,
                     "stage": res.index,
                     "method": method,
                     "status": sched["status"],
@@ -147,7 +152,8 @@ def comparison_table(model: str, k: int, fraction: float, results: list[StageSch
                     "overhead": (time / base - 1.0) if time is not None and base else None,
                     "peak_bytes": peak,
                     "over_budget": peak is not None and peak > res.problem["budget_bytes"],
-                    "memory_fraction": (peak - fixed) / (nr_peak - fixed) if peak is not None and nr_peak > fixed else None,
+                    "memory_fraction": None if peak is None else scale(peak),
+                    "requested_memory_fraction": scale(res.problem["budget_bytes"]),
                     "budget_bytes": sched["budget_bytes"],
                     "requested_budget_bytes": res.problem["budget_bytes"],
                     "fixed_bytes": fixed,
