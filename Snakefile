@@ -21,6 +21,7 @@ include: "workflow/rules/align.smk"
 include: "workflow/rules/provenance.smk"
 include: "workflow/rules/fuse.smk"
 include: "workflow/rules/layout.smk"
+include: "workflow/rules/frontier.smk"
 
 
 rule all:

@@ -41,7 +41,7 @@ def study_dir(tmp: Path) -> Path:
     (tmp / "config").mkdir(parents=True)
     shutil.copy(REPO / "config" / "precision_policy.yaml", tmp / "config")
     cfg = yaml.safe_load(TINY.read_text())
-    cfg["study"] = {"plan": list(MODELS), "overflow": ["tiny_gpt2"]}
+    cfg["study"] = {"plan": list(MODELS), "overflow": ["tiny_gpt2"], "frontier": []}
     cfg["overflow"] = {"repeats": 1, "warmup": 0}
     (tmp / "config.yaml").write_text(yaml.safe_dump(cfg))
     return tmp

@@ -377,6 +377,19 @@ def layout_targets():
     ) + expand(["results/layout/{device}/summary.csv", "results/plots/layout/{device}/summary.png"], device=DEVICES)
 
 
+def frontier_targets():
+    """The frontier table, verdicts and figure of every model in `study.frontier` on every CPU device (the rule
+    refuses others)."""
+    return expand(
+        [
+            "results/frontier/{model}/{device}/verdicts.json",
+            "results/plots/{model}/{device}/frontier.png",
+        ],
+        model=config["study"].get("frontier", []),
+        device=[d for d in DEVICES if backend_of(d) == "cpu"],
+    )
+
+
 def all_targets():
     """Every final artifact of the study."""
     return expand(
@@ -410,4 +423,4 @@ def all_targets():
         "results/align/study.csv",
         "results/plots/align/align.png",
         "results/provenance.json",
-    ] + layout_targets()
+    ] + layout_targets() + frontier_targets()

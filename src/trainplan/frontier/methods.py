@@ -1,0 +1,125 @@
+"""The methods a frontier compares, each turned into a callable doing one full training step.
+
+A method is ``kind`` or ``kind@value``: ``eager``; ``hf_checkpointing`` (Hugging Face's
+``gradient_checkpointing_enable()``); ``compile@B`` (``torch.compile`` with
+``activation_memory_budget = B``); ``compile+exact@B`` (the same, its knapsack solved exactly by
+:class:`trainplan.loop.knapsack.ExactKnapsack`); ``trainplan@F`` (``trainplan.plan`` at budget F: a fraction
+or bytes); ``trainplan+opt@F`` (the optimizer in the plan); ``sac@F`` and ``sac+compile@F`` (the plan of
+``trainplan@F`` exported as selective activation checkpointing, eager or under ``torch.compile``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainplan.budget import parse_budget
+from trainplan.models import BuiltModel
+
+#: kinds taking a value after ``@``, and those without
+VALUED = ("compile", "compile+exact", "trainplan", "trainplan+opt", "sac", "sac+compile")
+PLAIN = ("eager", "hf_checkpointing")
+#: kinds that are trainplan's (a plan, an export of one, or our solver inside torch.compile)
+OURS = ("trainplan", "trainplan+opt", "compile+exact", "sac", "sac+compile")
+
+
+class MethodError(ValueError):
+    """A method name that is not one of the kinds, or a value it cannot take; the message names it."""
+
+
+@dataclass(frozen=True)
+class Method:
+    kind: str
+    value: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Method:
+        kind, _, value = text.partition("@")
+        if kind in PLAIN and not value:
+            return cls(kind)
+        if kind not in VALUED or not value:
+            raise MethodError(f"method {text!r}: expected one of {', '.join(PLAIN)} or <kind>@<value> with kind in "
+                              f"{', '.join(VALUED)}")
+        if kind.startswith("compile"):
+            try:
+                budget = float(value)
+            except ValueError:
+                budget = -1.0
+            if not 0 <= budget <= 1:
+                raise MethodError(f"method {text!r}: activation_memory_budget must be a number in [0, 1]")
+        else:
+            parse_budget(value)  # a fraction ('0.5') or bytes ('2GiB'); BudgetError names the value
+        return cls(kind, value)
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.value}" if self.value else self.kind
+
+    @property
+    def ours(self) -> bool:
+        return self.kind in OURS
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One training step of a method, facts about it (the plan's budget and status, the export's summary) and
+    its setup seconds (compiling, or tracing, profiling and solving)."""
+
+    step: Callable[[], float]
+    facts: dict[str, Any]
+    setup_s: float
+
+
+def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: float) -> Prepared:
+    """``built``'s training step (forward, loss, backward, AdamW step, zero_grad) under ``method``."""
+    import trainplan
+    from trainplan.loop.knapsack import ExactKnapsack
+    from trainplan.loop.sac import sac_policy
+
+    module, batch = built.module, built.batch
+    if hasattr(module, "config"):
+        module.config.use_cache = False
+    if hasattr(module, "loss_type"):
+        module.loss_type = "ForCausalLM"  # else torch.compile breaks the graph at the loss-type warning
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    facts: dict[str, Any] = {}
+    start = time.perf_counter()
+    forward: Callable[..., Any] = module
+    if method.kind == "hf_checkpointing":
+        if not getattr(module, "supports_gradient_checkpointing", False):
+            raise MethodError(f"method hf_checkpointing: model '{built.name}' ({type(module).__name__}) does not "
+                              "support Hugging Face gradient checkpointing")
+        module.gradient_checkpointing_enable()
+    elif method.kind.startswith("compile"):
+        torch._functorch.config.activation_memory_budget = float(method.value)
+        if method.kind == "compile+exact":
+            torch._functorch.config.activation_memory_budget_solver = ExactKnapsack(time_limit_s=time_limit_s)
+        forward = torch.compile(module)
+    elif method.kind != "eager":
+        planned = trainplan.plan(module, batch, method.value, on_infeasible="raise_budget",
+                                 optimizer=optimizer if method.kind == "trainplan+opt" else None,
+                                 time_limit_s=time_limit_s, cache_dir=cache, progress=False)
+        report = planned.report
+        facts = {"planned_budget_bytes": report.planned_budget_bytes, "predicted_peak_bytes": report.predicted_peak_bytes,
+                 "predicted_step_s": report.predicted_step_s, "plan_status": report.status}
+        forward = planned
+        if method.kind.startswith("sac"):
+            export = sac_policy(planned)
+            export.apply(module, strict=method.kind == "sac")
+            forward = torch.compile(module) if method.kind == "sac+compile" else module
+            facts["sac"] = export.summary()
+
+    def step() -> float:
+        loss = built.loss_fn(forward(**batch))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    if "compile" in method.kind:
+        step()  # compiles: part of the setup
+    return Prepared(step, facts, time.perf_counter() - start)

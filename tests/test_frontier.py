@@ -1,0 +1,56 @@
+"""The memory/time frontier (trainplan.frontier): method names parsed or refused by name, dominance judged on
+both axes, and the workflow's frontier rule on the tiny study: every method measured in its own process on one
+meter, the plan's point below eager's peak, the figure in the report."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from trainplan.budget import BudgetError
+from trainplan.frontier.methods import Method, MethodError
+from trainplan.frontier.run import verdicts
+
+MODEL = "tiny_gpt2_b4"  # tests/config/config.yaml's study.frontier
+
+
+@pytest.mark.parametrize("text", ["eager", "hf_checkpointing", "compile@0.3", "compile+exact@1", "trainplan@0.5",
+                                  "trainplan+opt@2GiB", "sac@0.6", "sac+compile@1500MB"])
+def test_methods_parse_and_print_back(text):
+    assert str(Method.parse(text)) == text
+
+
+@pytest.mark.parametrize("text, error, match", [
+    ("eager@0.5", MethodError, "eager@0.5"), ("rockmate@0.5", MethodError, "rockmate"),
+    ("compile@1.5", MethodError, r"\[0, 1\]"), ("trainplan", MethodError, "trainplan"),
+    ("trainplan@2GX", BudgetError, "GX")])
+def test_bad_methods_are_refused_by_name(text, error, match):
+    with pytest.raises(error, match=match):
+        Method.parse(text)
+
+
+def test_a_competitor_is_dominated_only_on_both_axes():
+    rows = [{"model": "m", "method": "eager", "peak_mib": 10.0, "step_s": 1.0},
+            {"model": "m", "method": "compile@1.0", "peak_mib": 8.0, "step_s": 0.5},
+            {"model": "m", "method": "trainplan@0.5", "peak_mib": 6.0, "step_s": 0.9},
+            {"model": "other", "method": "sac@0.5", "peak_mib": 1.0, "step_s": 0.1},
+            {"model": "m", "method": "hf_checkpointing", "error": "no support"}]
+    assert {v["method"]: v["dominated_by"] for v in verdicts(rows)} == {"eager": "trainplan@0.5", "compile@1.0": None}
+
+
+@pytest.mark.workflow
+def test_the_frontier_rule_measures_every_method_on_one_meter(tiny_study):
+    table = pd.read_csv(tiny_study / "results" / "frontier" / MODEL / "cpu" / "frontier.csv").set_index("method")
+    assert list(table.index) == ["eager", "hf_checkpointing", "trainplan@0.6", "sac@0.6"]
+    assert "error" not in table or table["error"].isna().all()
+    assert (table.processes == 1).all() and (table.peak_mib > 0).all() and (table.step_s > 0).all()
+    assert table.loss.nunique() == 1  # the same model and batch: the same first loss under every method
+    plan = table.loc["trainplan@0.6"]
+    assert plan.plan_status == "met" and plan.peak_mib < table.loc["eager", "peak_mib"]
+    export = json.loads(table.loc["sac@0.6", "sac"])
+    assert export["regions"] == 2 and export["calls"]["MUST_RECOMPUTE"] > 0 and not export["unmatched"]
+    found = json.loads((tiny_study / "results" / "frontier" / MODEL / "cpu" / "verdicts.json").read_text())
+    assert [v["method"] for v in found["verdicts"]] == ["eager", "hf_checkpointing"]
+    assert (tiny_study / "results" / "plots" / MODEL / "cpu" / "frontier.png").stat().st_size > 10_000
