@@ -43,8 +43,12 @@ def _settings(args: argparse.Namespace):  # -> RunSettings (imported late: torch
     from trainplan.execute.plan import load_plan
     from trainplan.execute.step import plan_file
     from trainplan.io import read_yaml
+    from trainplan.pipeline.errors import PipelineError
     from trainplan.pipeline.run import RunSettings
 
+    if not Path(args.plan).exists():
+        raise PipelineError(f"{args.plan}: no such directory or file (PLAN_DIR: a balance output directory "
+                            "holding plan.json)")
     data, _ = load_plan(plan_file(args.plan))
     config = read_yaml(args.config, what="config")
     name = args.model or str(data.get("model", ""))
