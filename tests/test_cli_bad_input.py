@@ -49,7 +49,7 @@ def one_line_error(capsys, command: str, path) -> str:
 
 @pytest.mark.parametrize("args", [
     ["schedule", "{noise}"], ["schedule", "{noise}", "--stage", "0"], ["layout", "{noise}"], ["align", "{noise}"],
-    ["fuse", "{noise}"], ["fuse", "{graph}", "--support", "{noise}"],
+    ["fuse", "{noise}"], ["fuse", "{graph}", "--support", "{noise}"], ["pipeline-run", "{noise}", "--config", "{noise}"],
 ])
 def test_random_bytes_to_a_subcommand_name_the_file(tmp_path, capsys, noise, args):
     (tmp_path / "g.json").write_text(json.dumps(GRAPH))

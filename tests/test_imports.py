@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # recompute/swap schedule, fp16 padding (run by precision's interpreter), conv layouts
     ("partition",),  # pipeline stages and the balance loop, which schedules every stage
     ("execute",),  # run a plan and validate it
+    ("pipeline",),  # run a k-stage plan as a real pipeline: one torchrun process per stage
     ("loop",),  # plan a user's model in one call and train it under the plan in the user's own loop
     ("provenance",),  # record and publish a study
     ("cli", "__init__"),  # the entry points

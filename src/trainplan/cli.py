@@ -12,6 +12,7 @@ from trainplan.align.cli import add_parser as add_align_parser
 from trainplan.cli_types import budget, nonnegative_int, positive_float, positive_int
 from trainplan.fuse.cli import add_parser as add_fuse_parser
 from trainplan.layout.cli import add_parser as add_layout_parser
+from trainplan.pipeline.cli import add_parser as add_pipeline_run
 from trainplan.provenance.cli import add_parser as add_publish
 from trainplan.provenance.cli import add_verify_parser as add_verify
 
@@ -94,6 +95,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], Callable[[argparse
     "fuse": add_fuse_parser,
     "align": add_align_parser,
     "layout": add_layout_parser,
+    "pipeline-run": add_pipeline_run,
     "publish": add_publish,
     "verify": add_verify,
 }
@@ -104,9 +106,12 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from trainplan.align.units import AlignError
     from trainplan.fuse.errors import FuseError
     from trainplan.errors import ArtifactError
+    from trainplan.execute.plan import PlanError
+    from trainplan.models import ModelSpecError
+    from trainplan.pipeline.errors import PipelineError
     from trainplan.schedule.problem import ProblemError
 
-    return ArtifactError, ProblemError, AlignError, FuseError
+    return ArtifactError, ProblemError, AlignError, FuseError, PlanError, PipelineError, ModelSpecError
 
 
 def main(argv: list[str] | None = None) -> int:

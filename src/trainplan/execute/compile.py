@@ -186,7 +186,9 @@ class _Stage:
     host: dict[int, torch.fx.Node] = field(default_factory=dict)
 
 
-class _Compiler:
+class PlanCompiler:
+    """Emits the code of stages' events into one fx graph (``graph``), each stage on its own values."""
+
     def __init__(self, gm: torch.fx.GraphModule, layout: GraphLayout, stages: list[StageLayout],
                  device: torch.device, probe: bool, clocked: bool) -> None:
         self.gm, self.layout, self.device, self.probe, self.clocked = gm, layout, device, probe, clocked
@@ -339,19 +341,32 @@ class _Compiler:
             self._restore(st, sid, names)
             st.resident.add(sid)
 
+    def event(self, stage: int, position: int, kind: str, op_id: str) -> None:
+        """Emit event ``position`` (``kind`` on op ``op_id``) of the stage at position ``stage``."""
+        self.where = f"stage {self.stages[stage].layout.index} event {position} {kind} '{op_id}'"
+        _EVENTS[kind](self, self.stages[stage], op_id)
+
+    def value(self, stage: int, node: torch.fx.Node) -> Any:
+        """The graph value of ``node`` as the stage at position ``stage`` holds it now."""
+        return self._value(self.stages[stage], node)
+
+    def keep_to_end(self) -> None:
+        """A last :func:`free` of every value still held, so that none is dropped before the code ends."""
+        self._call(free, *dict.fromkeys(v for st in self.stages for v in st.env.values()))
+
     def finish(self) -> None:
         """Keep what the plan keeps to the end, then return the loss and gradients."""
         out_node = next(n for n in self.gm.graph.nodes if n.op == "output")
         owner = {n.name: st for st in self.stages for op in st.layout.ops.values() if not op.boundary for n in op.nodes}
         outputs = [self._value(owner.get(a.name, self.stages[0]), a) for a in out_node.args[0]]
-        self._call(free, *dict.fromkeys(v for st in self.stages for v in st.env.values()))
+        self.keep_to_end()
         if self.clocked:
             self._call(tick, -1, False)
         self.graph.output(tuple(outputs))
 
 
-_EVENTS = {"compute": _Compiler.compute, "free": _Compiler.free, "swap_out": _Compiler.swap_out,
-           "swap_in": _Compiler.swap_in}
+_EVENTS = {"compute": PlanCompiler.compute, "free": PlanCompiler.free, "swap_out": PlanCompiler.swap_out,
+           "swap_in": PlanCompiler.swap_in}
 
 
 @dataclass
@@ -374,13 +389,12 @@ def compile_plan(gm: torch.fx.GraphModule, layout: GraphLayout, stages: list[Sta
     the live storages after each event (:func:`probe_run`); ``clocked``: a clock reading wherever the running
     stage changes or a stage starts or ends communication (its events on received storages, and sending one),
     for :class:`Clock`."""
-    c = _Compiler(gm, layout, stages, device, probe, clocked)
+    c = PlanCompiler(gm, layout, stages, device, probe, clocked)
     order = execution_order(stages, events)
     for s, pos in order:
         kind, oid = events[s][pos]
-        c.where = f"stage {stages[s].index} event {pos} {kind} '{oid}'"
         c.enter(s, stages[s].ops[oid].boundary)
-        _EVENTS[kind](c, c.stages[s], oid)
+        c.event(s, pos, kind, oid)
         if probe:
             c._call(event_done, s, pos)
     c.finish()

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from trainplan.execute.compile import CompiledPlan, compile_plan
-from trainplan.execute.layout import GraphLayout, stage_layouts
+from trainplan.execute.layout import GraphLayout, StageLayout, stage_layouts
 from trainplan.execute.plan import PlanError, StagePlan, load_plan
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
@@ -58,7 +58,8 @@ class PlannedStep:
         return loss, dict(zip(self.traced.param_names, grads))
 
 
-def _plan_path(plan: str | Path) -> Path:
+def plan_file(plan: str | Path) -> Path:
+    """``plan`` itself, or ``plan.json`` in it where it is a directory."""
     path = Path(plan)
     return path / "plan.json" if path.is_dir() else path
 
@@ -69,7 +70,7 @@ def load_step(plan: str | Path, model: torch.nn.Module, batch: Mapping[str, torc
     (a balance output directory holding ``plan.json``, or the file). ``loss_fn`` turns the model's output
     into the loss (default: its ``.loss``, as the workflow's models). The step is traced again here, on the
     device ``model`` is on; a plan made for another graph raises PlanError naming the plan and the node."""
-    path = _plan_path(plan)
+    path = plan_file(plan)
     data, stages = load_plan(path)
     built = BuiltModel(name or str(data.get("model", "model")), model,
                        {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}, loss_fn)
@@ -81,6 +82,18 @@ def compile_step(data: dict[str, Any], stages: list[StagePlan], traced: TracedSt
                  tables: GraphTables, *, where: str) -> PlannedStep:
     """The plan ``data`` (its parsed ``stages``) compiled on the traced step whose real flat inputs are
     ``flat``; a stage without a schedule, or one made for another graph, raises PlanError naming ``where``."""
+    layout, layouts = plan_layouts(stages, traced, flat, tables, where=where)
+    device = next((t.device for t in flat), torch.device("cpu"))
+    compiled = compile_plan(traced.gm, layout, layouts, [st.events for st in stages], device=device)
+    n_p = len(traced.param_names)
+    buffers = [t.detach() for t in flat[n_p:n_p + len(traced.buffer_names)]]
+    return PlannedStep(traced, compiled, buffers, data, stages)
+
+
+def plan_layouts(stages: list[StagePlan], traced: TracedStep, flat: list[torch.Tensor], tables: GraphTables, *,
+                 where: str) -> tuple[GraphLayout, list[StageLayout]]:
+    """Where the plan's storages live in the traced step, whole and per stage; a stage without a schedule, or
+    one made for another graph, raises PlanError naming ``where``."""
     unscheduled = [st.index for st in stages if not st.executable]
     if unscheduled:
         raise PlanError(f"{where}: stage(s) {unscheduled} have no schedule to run (infeasible at this budget)")
@@ -97,9 +110,4 @@ def compile_step(data: dict[str, Any], stages: list[StagePlan], traced: TracedSt
                 raise PlanError(f"{where}: stage {st.index} op '{op['id']}' holds {real} B in this trace, the plan "
                                 f"says {op['bytes']} B (a plan for another batch shape or dtype)")
     layout = GraphLayout.build(traced.gm, [t.detach() for t in flat], tables.tensors)
-    layouts = stage_layouts(stages, layout)
-    device = next((t.device for t in flat), torch.device("cpu"))
-    compiled = compile_plan(traced.gm, layout, layouts, [st.events for st in stages], device=device)
-    n_p = len(traced.param_names)
-    buffers = [t.detach() for t in flat[n_p:n_p + len(traced.buffer_names)]]
-    return PlannedStep(traced, compiled, buffers, data, stages)
+    return layout, stage_layouts(stages, layout)

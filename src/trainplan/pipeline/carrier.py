@@ -1,0 +1,57 @@
+"""The tensor two neighbouring stages exchange per micro-batch: their storages' bytes packed into one float32
+tensor, forward in the value and backward in its gradient, so that PipelineStage sends and receives it as any
+activation and its gradient (which have one shape, the larger of the two directions')."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trainplan.host_swap import byte_view
+from trainplan.pipeline.errors import PipelineError
+
+
+@dataclass(frozen=True)
+class Carrier:
+    """Stage ``sender`` -> ``sender + 1``: the storages sent forward and those sent back, with their bytes."""
+
+    sender: int
+    forward: tuple[tuple[int, int], ...]  # (plan storage id, bytes), in order
+    backward: tuple[tuple[int, int], ...]
+
+    @property
+    def numel(self) -> int:
+        size = max(sum(n for _, n in self.forward), sum(n for _, n in self.backward))
+        return max(1, -(-size // 4))
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.numel
+
+    def empty(self, device: torch.device, requires_grad: bool = False) -> torch.Tensor:
+        return torch.empty(self.numel, dtype=torch.float32, device=device, requires_grad=requires_grad)
+
+    def pack(self, storages: Sequence[torch.UntypedStorage], backward: bool, device: torch.device) -> torch.Tensor:
+        """A carrier holding ``storages`` (those of the forward or the ``backward`` direction, in order)."""
+        entries = self.backward if backward else self.forward
+        out = self.empty(device)
+        raw = out.view(torch.uint8)
+        offset = 0
+        for (sid, nbytes), st in zip(entries, storages, strict=True):
+            if st.nbytes() != nbytes:
+                raise PipelineError(f"stages {self.sender}/{self.sender + 1}: storage {sid} holds {st.nbytes()} B, "
+                                    f"the plan says {nbytes} B")
+            raw[offset:offset + nbytes].copy_(byte_view(st))
+            offset += nbytes
+        return out
+
+    def unpack(self, carrier: torch.Tensor, backward: bool) -> list[torch.UntypedStorage]:
+        """Fresh storages holding the bytes ``carrier`` packed (forward or ``backward`` direction)."""
+        raw = carrier.detach().view(torch.uint8)
+        out, offset = [], 0
+        for _, nbytes in self.backward if backward else self.forward:
+            out.append(raw[offset:offset + nbytes].clone().untyped_storage())
+            offset += nbytes
+        return out

@@ -1,0 +1,93 @@
+"""``trainplan pipeline-run PLAN_DIR --config CONFIG``: run a k-stage plan as k processes (torchrun), one stage
+each, and write the measurements beside the balance rule's prediction (docs/pipeline_run.md).
+
+Outside torchrun the command checks its input and launches ``torchrun --standalone --nproc-per-node k`` running
+itself; under torchrun (``WORLD_SIZE`` set) it is one rank of the pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from trainplan.cli_types import nonnegative_int, positive_int
+
+
+def add_parser(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace], int]:
+    """Register the ``pipeline-run`` subcommand; returns its runner."""
+    ap = sub.add_parser("pipeline-run", help="run a k-stage plan as a real pipeline (torchrun, GPipe or 1F1B)")
+    ap.add_argument("plan", help="PLAN_DIR: a balance output directory holding plan.json (or the file)")
+    ap.add_argument("--config", required=True, help="config YAML whose 'models' entry builds the plan's model")
+    ap.add_argument("--model", default=None, help="model name in the config (default: the plan's 'model')")
+    ap.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    ap.add_argument("-m", "--micro-batches", type=positive_int, default=4,
+                    help="micro-batches per step, each the batch the plan was traced with")
+    ap.add_argument("-o", "--output", default=None,
+                    help="artifact JSON (default: PLAN_DIR/pipeline_run_<schedule>_m<M>.json)")
+    ap.add_argument("--check", action="store_true",
+                    help="compare each rank's gradients and the losses with the single-process planned step "
+                         "(bit for bit) and eager autograd (every rank then runs the whole step)")
+    ap.add_argument("--warmup", type=nonnegative_int, default=1, help="steps run before the measured one")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
+    ap.add_argument("--seed", type=nonnegative_int, default=None, help="model seed (default: the config's, or 0)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one GPU per rank, NCCL")
+    return run
+
+
+def _settings(args: argparse.Namespace):  # -> RunSettings (imported late: torch)
+    from trainplan.errors import ArtifactError
+    from trainplan.execute.plan import load_plan
+    from trainplan.execute.step import plan_file
+    from trainplan.io import read_yaml
+    from trainplan.pipeline.errors import PipelineError
+    from trainplan.pipeline.run import RunSettings
+
+    if not Path(args.plan).exists():
+        raise PipelineError(f"{args.plan}: no such directory or file (PLAN_DIR: a balance output directory "
+                            "holding plan.json)")
+    data, _ = load_plan(plan_file(args.plan))
+    config = read_yaml(args.config, what="config")
+    name = args.model or str(data.get("model", ""))
+    models = config.get("models") if isinstance(config, dict) else None
+    if not isinstance(models, dict) or name not in models:
+        known = sorted(models) if isinstance(models, dict) else []
+        raise ArtifactError(f"config {args.config}: no model '{name}' under 'models' (has {known})")
+    seed = args.seed if args.seed is not None else int(config.get("seed", 0))
+    return data, RunSettings(Path(args.plan), name, dict(models[name]), args.schedule, args.micro_batches,
+                             Path(args.output) if args.output else None, seed, args.warmup, args.threads,
+                             args.check, args.device)
+
+
+def _worker_argv(args: argparse.Namespace, settings) -> list[str]:
+    argv = [str(args.plan), "--config", str(args.config), "--model", settings.model, "--schedule", settings.schedule,
+            "-m", str(settings.micro_batches), "-o", str(settings.artifact), "--warmup", str(settings.warmup),
+            "--threads", str(settings.threads), "--seed", str(settings.seed), "--device", settings.device]
+    return argv + (["--check"] if settings.check else [])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Under torchrun: this rank's part. Otherwise: check the input, then launch one rank per stage."""
+    from trainplan.pipeline.run import check_settings, run_pipeline
+
+    data, settings = _settings(args)
+    if "WORLD_SIZE" in os.environ:
+        out = run_pipeline(settings)
+        if out is not None:
+            print(f"{settings.artifact}: {settings.schedule} k={out['k']} m={settings.micro_batches} "
+                  f"loss={out['loss']:.6g} step={out['measured']['step_s']:.4g} s "
+                  f"(predicted {out['prediction']['step_time_s']:.4g} s)")
+        return 0
+    check_settings(settings, data, None)
+    k = len(data["stages"])
+    env = {**os.environ, "OMP_NUM_THREADS": str(settings.threads)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={k}",
+           "-m", "trainplan.cli", "pipeline-run", *_worker_argv(args, settings)]
+    done = subprocess.run(cmd, env=env, check=False)
+    if done.returncode != 0:
+        print(f"trainplan pipeline-run: error: a rank failed (exit {done.returncode}); its message is above",
+              file=sys.stderr)
+    return done.returncode

@@ -1,0 +1,241 @@
+"""Run a k-stage plan as a pipeline: this process is one rank of ``torchrun``, running its stage under its plan
+in ``torch.distributed.pipelining``'s GPipe or 1F1B schedule, measuring itself; rank 0 writes the artifact.
+
+>>> # under torchrun --nproc-per-node K (K = the plan's k); see docs/pipeline_run.md
+>>> run_pipeline(RunSettings(plan_dir, "tiny_gpt2", spec, schedule="1f1b", micro_batches=4, output=out))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+from trainplan.execute.measure import peak_during, process_meter_available, process_peak_during
+from trainplan.execute.plan import StagePlan, load_plan
+from trainplan.execute.step import plan_file, plan_layouts
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
+from trainplan.io import write_json
+from trainplan.models import BuiltModel, build_model, on_device
+from trainplan.pipeline.carrier import Carrier
+from trainplan.pipeline.check import Reference, compare_with_references
+from trainplan.pipeline.errors import PipelineError
+from trainplan.pipeline.report import artifact, prediction
+from trainplan.pipeline.split import Flows, split_stage, stage_flows
+from trainplan.pipeline.stage import PlannedStageModule, StageRuntime, TimedStage
+from trainplan.timing import return_freed_memory
+
+log = logging.getLogger(__name__)
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One pipeline run: the plan, the model it was made for (name and config entry), the schedule, ``m``
+    micro-batches (each the batch the plan was traced with), steps, and where rank 0 writes the artifact."""
+
+    plan: Path
+    model: str
+    spec: dict[str, Any]
+    schedule: str = "1f1b"
+    micro_batches: int = 4
+    output: Path | None = None  # default: PLAN_DIR/pipeline_run_<schedule>_m<m>.json
+    seed: int = 0
+    warmup: int = 1
+    threads: int = 1
+    check: bool = False
+    device: str = "cpu"  # or "cuda": one GPU per rank (NCCL)
+
+    @property
+    def artifact(self) -> Path:
+        if self.output is not None:
+            return self.output
+        return plan_file(self.plan).parent / f"pipeline_run_{self.schedule}_m{self.micro_batches}.json"
+
+
+def check_settings(settings: RunSettings, data: dict[str, Any], world: int | None) -> None:
+    """What the run refuses before starting: an unknown schedule, m < 1, a rank count other than k, fewer
+    micro-batches than stages under 1F1B; PipelineError naming the plan."""
+    k = len(data["stages"])
+    if settings.schedule not in SCHEDULES:
+        raise PipelineError(f"schedule '{settings.schedule}' is not one of {sorted(SCHEDULES)}")
+    if settings.micro_batches < 1:
+        raise PipelineError(f"micro-batches must be >= 1, got {settings.micro_batches}")
+    if world is not None and world != k:
+        raise PipelineError(f"{settings.plan}: the plan has k={k} stages but {world} rank(s) were launched: run one "
+                            f"rank per stage (torchrun --nproc-per-node {k})")
+    if settings.schedule == "1f1b" and settings.micro_batches < k:
+        raise PipelineError(f"1F1B needs at least as many micro-batches as stages: m={settings.micro_batches} < k={k}")
+
+
+def micro_batches(settings: RunSettings, built: BuiltModel) -> list[dict[str, torch.Tensor]]:
+    """``m`` micro-batches shaped as the plan's batch: the model's batch for seeds ``seed``, ``seed + 1``, ..."""
+    out = [built.batch]
+    for i in range(1, settings.micro_batches):
+        out.append(build_model(settings.model, settings.spec, seed=settings.seed + i).batch)
+    return out
+
+
+def _device(kind: str) -> torch.device:
+    """This rank's device: the CPU, or on CUDA the GPU of its local rank."""
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise PipelineError("--device cuda: no CUDA device here")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _loss_of_output(output: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
+    """The last stage's output is the micro-batch's loss already (its plan computes it)."""
+    return output
+
+
+@dataclass
+class Rank:
+    """This rank's stage, its schedule and its measurements."""
+
+    rank: int
+    k: int
+    device: torch.device
+    module: PlannedStageModule
+    schedule: Any
+    stage: TimedStage
+    batch: dict[str, torch.Tensor]  # the m micro-batches along dimension 0
+    target: torch.Tensor
+
+
+def build_rank(settings: RunSettings, data: dict[str, Any], stages: list[StagePlan], rank: int,
+               device: torch.device) -> tuple[Rank, BuiltModel, list[dict[str, torch.Tensor]], Reference]:
+    """This rank's stage module, PipelineStage and schedule; also the model, micro-batches and the traced step
+    (for the checks)."""
+    built = on_device(build_model(settings.model, settings.spec, seed=settings.seed), device)
+    traced, flat = trace_training_step(built)
+    tables = graph_tables(traced)
+    where = str(plan_file(settings.plan))
+    layout, layouts = plan_layouts(stages, traced, flat, tables, where=where)
+    flows = stage_flows(layouts, layout, settings.model)
+    phase = dict(zip(tables.nodes.name, tables.nodes.phase))
+    halves = split_stage(traced, layout, layouts, stages[rank].events, rank, flows, phase, device=device)
+    k = len(stages)
+    size = dict(zip(tables.tensors.storage, tables.tensors.storage_bytes))
+    carrier_in = _carrier(flows, rank - 1, size) if rank > 0 else None
+    carrier_out = _carrier(flows, rank, size) if rank < k - 1 else None
+    rt = StageRuntime(halves, carrier_in, carrier_out, device)
+    n_fixed = len(traced.param_names) + len(traced.buffer_names)
+    module = PlannedStageModule(rt, list(flat[:n_fixed]), traced.batch_names)
+    example_in = (carrier_in.empty(device, requires_grad=True),) if carrier_in is not None else ()
+    example_out = carrier_out.empty(device, requires_grad=True) if carrier_out is not None else \
+        torch.empty((), device=device, requires_grad=True)
+    stage = TimedStage(module, rank, k, device, input_args=example_in, output_args=example_out,
+                       times=rt.times, clock=rt.clock)
+    schedule = SCHEDULES[settings.schedule](stage, settings.micro_batches, loss_fn=_loss_of_output)
+    mbs = [{n: t.to(device) for n, t in mb.items()} for mb in micro_batches(settings, built)]
+    batch = {n: torch.cat([mb[n] for mb in mbs]) for n in traced.batch_names}
+    target = torch.zeros(settings.micro_batches, device=device)
+    reference = Reference(data, stages, traced, flat, tables)
+    return Rank(rank, k, device, module, schedule, stage, batch, target), built, mbs, reference
+
+
+def _carrier(flows: Flows, sender: int, size: dict[int, int]) -> Carrier:
+    return Carrier(sender, tuple((s, int(size[s])) for s in flows.between(sender, sender + 1)),
+                   tuple((s, int(size[s])) for s in flows.between(sender + 1, sender)))
+
+
+def _step(r: Rank, losses: list[torch.Tensor]) -> None:
+    r.module.zero_grad(set_to_none=True)
+    r.schedule.step(**r.batch, target=r.target if r.rank == r.k - 1 else None, losses=losses, return_outputs=False)
+
+
+def measured_step(r: Rank) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """One timed step: step, compute (PipelineStage's compute calls) and half times, and the peak bytes above
+    what the rank held before it (the process's resident memory on the CPU, the allocator's on CUDA)."""
+    losses: list[torch.Tensor] = []
+    r.module.rt.times.reset()
+    dist.barrier()
+
+    def run() -> float:
+        t0 = r.module.rt.clock()
+        _step(r, losses)
+        return r.module.rt.clock() - t0
+
+    if r.device.type == "cuda":
+        step_s, peak = peak_during(run, r.device)
+        method = "torch.cuda.max_memory_allocated above the allocated bytes before the step"
+    elif process_meter_available():
+        step_s, peak = process_peak_during(run)
+        method = "VmHWM after clear_refs, above VmRSS before the step (freed memory returned)"
+    else:
+        step_s, peak, method = run(), None, "unavailable (no resettable high-water mark here)"
+    t = r.module.rt.times
+    return {"step_s": step_s, "compute_s": t.compute_s, "forward_half_s": t.forward_s,
+            "backward_half_s": t.backward_s, "peak_bytes": peak, "peak_method": method}, losses
+
+
+def send_recv_seconds(r: Rank, m: int) -> float:
+    """This rank's seconds sending and receiving one step's carriers alone: for each link in turn, after a
+    barrier, the m forward carriers, then the m gradients back (no compute, nobody waiting for a peer)."""
+    rt = r.module.rt
+    total = 0.0
+    for sender in range(r.k - 1):
+        carrier = rt.carrier_out if r.rank == sender else rt.carrier_in if r.rank == sender + 1 else None
+        for src, dst in ((sender, sender + 1), (sender + 1, sender)):
+            dist.barrier()
+            if carrier is None:
+                continue
+            buffers = [carrier.empty(r.device) for _ in range(m)]
+            t0 = rt.clock()
+            for b in buffers:
+                dist.send(b, dst) if r.rank == src else dist.recv(b, src)
+            total += rt.clock() - t0
+    return total
+
+
+def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
+    """This rank's part of the run (under torchrun); rank 0 returns the artifact it wrote, the others None."""
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    data, stages = load_plan(plan_file(settings.plan))
+    check_settings(settings, data, world)
+    torch.set_num_threads(settings.threads)
+    memory = return_freed_memory()
+    device = _device(settings.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        r, built, mbs, reference = build_rank(settings, data, stages, rank, device)
+        for _ in range(settings.warmup):
+            _step(r, [])
+        numbers, losses = measured_step(r)
+        numbers["send_recv_s"] = send_recv_seconds(r, settings.micro_batches)
+        numbers["idle_s"] = numbers["step_s"] - numbers["compute_s"] - numbers["send_recv_s"]
+        halves = r.module.rt.halves
+        mine = {"rank": rank, "stage": halves.index, **numbers, "split_event": halves.split_event,
+                "events": len(stages[rank].events), "stash_values": halves.stash_values,
+                "carrier_in_bytes": r.module.rt.carrier_in.nbytes if r.module.rt.carrier_in else 0,
+                "carrier_out_bytes": r.module.rt.carrier_out.nbytes if r.module.rt.carrier_out else 0,
+                "parameters": len(halves.grads),
+                "losses": [float(x) for x in losses]}
+        if settings.check:
+            names = [reference.traced.param_names[i] for i in halves.grads]
+            grads = {n: p.grad for n, p in zip(names, r.module.owned)}
+            mine["check"] = compare_with_references(grads, losses, built, mbs, reference, where=str(settings.plan))
+        gathered: list[Any] = [None] * world if rank == 0 else []
+        dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
+        if rank != 0:
+            return None
+        out = artifact(settings, data, gathered, prediction(data, stages, settings.schedule, settings.micro_batches),
+                       device=str(device), backend=dist.get_backend(), memory=memory)
+        write_json(settings.artifact, out)
+        log.info("wrote %s", settings.artifact)
+        return out
+    finally:
+        dist.destroy_process_group()
+

@@ -1,0 +1,187 @@
+"""One pipeline stage's planned events split at its forward/backward boundary into two fx modules.
+
+The split event is the stage's first backward event: the first compute of an op whose node the trace marks
+backward, or the receipt of a storage a later stage sends (which a pipeline has only in its backward pass).
+The forward half runs the events before it, the backward half the rest, both compiled by
+:class:`trainplan.execute.compile.PlanCompiler` as the single-process step is. The stash is what the plan holds
+at the split: every value the forward half made (or received) that a later event reads -- resident storages,
+host copies of swapped ones, storages still to be sent back -- handed over as it is; a recompute after the split
+reads its inputs from there, as in the single-process step. A storage the next stage receives must be sent
+before the split (PipelineError naming the op otherwise), and stages exchange storages with their neighbours
+only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainplan.execute.compile import PlanCompiler
+from trainplan.execute.layout import GraphLayout, StageLayout
+from trainplan.export.trace import TracedStep
+from trainplan.pipeline.errors import PipelineError
+
+
+def take(values: list[Any], index: int) -> Any:
+    """Hand over ``values[index]``, leaving None, so that the caller's list keeps nothing alive."""
+    value, values[index] = values[index], None
+    return value
+
+
+def split_here() -> None:
+    """Marks the split event in a stage's code (never called: the mark is removed when the code is split)."""
+
+
+@dataclass(frozen=True)
+class Flows:
+    """Plan storages that neighbouring stages exchange: ``(sender, receiver) -> sorted storage ids``."""
+
+    storages: dict[tuple[int, int], tuple[int, ...]]
+
+    def between(self, sender: int, receiver: int) -> tuple[int, ...]:
+        return self.storages.get((sender, receiver), ())
+
+
+def stage_flows(layouts: list[StageLayout], layout: GraphLayout, model: str) -> Flows:
+    """Which storages each stage receives from which; a storage passed between stages that are not neighbours
+    raises PipelineError naming its node (a pipeline stage talks to its neighbours only)."""
+    owner = {sid: s for s, st in enumerate(layouts) for op in st.ops.values() if not op.boundary for sid in op.storages}
+    flows: dict[tuple[int, int], set[int]] = {}
+    for receiver, st in enumerate(layouts):
+        for op in st.ops.values():
+            for sid in op.storages if op.boundary else ():
+                sender = owner.get(sid)
+                if sender is None or abs(sender - receiver) != 1:
+                    raise PipelineError(
+                        f"model '{model}': stage {receiver} reads storage {sid} of node '{layout.producer[sid]}' "
+                        f"made by stage {sender}: only neighbouring stages exchange tensors in a pipeline")
+                flows.setdefault((sender, receiver), set()).add(sid)
+    return Flows({pair: tuple(sorted(sids)) for pair, sids in flows.items()})
+
+
+@dataclass
+class StageHalves:
+    """A stage's code in two halves.
+
+    ``forward(*flat, live)`` -> ``(*sent_forward, [loss], *stash)``; ``backward(*flat, live)`` ->
+    ``(*sent_backward, *grads)``. ``flat`` are the traced step's inputs (parameters, buffers, batch); ``live`` is
+    a list the half takes its values from (:func:`take`): the storages received (forward: from the previous
+    stage; backward: from the next), then, for the backward half, the stash.
+    """
+
+    index: int
+    forward: torch.fx.GraphModule
+    backward: torch.fx.GraphModule
+    received_forward: tuple[int, ...]
+    received_backward: tuple[int, ...]
+    sent_forward: tuple[int, ...]
+    sent_backward: tuple[int, ...]
+    has_loss: bool
+    grads: tuple[int, ...]  # parameter positions whose gradients the backward half returns, in order
+    split_event: int
+    stash_values: int
+
+
+def _phase_of(op_id: str, st: StageLayout, layout: GraphLayout, phase: dict[str, str]) -> str:
+    op = st.ops[op_id]
+    return phase.get(layout.producer[op.storages[0]], "forward") if op.storages else "forward"
+
+
+def split_event(st: StageLayout, events: list[tuple[str, str]], layout: GraphLayout, phase: dict[str, str],
+                later: set[int]) -> int:
+    """Position of the stage's first backward event (``later``: storages it receives from the next stage)."""
+    for pos, (kind, oid) in enumerate(events):
+        op = st.ops[oid]
+        if kind != "compute":
+            continue
+        if op.boundary and later.intersection(op.storages):
+            return pos
+        if not op.boundary and _phase_of(oid, st, layout, phase) == "backward":
+            return pos
+    raise PipelineError(f"stage {st.index}: no backward event (a stage of a training step runs backward ops)")
+
+
+def split_stage(traced: TracedStep, layout: GraphLayout, layouts: list[StageLayout],
+                events: list[tuple[str, str]], position: int, flows: Flows, phase: dict[str, str], *,
+                device: torch.device) -> StageHalves:
+    """The halves of the stage at ``position`` (of ``layouts``) running its planned ``events``."""
+    st, k = layouts[position], len(layouts)
+    recv_fwd = flows.between(position - 1, position)
+    recv_bwd = flows.between(position + 1, position)
+    send_fwd = flows.between(position, position + 1)
+    send_bwd = flows.between(position, position - 1)
+    cut = split_event(st, events, layout, phase, set(recv_bwd))
+    c = PlanCompiler(traced.gm, layout, [st], device, False, False)
+    flat = [c.inputs[n.name] for n in traced.gm.graph.nodes if n.op == "placeholder"]
+    live_fwd = c.graph.placeholder("live_forward")
+    live_bwd = c.graph.placeholder("live_backward")
+    for i, sid in enumerate(recv_fwd):
+        c.channel[sid] = c.graph.call_function(take, (live_fwd, i))
+    nodes = {n.name: n for n in traced.gm.graph.nodes}
+    out_args = next(n for n in traced.gm.graph.nodes if n.op == "output").args[0]
+    own = {n.name for op in st.ops.values() if not op.boundary for n in op.nodes}
+    has_loss = traced.loss_node in own
+    if has_loss and position != k - 1:
+        raise PipelineError(f"model '{traced.model}': the loss node '{traced.loss_node}' is in stage {position}, "
+                            f"not in the last stage {k - 1}")
+    loss = marker = None
+    for pos, (kind, oid) in enumerate(events):
+        if pos == cut:
+            loss = c.value(0, nodes[traced.loss_node]) if has_loss else None
+            marker = c.graph.call_function(split_here)
+            for i, sid in enumerate(recv_bwd):
+                c.channel[sid] = c.graph.call_function(take, (live_bwd, i))
+        c.event(0, pos, kind, oid)
+    grads = tuple(i for i, a in enumerate(out_args[1:]) if isinstance(a, torch.fx.Node) and a.name in own)
+    grad_values = [c.value(0, out_args[1 + i]) for i in grads]
+    c.keep_to_end()
+    order = {n: i for i, n in enumerate(c.graph.nodes)}
+    late = [sid for sid in send_fwd if order[c.channel[sid]] > order[marker]]
+    if late:
+        sender = next(op for op, sids in st.sends.items() if late[0] in sids)
+        raise PipelineError(f"model '{traced.model}': stage {position} sends storage {late[0]} (op '{sender}') to "
+                            f"stage {position + 1} only after its first backward event {cut} {events[cut]}: the "
+                            "plan's forward part does not produce what the next stage's forward reads")
+    fwd_out = [c.channel[sid] for sid in send_fwd] + ([loss] if has_loss else [])
+    bwd_out = [c.channel[sid] for sid in send_bwd] + grad_values
+    forward, backward, stash = _split_graph(traced.gm, c.graph, marker, flat, (live_fwd, live_bwd),
+                                            fwd_out, bwd_out, len(recv_bwd))
+    return StageHalves(st.index, forward, backward, recv_fwd, recv_bwd, send_fwd, send_bwd, has_loss, grads, cut,
+                       stash)
+
+
+def _split_graph(root: torch.fx.GraphModule, graph: torch.fx.Graph, marker: torch.fx.Node,
+                 flat: list[torch.fx.Node], live: tuple[torch.fx.Node, torch.fx.Node], fwd_out: list[torch.fx.Node],
+                 bwd_out: list[Any], n_received: int) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule, int]:
+    """``graph`` cut at ``marker``: the nodes before it, returning ``fwd_out`` and the stash (values made before
+    the cut and read after it), and the nodes after it, taking the stash from its live list after the
+    ``n_received`` received storages."""
+    nodes = list(graph.nodes)
+    cut = nodes.index(marker)
+    before, after = nodes[:cut], nodes[cut + 1:]
+    inputs = set(flat) | set(live)
+    attrs = [n for n in before if n.op == "get_attr"]
+    early = set(before) - inputs - set(attrs)
+    stash = list(dict.fromkeys([a for n in after for a in n.all_input_nodes if a in early]
+                               + [v for v in bwd_out if v in early]))
+
+    fg = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {n: fg.placeholder(n.name) for n in [*flat, live[0]]}
+    for n in before:
+        if n not in env and n is not live[1]:
+            env[n] = fg.node_copy(n, env.__getitem__)
+    fg.output(tuple(env[v] for v in [*fwd_out, *stash]))
+
+    bg = torch.fx.Graph()
+    benv: dict[torch.fx.Node, torch.fx.Node] = {n: bg.placeholder(n.name) for n in [*flat, live[1]]}
+    for n in attrs:
+        benv[n] = bg.node_copy(n, benv.__getitem__)
+    for i, v in enumerate(stash):
+        benv[v] = bg.call_function(take, (benv[live[1]], n_received + i))
+    for n in after:
+        benv[n] = bg.node_copy(n, benv.__getitem__)
+    bg.output(tuple(benv[v] for v in bwd_out))
+    return (torch.fx.GraphModule(root, fg, class_name="StageForward"),
+            torch.fx.GraphModule(root, bg, class_name="StageBackward"), len(stash))

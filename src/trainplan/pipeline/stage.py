@@ -1,0 +1,135 @@
+"""A planned stage as an ``nn.Module`` for ``torch.distributed.pipelining``: its forward is an autograd Function
+running the stage's forward half (:mod:`trainplan.pipeline.split`), whose backward runs the backward half on the
+stash the forward half left; PipelineStage and the schedules run it unchanged."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+from trainplan.pipeline.carrier import Carrier
+from trainplan.pipeline.errors import PipelineError
+from trainplan.pipeline.split import StageHalves
+
+
+@dataclass
+class HalfTimes:
+    """Wall seconds of a stage's halves (summed over micro-batches) and in PipelineStage's compute calls."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    compute_s: float = 0.0
+
+    def reset(self) -> None:
+        self.forward_s = self.backward_s = self.compute_s = 0.0
+
+
+@dataclass
+class StageRuntime:
+    """What the autograd Function of one stage needs: its halves, carriers in and out, and where it runs."""
+
+    halves: StageHalves
+    carrier_in: Carrier | None  # from the previous stage (None on the first)
+    carrier_out: Carrier | None  # to the next stage (None on the last)
+    device: torch.device
+    times: HalfTimes = field(default_factory=HalfTimes)
+
+    def clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+class _PlannedHalves(torch.autograd.Function):
+    """forward: the stage's forward half on the received carrier and the step's flat inputs; backward: its backward
+    half on the stash, returning the carrier's gradient (the storages sent back) and the parameters' gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, rt: StageRuntime, carrier: torch.Tensor | None, *flat: torch.Tensor) -> torch.Tensor:
+        t0 = rt.clock()
+        h = rt.halves
+        received = rt.carrier_in.unpack(carrier, backward=False) if rt.carrier_in is not None else []
+        out = list(h.forward(*flat, received))
+        n = len(h.sent_forward)
+        sent, rest = out[:n], out[n:]
+        del out
+        if h.has_loss:
+            result = rest.pop(0).detach().clone()
+        else:
+            assert rt.carrier_out is not None
+            result = rt.carrier_out.pack(sent, backward=False, device=rt.device)
+        del sent
+        ctx.rt, ctx.stash, ctx.flat, ctx.has_carrier = rt, rest, flat, carrier is not None
+        rt.times.forward_s += rt.clock() - t0
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        rt: StageRuntime = ctx.rt
+        t0 = rt.clock()
+        h = rt.halves
+        if h.has_loss and not torch.equal(grad, torch.ones_like(grad)):
+            raise PipelineError(f"stage {h.index}: the loss got gradient {grad.item()}; the plan seeds its backward "
+                                "with 1 (a schedule that scales the loss is not supported)")
+        received = rt.carrier_out.unpack(grad, backward=True) if rt.carrier_out is not None else []
+        live, ctx.stash = [*received, *ctx.stash], None
+        del received
+        out = list(h.backward(*ctx.flat, live))
+        n = len(h.sent_backward)
+        carrier_grad = rt.carrier_in.pack(out[:n], backward=True, device=rt.device) \
+            if rt.carrier_in is not None and ctx.has_carrier else None
+        grads: list[torch.Tensor | None] = [None] * len(ctx.flat)
+        for i, g in zip(h.grads, out[n:], strict=True):
+            grads[i] = g
+        del out
+        rt.times.backward_s += rt.clock() - t0
+        return (None, carrier_grad, *grads)
+
+
+class PlannedStageModule(torch.nn.Module):
+    """``forward(*carrier, **micro_batch)``: the stage under its plan. Its parameters are those whose gradients
+    the stage computes (PipelineStage scales them); the other parameters and buffers it reads are held as plain
+    tensors. ``fixed``: the traced step's parameters and buffers, in order."""
+
+    def __init__(self, rt: StageRuntime, fixed: list[torch.Tensor], batch_names: list[str]) -> None:
+        super().__init__()
+        self.rt, self.batch_names = rt, batch_names
+        owned = set(rt.halves.grads)
+        self.owned = torch.nn.ParameterList([fixed[i] for i in sorted(owned)])
+        self.fixed = [t if i in owned else t.detach() for i, t in enumerate(fixed)]
+
+    def forward(self, *carrier: torch.Tensor, **batch: torch.Tensor) -> torch.Tensor:
+        missing = [n for n in self.batch_names if n not in batch]
+        if missing:
+            raise PipelineError(f"stage {self.rt.halves.index}: the micro-batch lacks {missing}")
+        # a micro-batch is a slice of the batch: the plan's code views storages from offset 0, so copy it
+        flat = [*self.fixed, *(batch[n].clone() for n in self.batch_names)]
+        return _PlannedHalves.apply(self.rt, carrier[0] if carrier else None, *flat)
+
+
+class TimedStage(PipelineStage):
+    """PipelineStage adding the wall time of its compute calls (forward and backward of a micro-batch, autograd's
+    gradient accumulation included; not the sends and receives the schedule makes) to ``times.compute_s``."""
+
+    def __init__(self, *args: Any, times: HalfTimes, clock: Callable[[], float], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.times, self._clock = times, clock
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = self._clock()
+        try:
+            return super().forward_one_chunk(*args, **kwargs)
+        finally:
+            self.times.compute_s += self._clock() - t0
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = self._clock()
+        try:
+            return super().backward_one_chunk(*args, **kwargs)
+        finally:
+            self.times.compute_s += self._clock() - t0

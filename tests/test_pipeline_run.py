@@ -1,0 +1,105 @@
+"""trainplan pipeline-run: a k=2 balance plan of tiny GPT-2 run as two torchrun processes under GPipe and 1F1B,
+with losses and gradients equal to the single-process planned step's, and bad input refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY_GPT2
+from trainplan.cli import main
+from trainplan.io import write_json, write_yaml
+from trainplan.models import build_model
+from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
+                                 pipeline_graph, plan_dict, range_tables)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tiny_gpt2, tmp_path_factory) -> Path:
+    """A balance plan of tiny GPT-2 at k=2, each stage at 0.5 of its peak (recomputes in both), with a stand-in
+    profile (time proportional to FLOPs), and a config naming the model."""
+    _, _, _, tables = tiny_gpt2
+    nodes = tables.nodes.assign(time_s=1e-6 + tables.nodes["flops"] * 1e-12)
+    graph = pipeline_graph(nodes, tables.tensors)
+    ranges = range_tables(graph)
+    scheduler = StageScheduler(nodes, tables.tensors, bandwidth=1e9, budget_fraction=0.5,
+                               solver=SolverSettings(time_limit_s=1.0, workers=1, seed=0), swap=False)
+    settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=4, tolerance=0.02)
+    result = balance(graph, ranges, partition_graph(graph, ranges, 2, tolerance=0.02), scheduler, settings)
+    path = tmp_path_factory.mktemp("balance") / "k2"
+    plan = {"model": "tiny_gpt2", "device": "cpu", "k": 2, "budget_fraction": 0.5,
+            **plan_dict(graph, result, settings, None)}
+    assert all(st["schedule"]["recomputes"] > 0 for st in plan["stages"])
+    write_json(path / "plan.json", plan)
+    write_yaml(path / "config.yaml", {"seed": 0, "models": {"tiny_gpt2": TINY_GPT2}})
+    return path
+
+
+def pipeline_run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "trainplan.cli", "pipeline-run", *args], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)
+
+
+@pytest.mark.parametrize(("schedule", "m"), [("gpipe", 2), ("1f1b", 2), ("gpipe", 4), ("1f1b", 4)])
+def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan_dir, schedule, m, tmp_path):
+    out = tmp_path / "run.json"
+    done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", schedule,
+                        "-m", str(m), "--check", "-o", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = json.loads(out.read_text())
+    assert (run["k"], run["schedule"], run["micro_batches"], run["backend"]) == (2, schedule, m, "gloo")
+    # every rank's gradients and the last rank's micro-batch losses: bit for bit the single-process planned step's
+    assert run["check"] == {"planned_bit_identical": True, "eager_close": True}
+    ranks = run["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and [r["stage"] for r in ranks] == [0, 1]
+    names = [n for r in ranks for n in r["check"]["parameters"]]
+    built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
+    assert sorted(names) == sorted(n for n, _ in built.module.named_parameters())  # each gradient on one rank
+    for r in ranks:
+        assert r["check"]["planned"]["max_abs_diff_grad"] == 0.0
+        assert 0 < r["forward_half_s"] + r["backward_half_s"] <= r["compute_s"] <= r["step_s"]
+        assert r["send_recv_s"] > 0 and r["idle_s"] == pytest.approx(r["step_s"] - r["compute_s"] - r["send_recv_s"])
+        assert r["peak_bytes"] is None or r["peak_bytes"] > 0
+        assert 0 < r["split_event"] < r["events"] and r["stash_values"] > 0
+    assert ranks[0]["carrier_out_bytes"] == ranks[1]["carrier_in_bytes"] > 0
+    # the losses: m micro-batches (seeds 0..m-1), the step's loss their mean, as eager computes them here
+    assert len(run["losses"]) == m and run["loss"] == pytest.approx(sum(run["losses"]) / m)
+    with torch.no_grad():
+        eager = [float(built.loss_fn(built.module(**build_model("tiny_gpt2", TINY_GPT2, seed=i).batch)))
+                 for i in range(m)]
+    assert run["losses"] == pytest.approx(eager, rel=1e-5)
+    pred = run["prediction"]
+    assert pred["step_time_s"] == pytest.approx((m + 1) * pred["t_max_s"])
+    assert len(pred["peak_bytes"]) == 2 and all(p > 0 for p in pred["peak_bytes"])
+
+
+def test_a_missing_plan_dir_is_named(tmp_path, capsys):
+    assert main(["pipeline-run", str(tmp_path / "nowhere"), "--config", str(tmp_path / "c.yaml")]) == 2
+    assert "nowhere: no such directory or file" in capsys.readouterr().err
+
+
+def test_more_stages_than_ranks_is_refused(plan_dir, monkeypatch, capsys):
+    """As under ``torchrun --nproc-per-node 1``: the rank refuses before joining any process group."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["pipeline-run", str(plan_dir), "--config", str(plan_dir / "config.yaml")]) == 2
+    assert "the plan has k=2 stages but 1 rank(s) were launched" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--schedule", "1f1b", "-m", "1"], "1F1B needs at least as many micro-batches as stages: m=1 < k=2"),
+    (["--model", "gpt9"], "no model 'gpt9' under 'models'"),
+])
+def test_bad_settings_are_refused_before_launching(plan_dir, args, message, capsys):
+    assert main(["pipeline-run", str(plan_dir), "--config", str(plan_dir / "config.yaml"), *args]) == 2
+    assert message in capsys.readouterr().err
+
