@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("execute",),  # run a plan and validate it
     ("pipeline",),  # run a k-stage plan as a real pipeline: one torchrun process per stage
     ("loop",),  # plan a user's model in one call and train it under the plan in the user's own loop
+    ("frontier",),  # measure plans and their exports against PyTorch's memory tools, one process per method
     ("provenance",),  # record and publish a study
     ("cli", "__init__"),  # the entry points
 )

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT2
+from trainplan.budget import Budget
 from trainplan.cli import main
 from trainplan.io import write_json, write_yaml
 from trainplan.models import build_model
@@ -30,12 +31,12 @@ def plan_dir(tiny_gpt2, tmp_path_factory) -> Path:
     nodes = tables.nodes.assign(time_s=1e-6 + tables.nodes["flops"] * 1e-12)
     graph = pipeline_graph(nodes, tables.tensors)
     ranges = range_tables(graph)
-    scheduler = StageScheduler(nodes, tables.tensors, bandwidth=1e9, budget_fraction=0.5,
+    scheduler = StageScheduler(nodes, tables.tensors, bandwidth=1e9, budget=0.5,
                                solver=SolverSettings(time_limit_s=1.0, workers=1, seed=0), swap=False)
     settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=4, tolerance=0.02)
     result = balance(graph, ranges, partition_graph(graph, ranges, 2, tolerance=0.02), scheduler, settings)
     path = tmp_path_factory.mktemp("balance") / "k2"
-    plan = {"model": "tiny_gpt2", "device": "cpu", "k": 2, "budget_fraction": 0.5,
+    plan = {"model": "tiny_gpt2", "device": "cpu", "k": 2, **Budget(fraction=0.5).fields(),
             **plan_dict(graph, result, settings, None)}
     assert all(st["schedule"]["recomputes"] > 0 for st in plan["stages"])
     write_json(path / "plan.json", plan)

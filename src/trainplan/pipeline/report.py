@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
 
@@ -56,7 +57,7 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
         "model": settings.model,
         "plan": str(settings.plan),
         "k": len(ranks),
-        "budget_fraction": data.get("budget_fraction"),
+        **{key: data.get(key) for key in FIELDS},
         "schedule": settings.schedule,
         "micro_batches": settings.micro_batches,
         "device": device,
