@@ -5,6 +5,7 @@ profiling or solving."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import transformers
 
 import trainplan
 from tests.conftest import SMALL_CNN, TINY_GPT2
-from trainplan.budget import format_bytes
+from trainplan.budget import format_bytes, parse_budget
 from trainplan.execute.measure import peak_during
 from trainplan.loop import InfeasibleBudgetError, NewBatchShapeError, StepOutput
 from trainplan.loop import planner
@@ -271,3 +272,14 @@ def test_importing_trainplan_stays_free_of_torch_until_plan_is_used():
     code = "import sys, trainplan; print('torch' in sys.modules); trainplan.plan; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "True"]
+
+
+def test_byte_budgets_a_byte_apart_key_different_plans(tiny_gpt2):
+    """The cache key holds a byte budget exactly (not its rounded label: 1000000 B and 1000001 B both read
+    976.56 KiB), and tells a fraction from bytes."""
+    built, traced, _, _ = tiny_gpt2
+    base = planner.PlanSettings(parse_budget(1_000_000), built.loss_fn, 1.0, 1, 0, None, 1, "raise", Path("."), False)
+    keys = {planner.plan_key(planner._key_fields(traced, built.batch, torch.device("cpu"),
+                                                 dataclasses.replace(base, budget=parse_budget(b))))[0]
+            for b in (1_000_000, 1_000_001, "1000000", 0.5)}
+    assert len(keys) == 3  # 1000000 and "1000000" are the same budget

@@ -144,7 +144,7 @@ def _key_fields(traced: TracedStep, batch: Mapping[str, torch.Tensor], device: t
                 settings: PlanSettings) -> dict[str, Any]:
     """What the plan is made for: every input of the planner that changes the plan it makes."""
     return {"graph": graph_digest(traced.gm), "batch": batch_signature(batch), "device": _device_label(device),
-            "budget": str(settings.budget), "loss_fn": qualified_name(settings.loss_fn),
+            "budget": {"bytes": settings.budget.bytes, "fraction": settings.budget.fraction}, "loss_fn": qualified_name(settings.loss_fn),
             "solver": {"time_limit_s": settings.time_limit_s, "workers": settings.workers, "seed": settings.seed,
                        "swap": settings.swaps_on(device), "profile_repeats": settings.profile_repeats},
             "optimizer": _optimizer_signature(settings.optimizer), "torch": torch.__version__}
@@ -162,7 +162,7 @@ def _optimizer_signature(optimizer: torch.optim.Optimizer | None) -> dict[str, A
 def _infeasible(report: PlanReport, settings: PlanSettings) -> InfeasibleBudgetError:
     """The error naming the requested budget, whether it is proven infeasible, and the least budget reached."""
     requested, least = report.requested_budget_bytes, report.planned_budget_bytes
-    asked = f"{settings.budget}" if settings.budget.bytes is not None else f"{settings.budget} = {requested} B"
+    asked = f"{requested} B" if settings.budget.bytes is not None else f"{settings.budget} = {requested} B"
     known = ("it is proven infeasible" if report.status == "proven_infeasible"
              else f"none was found within time_limit_s={settings.time_limit_s:g} (not proven infeasible: a longer "
                   "limit may meet it)")
