@@ -34,4 +34,5 @@ def plot_frontier(rows: list[dict[str, Any]], path: str, title: str) -> None:
                ylabel="step time (s, median; bars: min-max)")
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))  # the suptitle's two lines above the panels' titles
     save_figure(fig, path)
