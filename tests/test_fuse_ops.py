@@ -1,0 +1,103 @@
+"""Fused groups as ops of the training step (trainplan.fuse.fused_ops): the traced step of the fused model has one
+forward node and one backward node per fused group, trains as eager does, and is planned, recomputed and
+executed by trainplan.plan unchanged; a group Inductor compiles gives the same gradients within round-off."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+
+import trainplan
+from tests.conftest import TINY_GPT2
+from trainplan.export.trace import trace_training_step
+from trainplan.fuse.forward import trace_forward
+from trainplan.fuse.fused_ops import NAMESPACE, fuse_model
+from trainplan.fuse.support import inductor_table
+from trainplan.fuse.train_step import partition_forward
+from trainplan.models import build_model
+
+TINY = {**TINY_GPT2, "inputs": {"batch_size": 4, "seq_len": 32}}  # activations dominate: 0.6 recomputes
+
+
+@pytest.fixture(scope="module")
+def fused():
+    """Tiny GPT-2, an untouched copy, and the model with its forward groups fused (fx graphs, no Inductor)."""
+    built = build_model("tiny_gpt2", TINY, seed=0)
+    reference = copy.deepcopy(built.module)
+    groups, _ = partition_forward(trace_forward(built), inductor_table())
+    return built, reference, groups, fuse_model(built, groups, compile_with_inductor=False)
+
+
+def _fused_nodes(gm: torch.fx.GraphModule) -> Counter[str]:
+    return Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function" and NAMESPACE in str(n.target))
+
+
+def test_each_fused_group_is_one_forward_and_one_backward_node(fused):
+    built, _, groups, model = fused
+    assert len(model.fused) >= 10 and len(model.fused) + len(model.unfused) == sum(len(g["nodes"]) >= 2 for g in groups)
+    assert all("views of its inputs" in u["error"] for u in model.unfused)  # only view-only groups stay as ops
+    traced, _ = trace_training_step(model.built)
+    nodes = _fused_nodes(traced.gm)
+    assert set(nodes.values()) == {1}
+    names = {f["op"] for f in model.fused}
+    assert {n.split(".")[1].removesuffix("_fwd") for n in nodes if "_fwd" in n} == names
+    backward = {n.split(".")[1].removesuffix("_bwd") for n in nodes if "_bwd" in n}
+    assert backward and backward <= names  # groups that only make masks or positions have no backward
+    raw, _ = trace_training_step(built)
+    fused_ops = sum(1 for n in traced.gm.graph.nodes if n.op == "call_function")
+    assert fused_ops + sum(f["n_ops"] for f in model.fused) > sum(1 for n in raw.gm.graph.nodes if n.op == "call_function")
+    assert fused_ops < 0.8 * sum(1 for n in raw.gm.graph.nodes if n.op == "call_function")
+
+
+def test_the_fused_model_trains_as_eager(fused):
+    built, reference, _, model = fused
+    eager = copy.deepcopy(reference)
+    for p in built.module.parameters():
+        p.grad = None
+    loss = model.built.module(**built.batch)
+    loss.backward()
+    want = eager(**built.batch).loss
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for (name, a), b in zip(built.module.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+def test_a_plan_on_the_fused_graph_recomputes_fused_ops_and_trains_as_eager(fused, tmp_path):
+    built, reference, _, model = fused
+    planned = trainplan.plan(model.built.module, built.batch, 0.6, time_limit_s=4, progress=False, cache_dir=tmp_path,
+                             on_infeasible="raise_budget")  # a fused op is recomputed whole: 0.6 is below its floor
+    assert planned.report.planned_budget_bytes < planned.report.no_recompute_peak_bytes
+    stage = planned.step.stages[0]
+    computes = Counter(o for kind, o in stage.events if kind == "compute")
+    nodes = {op["id"]: op["nodes"] for op in stage.raw["ops"]}
+    by_name = {n.name: n for n in planned.step.traced.gm.graph.nodes}
+    rerun = [o for o, c in computes.items() if c > 1]
+    assert any(NAMESPACE in str(by_name[n].target) for o in rerun for n in nodes[o]), rerun
+    eager = copy.deepcopy(reference)
+    for p in built.module.parameters():
+        p.grad = None
+    loss = planned(built.batch)
+    loss.backward()
+    want = eager(**built.batch).loss
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for a, b in zip(built.module.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_an_inductor_compiled_group_gives_eagers_gradients(fused):
+    built, reference, groups, _ = fused
+    largest = max(groups, key=lambda g: len(g["nodes"]))
+    model = fuse_model(built, [largest], compile_with_inductor=True)
+    assert [f["group"] for f in model.fused] == [largest["id"]]
+    eager = copy.deepcopy(reference)
+    for p in built.module.parameters():
+        p.grad = None
+    model.built.module(**built.batch).backward()
+    eager(**built.batch).loss.backward()
+    for a, b in zip(built.module.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
