@@ -17,7 +17,7 @@ MODEL = "tiny_gpt2_b4"  # tests/config/config.yaml's study.frontier
 
 
 @pytest.mark.parametrize("text", ["eager", "hf_checkpointing", "compile@0.3", "compile+exact@1", "trainplan@0.5",
-                                  "trainplan+opt@2GiB", "sac@0.6", "sac+compile@1500MB"])
+                                  "trainplan+opt@2GiB", "trainplan+fused@0.5", "sac@0.6", "sac+compile@1500MB"])
 def test_methods_parse_and_print_back(text):
     assert str(Method.parse(text)) == text
 

@@ -4,8 +4,10 @@ A method is ``kind`` or ``kind@value``: ``eager``; ``hf_checkpointing`` (Hugging
 ``gradient_checkpointing_enable()``); ``compile@B`` (``torch.compile`` with
 ``activation_memory_budget = B``); ``compile+exact@B`` (the same, its knapsack solved exactly by
 :class:`trainplan.loop.knapsack.ExactKnapsack`); ``trainplan@F`` (``trainplan.plan`` at budget F: a fraction
-or bytes); ``trainplan+opt@F`` (the optimizer in the plan); ``sac@F`` and ``sac+compile@F`` (the plan of
-``trainplan@F`` exported as selective activation checkpointing, eager or under ``torch.compile``).
+or bytes); ``trainplan+opt@F`` (the optimizer in the plan); ``trainplan+fused@F`` (the plan made on the
+model whose forward groups run as Inductor-compiled fused ops, :mod:`trainplan.fuse.fused_ops`); ``sac@F`` and
+``sac+compile@F`` (the plan of ``trainplan@F`` exported as selective activation checkpointing, eager or under
+``torch.compile``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from trainplan.budget import parse_budget
 from trainplan.models import BuiltModel
 
 #: kinds taking a value after ``@``, and those without
-VALUED = ("compile", "compile+exact", "trainplan", "trainplan+opt", "sac", "sac+compile")
+VALUED = ("compile", "compile+exact", "trainplan", "trainplan+opt", "trainplan+fused", "sac", "sac+compile")
 PLAIN = ("eager", "hf_checkpointing")
 #: kinds that are trainplan's (a plan, an export of one, or our solver inside torch.compile)
-OURS = ("trainplan", "trainplan+opt", "compile+exact", "sac", "sac+compile")
+OURS = ("trainplan", "trainplan+opt", "trainplan+fused", "compile+exact", "sac", "sac+compile")
 
 
 class MethodError(ValueError):
@@ -74,6 +76,19 @@ class Prepared:
     setup_s: float
 
 
+def _fused(built: BuiltModel) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """``built``'s model with its forward groups (Inductor's support table) as fused ops, and how many."""
+    from trainplan.fuse.forward import trace_forward
+    from trainplan.fuse.fused_ops import fuse_model
+    from trainplan.fuse.support import inductor_table
+    from trainplan.fuse.train_step import partition_forward
+
+    groups, _ = partition_forward(trace_forward(built), inductor_table())
+    model = fuse_model(built, groups)
+    return model.built.module, {"fused_groups": len(model.fused), "fused_ops": sum(f["n_ops"] for f in model.fused),
+                                "unfused_groups": len(model.unfused)}
+
+
 def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: float) -> Prepared:
     """``built``'s training step (forward, loss, backward, AdamW step, zero_grad) under ``method``."""
     import trainplan
@@ -100,11 +115,13 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
             torch._functorch.config.activation_memory_budget_solver = ExactKnapsack(time_limit_s=time_limit_s)
         forward = torch.compile(module)
     elif method.kind != "eager":
+        if method.kind == "trainplan+fused":
+            module, facts = _fused(built)
         planned = trainplan.plan(module, batch, method.value, on_infeasible="raise_budget",
                                  optimizer=optimizer if method.kind == "trainplan+opt" else None,
                                  time_limit_s=time_limit_s, cache_dir=cache, progress=False)
         report = planned.report
-        facts = {"planned_budget_bytes": report.planned_budget_bytes, "predicted_peak_bytes": report.predicted_peak_bytes,
+        facts |= {"planned_budget_bytes": report.planned_budget_bytes, "predicted_peak_bytes": report.predicted_peak_bytes,
                  "predicted_step_s": report.predicted_step_s, "plan_status": report.status}
         forward = planned
         if method.kind.startswith("sac"):

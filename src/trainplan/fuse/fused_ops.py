@@ -219,10 +219,13 @@ class _FusedGroup(torch.autograd.Function):
 
 def _runner(gm: torch.fx.GraphModule, example: list[torch.Tensor], compile_with_inductor: bool
             ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """``gm`` as a function of a list of tensors. Inductor's code asserts its inputs' strides, and an executor
+    may hand a view's values in another layout than the traced one: it is compiled for contiguous inputs and
+    called with them (a copy only where an input is not)."""
     if not compile_with_inductor:
         return lambda inputs: list(gm(*inputs))
-    compiled = torch._inductor.compile(gm, example)
-    return lambda inputs: list(compiled(*inputs))
+    compiled = torch._inductor.compile(gm, [t.contiguous() for t in example])
+    return lambda inputs: list(compiled(*(t.contiguous() for t in inputs)))
 
 
 def _digest(sub: torch.fx.GraphModule, args: Sequence[Any], compile_with_inductor: bool) -> str:
