@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +47,12 @@ class Recipe:
 
 
 def _is_view(node: torch.fx.Node) -> bool:
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
-            and isinstance(node.args[0], torch.fx.Node))
+    """A view op of a tensor, or an element of a view op's list (``getitem`` of ``split``)."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    if node.target is operator.getitem:
+        return _is_view(node.args[0])
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
 
 
 def _recipe(node: torch.fx.Node, placeholders: list[torch.fx.Node], roots: list[torch.fx.Node]) -> Recipe:
