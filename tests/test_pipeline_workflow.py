@@ -8,13 +8,15 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from workflow_run import TINY, snakemake
 
 pytestmark = pytest.mark.workflow
 WHERE = "tiny_gpt2/cpu/k2/b0.6"
-PIPELINE = {"schedules": ["1f1b"], "micro_batches": [2], "threads": 1, "warmup": 1, "repeats": 2, "check": True}
+PIPELINE = {"schedules": ["1f1b"], "micro_batches": [2], "threads": 1, "warmup": 1, "repeats": 2, "check": True,
+            "methods": ["even_blocks", "ds_parameters"]}
 
 
 def _config(work: Path, **changes) -> Path:
@@ -27,7 +29,8 @@ def _config(work: Path, **changes) -> Path:
     return work / "config.yaml"
 
 
-TARGETS = (f"results/pipeline/{WHERE}/1f1b_m2.json", f"results/plots/{WHERE}/pipeline_1f1b_m2.png")
+TARGETS = (f"results/pipeline/{WHERE}/1f1b_m2.json", f"results/plots/{WHERE}/pipeline_1f1b_m2.png",
+           f"results/pipeline/{WHERE}/methods_1f1b_m2.csv")
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,19 @@ def test_the_rule_runs_the_plan_as_a_pipeline_and_draws_each_rank(study):
     assert (study / "results/plots" / WHERE / "pipeline_1f1b_m2.png").stat().st_size > 10_000
 
 
+def test_the_methods_run_beside_ours_at_the_same_budget(study):
+    table = pd.read_csv(study / "results/pipeline" / WHERE / "methods_1f1b_m2.csv").set_index("method")
+    assert list(table.index) == ["even_blocks", "ds_parameters", "ours"]
+    assert "error" not in table or table["error"].isna().all()
+    assert (table.measured_step_s > 0).all() and (table.predicted_step_comm_s > table.predicted_step_s).all()
+    for method, row in table.iterrows():  # a method whose cuts an earlier one has shares its run
+        if isinstance(row.same_as, str):
+            assert row.cuts == table.loc[row.same_as, "cuts"]
+            assert row.measured_step_s == table.loc[row.same_as, "measured_step_s"]
+        else:
+            assert (study / "results/pipeline" / WHERE / "methods_1f1b_m2" / method / "run.json").exists()
+
+
 def test_the_figure_is_in_the_report_under_pipeline(study):
     out = snakemake(study, study.parent / "config.yaml", "--report", "report.html", *TARGETS)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -80,4 +96,4 @@ def test_a_study_runs_every_k2_plan_under_each_schedule_and_m(tmp_path, stages, 
     out = snakemake(tmp_path / "w", config, "--dry-run")
     assert out.returncode == 0, out.stderr[-4000:]
     jobs = _jobs(out.stdout + out.stderr)
-    assert jobs.get("pipeline", 0) == jobs.get("plot_pipeline", 0) == expected
+    assert jobs.get("pipeline", 0) == jobs.get("plot_pipeline", 0) == jobs.get("pipeline_methods", 0) == expected

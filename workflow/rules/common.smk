@@ -415,9 +415,11 @@ def frontier_targets():
 
 def pipeline_targets():
     """The artifact and timeline figure of every pipeline run of every planned model (not the fused graphs),
-    device and budget."""
+    device and budget; with `pipeline.methods`, the partition methods' comparison of each run too."""
     paths = ["results/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.json",
              "results/plots/{model}/{device}/k{k}/b{budget}/pipeline_{schedule}_m{m}.png"]
+    if config["pipeline"]["methods"]:
+        paths.append("results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}.csv")
     return [
         path.format(model=model, device=device, k=k, budget=budget, schedule=schedule, m=m)
         for model in MODELS
