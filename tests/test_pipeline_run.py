@@ -1,5 +1,6 @@
-"""trainplan pipeline-run: a k=2 balance plan of tiny GPT-2 run as two torchrun processes under GPipe and 1F1B,
-with losses and gradients equal to the single-process planned step's, and bad input refused by name."""
+"""trainplan pipeline-run: a k=2 balance plan of tiny GPT-2 run as two torchrun processes under GPipe and 1F1B, and a
+k=3 one whose stage 1 relays what stages 0 and 2 exchange, with losses and gradients equal to the single-process
+planned step's; the run's medians and prediction with send/recv; bad input refused by name."""
 
 from __future__ import annotations
 
@@ -97,6 +98,20 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
         assert all(start["F", i] < start["B", i] for i in range(m))
     if schedule == "gpipe":  # fill-drain: every forward before the first backward
         assert all(a["kind"] == "F" for a in run["timeline"]["ranks"][0][:m])
+
+
+def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):
+    """Stage 0's mask and positions read by stage 2, stage 2's partial gradient of the tied embedding read by stage
+    0: relayed through stage 1, the gradients still bit for bit the single-process step's."""
+    plan_dir = write_plan(tiny_gpt2, tmp_path / "k3", 3)
+    out = tmp_path / "run.json"
+    done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", "1f1b", "-m", "3",
+                        "--check", "-o", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = json.loads(out.read_text())
+    assert run["k"] == 3 and run["check"] == {"planned_bit_identical": True, "eager_close": True}
+    assert [r["relayed_storages"] for r in run["ranks"]][0] == 0 and run["ranks"][1]["relayed_storages"] > 0
+    assert run["ranks"][2]["relayed_storages"] == 0
 
 
 def test_a_missing_plan_dir_is_named(tmp_path, capsys):

@@ -242,6 +242,8 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
                 "carrier_in_bytes": r.module.rt.carrier_in.nbytes if r.module.rt.carrier_in else 0,
                 "carrier_out_bytes": r.module.rt.carrier_out.nbytes if r.module.rt.carrier_out else 0,
                 "parameters": len(halves.grads),
+                "relayed_storages": len(set(halves.received_forward) & set(halves.sent_forward))
+                + len(set(halves.received_backward) & set(halves.sent_backward)),
                 "losses": [float(x) for x in losses]}
         if settings.check:
             names = [reference.traced.param_names[i] for i in halves.grads]
