@@ -22,6 +22,7 @@ include: "workflow/rules/provenance.smk"
 include: "workflow/rules/fuse.smk"
 include: "workflow/rules/layout.smk"
 include: "workflow/rules/frontier.smk"
+include: "workflow/rules/pipeline.smk"
 
 
 rule all:

@@ -1,5 +1,6 @@
-"""trainplan pipeline-run: a k=2 balance plan of tiny GPT-2 run as two torchrun processes under GPipe and 1F1B,
-with losses and gradients equal to the single-process planned step's, and bad input refused by name."""
+"""trainplan pipeline-run: a k=2 balance plan of tiny GPT-2 run as two torchrun processes under GPipe and 1F1B, and a
+k=3 one whose stage 1 relays what stages 0 and 2 exchange, with losses and gradients equal to the single-process
+planned step's; the run's medians and prediction with send/recv; bad input refused by name."""
 
 from __future__ import annotations
 
@@ -17,16 +18,16 @@ from trainplan.budget import Budget
 from trainplan.cli import main
 from trainplan.io import write_json, write_yaml
 from trainplan.models import build_model
+from trainplan.pipeline.report import median_repeat, rank_numbers, with_communication
 from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
                                  pipeline_graph, plan_dict, range_tables)
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def plan_dir(tiny_gpt2, tmp_path_factory) -> Path:
-    """A balance plan of tiny GPT-2 at k=2, each stage at 0.5 of its peak (recomputes in both), with a stand-in
-    profile (time proportional to FLOPs), and a config naming the model."""
+def write_plan(tiny_gpt2, path: Path, k: int) -> Path:
+    """A balance plan of tiny GPT-2 in ``k`` stages, each at 0.5 of its peak (recomputes planned), with a stand-in
+    profile (time proportional to FLOPs), and a config naming the model, in ``path``."""
     _, _, _, tables = tiny_gpt2
     nodes = tables.nodes.assign(time_s=1e-6 + tables.nodes["flops"] * 1e-12)
     graph = pipeline_graph(nodes, tables.tensors)
@@ -34,14 +35,18 @@ def plan_dir(tiny_gpt2, tmp_path_factory) -> Path:
     scheduler = StageScheduler(nodes, tables.tensors, bandwidth=1e9, budget=0.5,
                                solver=SolverSettings(time_limit_s=1.0, workers=1, seed=0), swap=False)
     settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=4, tolerance=0.02)
-    result = balance(graph, ranges, partition_graph(graph, ranges, 2, tolerance=0.02), scheduler, settings)
-    path = tmp_path_factory.mktemp("balance") / "k2"
-    plan = {"model": "tiny_gpt2", "device": "cpu", "k": 2, **Budget(fraction=0.5).fields(),
+    result = balance(graph, ranges, partition_graph(graph, ranges, k, tolerance=0.02), scheduler, settings)
+    plan = {"model": "tiny_gpt2", "device": "cpu", "k": k, **Budget(fraction=0.5).fields(),
             **plan_dict(graph, result, settings, None)}
-    assert all(st["schedule"]["recomputes"] > 0 for st in plan["stages"])
+    assert any(st["schedule"]["recomputes"] > 0 for st in plan["stages"])
     write_json(path / "plan.json", plan)
     write_yaml(path / "config.yaml", {"seed": 0, "models": {"tiny_gpt2": TINY_GPT2}})
     return path
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tiny_gpt2, tmp_path_factory) -> Path:
+    return write_plan(tiny_gpt2, tmp_path_factory.mktemp("balance") / "k2", 2)
 
 
 def pipeline_run(*args: str) -> subprocess.CompletedProcess:
@@ -54,7 +59,7 @@ def pipeline_run(*args: str) -> subprocess.CompletedProcess:
 def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan_dir, schedule, m, tmp_path):
     out = tmp_path / "run.json"
     done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", schedule,
-                        "-m", str(m), "--check", "-o", str(out))
+                        "-m", str(m), "--check", "-o", str(out), "--repeats", "2")
     assert done.returncode == 0, done.stderr[-4000:]
     run = json.loads(out.read_text())
     assert (run["k"], run["schedule"], run["micro_batches"], run["backend"]) == (2, schedule, m, "gloo")
@@ -81,6 +86,32 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     pred = run["prediction"]
     assert pred["step_time_s"] == pytest.approx((m + 1) * pred["t_max_s"])
     assert len(pred["peak_bytes"]) == 2 and all(p > 0 for p in pred["peak_bytes"])
+    assert pred["comm_per_micro_batch_s"] == pytest.approx([r["send_recv_s"] / m for r in ranks])
+    assert run["measured"]["over_predicted_with_comm"] == pytest.approx(run["measured"]["step_s"]
+                                                                        / pred["step_time_with_comm_s"])
+    # the median step's compute calls, per rank: each micro-batch's forward before its backward
+    assert run["repeats"] == 2 and len(run["measured"]["step_s_repeats"]) == 2
+    for actions in run["timeline"]["ranks"]:
+        assert sorted((a["kind"], a["micro_batch"]) for a in actions) == sorted(
+            (kind, i) for kind in "FB" for i in range(m))
+        start = {(a["kind"], a["micro_batch"]): a["start_s"] for a in actions}
+        assert all(start["F", i] < start["B", i] for i in range(m))
+    if schedule == "gpipe":  # fill-drain: every forward before the first backward
+        assert all(a["kind"] == "F" for a in run["timeline"]["ranks"][0][:m])
+
+
+def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):
+    """Stage 0's mask and positions read by stage 2, stage 2's partial gradient of the tied embedding read by stage
+    0: relayed through stage 1, the gradients still bit for bit the single-process step's."""
+    plan_dir = write_plan(tiny_gpt2, tmp_path / "k3", 3)
+    out = tmp_path / "run.json"
+    done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", "1f1b", "-m", "3",
+                        "--check", "-o", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = json.loads(out.read_text())
+    assert run["k"] == 3 and run["check"] == {"planned_bit_identical": True, "eager_close": True}
+    assert [r["relayed_storages"] for r in run["ranks"]][0] == 0 and run["ranks"][1]["relayed_storages"] > 0
+    assert run["ranks"][2]["relayed_storages"] == 0
 
 
 def test_a_missing_plan_dir_is_named(tmp_path, capsys):
@@ -104,3 +135,24 @@ def test_bad_settings_are_refused_before_launching(plan_dir, args, message, caps
     assert main(["pipeline-run", str(plan_dir), "--config", str(plan_dir / "config.yaml"), *args]) == 2
     assert message in capsys.readouterr().err
 
+
+
+def test_the_prediction_with_send_recv_adds_each_stages_transfers_to_its_slot():
+    predicted = {"stage_times_s": [1.0, 0.8], "step_time_s": 5.0}
+    out = with_communication(predicted, [0.4, 1.2], m=4)  # per micro-batch: 0.1 and 0.3 s
+    assert out["comm_per_micro_batch_s"] == pytest.approx([0.1, 0.3])
+    assert out["step_time_with_comm_s"] == pytest.approx(5 * 1.1)  # (m + k - 1) * max(1.1, 1.1)
+    assert out["step_time_s"] == 5.0
+
+
+def test_the_run_reports_the_median_step_and_its_timeline():
+    def rank(times):
+        steps = [{"step_s": t, "compute_s": t / 2, "forward_half_s": t / 4, "backward_half_s": t / 4,
+                  "peak_bytes": int(t * 100), "peak_method": "m", "actions": [{"kind": "F", "start_s": t}]}
+                 for t in times]
+        return rank_numbers(steps, [0.1, 0.3, 0.2])
+
+    ranks = [rank([1.0, 3.0, 2.0]), rank([1.5, 2.5, 2.6])]
+    assert ranks[0]["step_s"] == 2.0 and ranks[0]["send_recv_s"] == 0.2 and ranks[0]["peak_bytes"] == 300
+    assert ranks[0]["idle_s"] == pytest.approx(2.0 - 1.0 - 0.2)
+    assert median_repeat(ranks) == (2, [1.5, 3.0, 2.6])  # the slowest rank per step: median 2.6, step 2

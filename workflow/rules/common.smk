@@ -99,6 +99,28 @@ def _budget_wildcards():
 
 BUDGETS = _budget_wildcards()
 
+PIPELINE_SCHEDULE = "|".join(config["pipeline"]["schedules"])
+# A pipeline has two stages at least: k=1 plans are not run as pipelines.
+PIPELINE_K = r"[2-9]|[1-9][0-9]+"
+
+
+def pipeline_settings(*keys):
+    """The `pipeline` config keys the pipeline rule uses (the schedule and m are its wildcards)."""
+    return {key: config["pipeline"][key] for key in keys}
+
+
+def pipeline_runs():
+    """(k, schedule, m) of every pipeline run: each k >= 2 of `stages`, schedule and m of `pipeline`; 1F1B only where
+    m >= k (it refuses fewer micro-batches than stages)."""
+    return [
+        (k, schedule, m)
+        for k in config["stages"] if k >= 2
+        for schedule in config["pipeline"]["schedules"]
+        for m in config["pipeline"]["micro_batches"]
+        if schedule != "1f1b" or m >= k
+    ]
+
+
 def study_stages():
     """(what, models) for each part of the study, after config layering: the start-up summary."""
     parts = [
@@ -108,6 +130,7 @@ def study_stages():
         ("fuse.targets (on every plan model)", sorted(config["fuse"]["targets"])),
         ("fuse.measure.targets (compiled and timed)", config["fuse"]["measure"]["targets"]),
         ("fuse.plan (fused graphs planned and validated too)", FUSED_PLAN),
+        ("pipeline (plans with k >= 2 run as torchrun pipelines)", MODELS if pipeline_runs() else []),
     ]
     return parts + [(f"study.{part}", names) for part, names in config["study"].items() if part not in ("plan", "overflow")]
 
@@ -390,6 +413,23 @@ def frontier_targets():
     )
 
 
+def pipeline_targets():
+    """The artifact and timeline figure of every pipeline run of every planned model (not the fused graphs),
+    device and budget; with `pipeline.methods`, the partition methods' comparison of each run too."""
+    paths = ["results/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.json",
+             "results/plots/{model}/{device}/k{k}/b{budget}/pipeline_{schedule}_m{m}.png"]
+    if config["pipeline"]["methods"]:
+        paths.append("results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}.csv")
+    return [
+        path.format(model=model, device=device, k=k, budget=budget, schedule=schedule, m=m)
+        for model in MODELS
+        for device in DEVICES
+        for budget in BUDGETS
+        for k, schedule, m in pipeline_runs()
+        for path in paths
+    ]
+
+
 def all_targets():
     """Every final artifact of the study."""
     return expand(
@@ -423,4 +463,4 @@ def all_targets():
         "results/align/study.csv",
         "results/plots/align/align.png",
         "results/provenance.json",
-    ] + layout_targets() + frontier_targets()
+    ] + layout_targets() + frontier_targets() + pipeline_targets()

@@ -3,7 +3,9 @@
 Public API: :func:`pipeline_graph` (validated pipeline view of a profiled graph), :func:`range_tables`,
 :func:`partition_graph` (min-max split + boundary refinement), :func:`min_max_cuts` (exact DP),
 :func:`refine_cuts`, :func:`stage_stats`, :func:`balance` (schedule, rate, re-partition, DP comparison),
-:func:`plan_dict`, :func:`iterations_dict`, :class:`PartitionError`.
+:func:`plan_dict`, :func:`iterations_dict`, :class:`PartitionError`. Other partition methods (blocks split evenly,
+DeepSpeed's, the exact DP) over the model's layers: :mod:`~trainplan.partition.methods`,
+:mod:`~trainplan.partition.layers`.
 """
 
 from trainplan.partition.balance import Balanced, BalanceSettings, balance, iterations_dict, plan_dict

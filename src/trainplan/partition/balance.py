@@ -167,20 +167,24 @@ def iterations_dict(result: Balanced) -> dict[str, Any]:
     }
 
 
+def partition_plan(evaluated: Evaluated, micro_batches: int) -> dict[str, Any]:
+    """The plan of one scheduled partition: its cuts and per-stage problems and schedules (plan.json without the
+    balance record; what any partition method's cuts become once :func:`evaluate` scheduled them)."""
+    k = len(evaluated.stages)
+    stages = []
+    for st, sc, peak in zip(evaluated.stages, evaluated.scheduled, evaluated.metrics.peak_1f1b_bytes):
+        stages.append({**_stage_numbers(st, sc), "nodes": st.nodes,
+                       "in_flight": in_flight(st.index, k, micro_batches), "peak_1f1b_bytes": peak,
+                       "problem": sc.problem, "schedule": sc.schedule.to_dict()})
+    return {"cuts": list(evaluated.cuts), "boundary_bytes": evaluated.boundary_bytes, "stages": stages}
+
+
 def plan_dict(graph: PipelineGraph, result: Balanced, settings: BalanceSettings,
               memory: MemoryLimit | None) -> dict[str, Any]:
     """The plan: per-stage problems and schedules of the chosen iteration, and the balance record."""
     final = result.final
-    k = len(final.stages)
-    stages = []
-    for st, sc, peak in zip(final.stages, final.scheduled, final.metrics.peak_1f1b_bytes):
-        stages.append({**_stage_numbers(st, sc), "nodes": st.nodes,
-                       "in_flight": in_flight(st.index, k, settings.micro_batches), "peak_1f1b_bytes": peak,
-                       "problem": sc.problem, "schedule": sc.schedule.to_dict()})
     return {
-        "cuts": list(final.cuts),
-        "boundary_bytes": final.boundary_bytes,
-        "stages": stages,
+        **partition_plan(final, settings.micro_batches),
         "balance": {
             **final.metrics.to_dict(),
             "threshold": settings.threshold,

@@ -2,14 +2,14 @@
 each, and write the measurements beside the balance rule's prediction (docs/pipeline_run.md).
 
 Outside torchrun the command checks its input and launches ``torchrun --standalone --nproc-per-node k`` running
-itself; under torchrun (``WORLD_SIZE`` set) it is one rank of the pipeline.
+:mod:`~trainplan.pipeline.worker` (:mod:`~trainplan.pipeline.launch`); under torchrun (``WORLD_SIZE`` set) it is one
+rank of the pipeline.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace]
     ap.add_argument("--check", action="store_true",
                     help="compare each rank's gradients and the losses with the single-process planned step "
                          "(bit for bit) and eager autograd (every rank then runs the whole step)")
-    ap.add_argument("--warmup", type=nonnegative_int, default=1, help="steps run before the measured one")
+    ap.add_argument("--warmup", type=nonnegative_int, default=1, help="steps run before the measured ones")
+    ap.add_argument("--repeats", type=positive_int, default=1, help="measured steps (medians over them)")
     ap.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
     ap.add_argument("--seed", type=nonnegative_int, default=None, help="model seed (default: the config's, or 0)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one GPU per rank, NCCL")
@@ -59,35 +60,23 @@ def _settings(args: argparse.Namespace):  # -> RunSettings (imported late: torch
     seed = args.seed if args.seed is not None else int(config.get("seed", 0))
     return data, RunSettings(Path(args.plan), name, dict(models[name]), args.schedule, args.micro_batches,
                              Path(args.output) if args.output else None, seed, args.warmup, args.threads,
-                             args.check, args.device)
-
-
-def _worker_argv(args: argparse.Namespace, settings) -> list[str]:
-    argv = [str(args.plan), "--config", str(args.config), "--model", settings.model, "--schedule", settings.schedule,
-            "-m", str(settings.micro_batches), "-o", str(settings.artifact), "--warmup", str(settings.warmup),
-            "--threads", str(settings.threads), "--seed", str(settings.seed), "--device", settings.device]
-    return argv + (["--check"] if settings.check else [])
+                             args.check, args.device, args.repeats)
 
 
 def run(args: argparse.Namespace) -> int:
     """Under torchrun: this rank's part. Otherwise: check the input, then launch one rank per stage."""
+    from trainplan.pipeline.launch import launch
     from trainplan.pipeline.run import check_settings, run_pipeline
+    from trainplan.pipeline.worker import summary_line
 
     data, settings = _settings(args)
     if "WORLD_SIZE" in os.environ:
         out = run_pipeline(settings)
         if out is not None:
-            print(f"{settings.artifact}: {settings.schedule} k={out['k']} m={settings.micro_batches} "
-                  f"loss={out['loss']:.6g} step={out['measured']['step_s']:.4g} s "
-                  f"(predicted {out['prediction']['step_time_s']:.4g} s)")
+            print(summary_line(settings, out))
         return 0
     check_settings(settings, data, None)
-    k = len(data["stages"])
-    env = {**os.environ, "OMP_NUM_THREADS": str(settings.threads)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={k}",
-           "-m", "trainplan.cli", "pipeline-run", *_worker_argv(args, settings)]
-    done = subprocess.run(cmd, env=env, check=False)
-    if done.returncode != 0:
-        print(f"trainplan pipeline-run: error: a rank failed (exit {done.returncode}); its message is above",
-              file=sys.stderr)
-    return done.returncode
+    code = launch(settings, len(data["stages"]))
+    if code != 0:
+        print(f"trainplan pipeline-run: error: a rank failed (exit {code}); its message is above", file=sys.stderr)
+    return code

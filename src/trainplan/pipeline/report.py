@@ -1,7 +1,9 @@
-"""The pipeline run's artifact: per-rank measurements beside the balance rule's prediction for the schedule."""
+"""The pipeline run's artifact: per-rank measurements (medians over the measured steps) beside the balance rule's
+prediction for the schedule, and that prediction with the measured send/receive cost added."""
 
 from __future__ import annotations
 
+from statistics import median
 from typing import Any
 
 from trainplan.budget import FIELDS
@@ -10,13 +12,20 @@ from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
+    "comm_per_micro_batch_s": "stage s: measured send_recv_s of rank s / m (its carriers of one micro-batch, both "
+                              "directions, sent and received alone)",
+    "step_time_with_comm_s": "(m + k - 1) * max_s (t_s + c_s), t_s the stage's scheduled time and c_s its "
+                             "comm_per_micro_batch_s: the balance rule's step with each stage's slot paying its "
+                             "transfers, which do not overlap its compute (the schedules wait for a receive before "
+                             "computing; on gloo the transfer runs on the rank's own cores)",
     "busy_s": "m * the stage's scheduled time (plan stages[i].schedule.time, one micro-batch forward+backward)",
     "idle_s": "step_time_s - busy_s",
     "peak_bytes": "1F1B: " + FORMULAS["peak_1f1b_bytes"] + "; GPipe: the same with all m micro-batches in "
                   "flight, schedule peak_bytes + (m - 1) * activation_bytes",
 }
 MEASURED = {
-    "step_s": "wall time of one schedule.step (after warm-up steps), this rank",
+    "step_s": "wall time of one schedule.step (after warm-up steps), this rank; the run's: the median over the "
+              "measured steps of the slowest rank's time in each; every per-rank number: its median over them",
     "compute_s": "wall time in PipelineStage.forward_one_chunk and backward_one_chunk (the stage's halves, "
                  "autograd's gradient accumulation), summed over micro-batches",
     "forward_half_s": "of which in the stage's planned forward half (carriers packed and unpacked included)",
@@ -24,8 +33,36 @@ MEASURED = {
     "send_recv_s": "this rank's time sending and receiving one step's carriers alone, link by link after a "
                    "barrier (transfer without waiting for a peer)",
     "idle_s": "step_s - compute_s - send_recv_s: waiting for a peer (the bubble) and the schedule's own work",
-    "peak_bytes": "the most the rank's memory rose during the measured step above what it held before it",
+    "peak_bytes": "the most the rank's memory rose during a measured step above what it held before it (the "
+                  "largest over the measured steps)",
+    "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
+                "time is the median, seconds from the rank's own step start (the ranks start together after a "
+                "barrier)",
 }
+
+
+def rank_numbers(steps: list[dict[str, Any]], links: list[float]) -> dict[str, Any]:
+    """One rank's numbers over its measured ``steps`` (measured_step's) and send/receive timings: medians, the
+    largest peak, each step's time and compute calls."""
+    out: dict[str, Any] = {key: median(s[key] for s in steps)
+                           for key in ("step_s", "compute_s", "forward_half_s", "backward_half_s")}
+    out["send_recv_s"] = median(links)
+    out["idle_s"] = out["step_s"] - out["compute_s"] - out["send_recv_s"]
+    peaks = [s["peak_bytes"] for s in steps if s["peak_bytes"] is not None]
+    out["peak_bytes"] = max(peaks) if peaks else None
+    out["peak_method"] = steps[0]["peak_method"]
+    out["step_s_repeats"] = [s["step_s"] for s in steps]
+    out["actions_repeats"] = [s["actions"] for s in steps]
+    return out
+
+
+def with_communication(predicted: dict[str, Any], send_recv_s: list[float], m: int) -> dict[str, Any]:
+    """``predicted`` with each stage's measured send/receive cost per micro-batch added to its slot
+    (PREDICTION_FORMULAS['step_time_with_comm_s'])."""
+    k = len(send_recv_s)
+    comm = [s / m for s in send_recv_s]
+    slot = [t + c for t, c in zip(predicted["stage_times_s"], comm)]
+    return {**predicted, "comm_per_micro_batch_s": comm, "step_time_with_comm_s": (m + k - 1) * max(slot)}
 
 
 def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: int) -> dict[str, Any]:
@@ -48,11 +85,24 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
             "formulas": PREDICTION_FORMULAS}
 
 
+def median_repeat(ranks: list[dict[str, Any]]) -> tuple[int, list[float]]:
+    """The measured step whose slowest rank's time is the median (the lower one of an even count), and each
+    step's slowest time."""
+    slowest = [max(times) for times in zip(*(r["step_s_repeats"] for r in ranks))]
+    order = sorted(range(len(slowest)), key=slowest.__getitem__)
+    return order[(len(order) - 1) // 2], slowest
+
+
 def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], *,
              device: str, backend: str, memory: str) -> dict[str, Any]:
-    """The run's record: settings, per-rank numbers (rank order), the combined loss, the prediction."""
+    """The run's record: settings, per-rank numbers (rank order), the combined loss, the prediction with and
+    without the measured send/receive cost, and the median step's timeline."""
     last = ranks[-1]
     losses = last["losses"]
+    chosen, slowest = median_repeat(ranks)
+    timeline = [r.pop("actions_repeats")[chosen] for r in ranks]
+    predicted = with_communication(predicted, [r["send_recv_s"] for r in ranks], settings.micro_batches)
+    step = median(slowest)
     out = {
         "model": settings.model,
         "plan": str(settings.plan),
@@ -64,11 +114,17 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
         "backend": backend,
         "threads_per_rank": settings.threads,
         "warmup_steps": settings.warmup,
+        "repeats": settings.repeats,
         "malloc": memory,
         "loss": sum(losses) / len(losses),
         "losses": losses,
-        "measured": {"step_s": max(r["step_s"] for r in ranks), "definitions": MEASURED},
+        "measured": {"step_s": step, "step_s_repeats": slowest,
+                     "over_predicted": step / predicted["step_time_s"] if predicted["step_time_s"] > 0 else None,
+                     "over_predicted_with_comm": step / predicted["step_time_with_comm_s"]
+                     if predicted["step_time_with_comm_s"] > 0 else None,
+                     "definitions": MEASURED},
         "ranks": ranks,
+        "timeline": {"repeat": chosen, "step_s": slowest[chosen], "ranks": timeline},
         "prediction": predicted,
     }
     if all("check" in r for r in ranks):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from trainplan.models import BuiltModel, build_model, on_device
 from trainplan.pipeline.carrier import Carrier
 from trainplan.pipeline.check import Reference, compare_with_references
 from trainplan.pipeline.errors import PipelineError
-from trainplan.pipeline.report import artifact, prediction
+from trainplan.pipeline.report import artifact, prediction, rank_numbers
 from trainplan.pipeline.split import Flows, split_stage, stage_flows
 from trainplan.pipeline.stage import PlannedStageModule, StageRuntime, TimedStage
 from trainplan.timing import return_freed_memory
@@ -53,12 +53,24 @@ class RunSettings:
     threads: int = 1
     check: bool = False
     device: str = "cpu"  # or "cuda": one GPU per rank (NCCL)
+    repeats: int = 1  # measured steps (medians), after the warm-up steps
 
     @property
     def artifact(self) -> Path:
         if self.output is not None:
             return self.output
         return plan_file(self.plan).parent / f"pipeline_run_{self.schedule}_m{self.micro_batches}.json"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON values (paths as strings): what the launcher hands each rank."""
+        out = asdict(self)
+        out["plan"], out["output"] = str(self.plan), str(self.artifact)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSettings:
+        output = Path(data["output"]) if data.get("output") else None
+        return cls(**{**data, "plan": Path(data["plan"]), "output": output})
 
 
 def check_settings(settings: RunSettings, data: dict[str, Any], world: int | None) -> None:
@@ -69,6 +81,8 @@ def check_settings(settings: RunSettings, data: dict[str, Any], world: int | Non
         raise PipelineError(f"schedule '{settings.schedule}' is not one of {sorted(SCHEDULES)}")
     if settings.micro_batches < 1:
         raise PipelineError(f"micro-batches must be >= 1, got {settings.micro_batches}")
+    if settings.repeats < 1:
+        raise PipelineError(f"repeats must be >= 1, got {settings.repeats}")
     if world is not None and world != k:
         raise PipelineError(f"{settings.plan}: the plan has k={k} stages but {world} rank(s) were launched: run one "
                             f"rank per stage (torchrun --nproc-per-node {k})")
@@ -155,16 +169,18 @@ def _step(r: Rank, losses: list[torch.Tensor]) -> None:
 
 
 def measured_step(r: Rank) -> tuple[dict[str, Any], list[torch.Tensor]]:
-    """One timed step: step, compute (PipelineStage's compute calls) and half times, and the peak bytes above
-    what the rank held before it (the process's resident memory on the CPU, the allocator's on CUDA)."""
+    """One timed step: step, compute (PipelineStage's compute calls) and half times, each compute call's start and
+    end (seconds from the step's start), and the peak bytes above what the rank held before it (the process's
+    resident memory on the CPU, the allocator's on CUDA)."""
     losses: list[torch.Tensor] = []
     r.module.rt.times.reset()
     dist.barrier()
+    origin: list[float] = []
 
     def run() -> float:
-        t0 = r.module.rt.clock()
+        origin.append(r.module.rt.clock())
         _step(r, losses)
-        return r.module.rt.clock() - t0
+        return r.module.rt.clock() - origin[0]
 
     if r.device.type == "cuda":
         step_s, peak = peak_during(run, r.device)
@@ -175,8 +191,10 @@ def measured_step(r: Rank) -> tuple[dict[str, Any], list[torch.Tensor]]:
     else:
         step_s, peak, method = run(), None, "unavailable (no resettable high-water mark here)"
     t = r.module.rt.times
+    actions = [{"kind": a.kind, "micro_batch": a.micro_batch, "start_s": a.start - origin[0],
+                "end_s": a.end - origin[0]} for a in t.actions]
     return {"step_s": step_s, "compute_s": t.compute_s, "forward_half_s": t.forward_s,
-            "backward_half_s": t.backward_s, "peak_bytes": peak, "peak_method": method}, losses
+            "backward_half_s": t.backward_s, "peak_bytes": peak, "peak_method": method, "actions": actions}, losses
 
 
 def send_recv_seconds(r: Rank, m: int) -> float:
@@ -213,15 +231,19 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
         r, built, mbs, reference = build_rank(settings, data, stages, rank, device)
         for _ in range(settings.warmup):
             _step(r, [])
-        numbers, losses = measured_step(r)
-        numbers["send_recv_s"] = send_recv_seconds(r, settings.micro_batches)
-        numbers["idle_s"] = numbers["step_s"] - numbers["compute_s"] - numbers["send_recv_s"]
+        steps, losses = [], []
+        for _ in range(settings.repeats):
+            numbers, losses = measured_step(r)
+            steps.append(numbers)
+        links = [send_recv_seconds(r, settings.micro_batches) for _ in range(settings.repeats)]
         halves = r.module.rt.halves
-        mine = {"rank": rank, "stage": halves.index, **numbers, "split_event": halves.split_event,
+        mine = {"rank": rank, "stage": halves.index, **rank_numbers(steps, links), "split_event": halves.split_event,
                 "events": len(stages[rank].events), "stash_values": halves.stash_values,
                 "carrier_in_bytes": r.module.rt.carrier_in.nbytes if r.module.rt.carrier_in else 0,
                 "carrier_out_bytes": r.module.rt.carrier_out.nbytes if r.module.rt.carrier_out else 0,
                 "parameters": len(halves.grads),
+                "relayed_storages": len(set(halves.received_forward) & set(halves.sent_forward))
+                + len(set(halves.received_backward) & set(halves.sent_backward)),
                 "losses": [float(x) for x in losses]}
         if settings.check:
             names = [reference.traced.param_names[i] for i in halves.grads]

@@ -7,8 +7,9 @@ The forward half runs the events before it, the backward half the rest, both com
 at the split: every value the forward half made (or received) that a later event reads -- resident storages,
 host copies of swapped ones, storages still to be sent back -- handed over as it is; a recompute after the split
 reads its inputs from there, as in the single-process step. A storage the next stage receives must be sent
-before the split (PipelineError naming the op otherwise), and stages exchange storages with their neighbours
-only.
+before the split (PipelineError naming the op otherwise). Stages exchange storages with their neighbours only: a
+storage read two or more stages away is relayed, received and sent on unchanged by every stage between (in its
+forward half going forward, in its backward half going back).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def split_here() -> None:
 
 @dataclass(frozen=True)
 class Flows:
-    """Plan storages that neighbouring stages exchange: ``(sender, receiver) -> sorted storage ids``."""
+    """Plan storages that cross each link between neighbouring stages: ``(sender, receiver) -> sorted storage
+    ids``, relayed storages included on every link they cross."""
 
     storages: dict[tuple[int, int], tuple[int, ...]]
 
@@ -45,19 +47,21 @@ class Flows:
 
 
 def stage_flows(layouts: list[StageLayout], layout: GraphLayout, model: str) -> Flows:
-    """Which storages each stage receives from which; a storage passed between stages that are not neighbours
-    raises PipelineError naming its node (a pipeline stage talks to its neighbours only)."""
+    """Which storages cross each link: a storage stage ``b`` reads from stage ``a`` crosses every link from ``a``
+    to ``b`` (relayed by the stages between). A storage no stage makes raises PipelineError naming its node."""
     owner = {sid: s for s, st in enumerate(layouts) for op in st.ops.values() if not op.boundary for sid in op.storages}
     flows: dict[tuple[int, int], set[int]] = {}
     for receiver, st in enumerate(layouts):
         for op in st.ops.values():
             for sid in op.storages if op.boundary else ():
                 sender = owner.get(sid)
-                if sender is None or abs(sender - receiver) != 1:
+                if sender is None or sender == receiver:
                     raise PipelineError(
-                        f"model '{model}': stage {receiver} reads storage {sid} of node '{layout.producer[sid]}' "
-                        f"made by stage {sender}: only neighbouring stages exchange tensors in a pipeline")
-                flows.setdefault((sender, receiver), set()).add(sid)
+                        f"model '{model}': stage {receiver} receives storage {sid} of node '{layout.producer[sid]}', "
+                        f"made by {'no stage' if sender is None else 'itself'}")
+                step = 1 if receiver > sender else -1
+                for a in range(sender, receiver, step):
+                    flows.setdefault((a, a + step), set()).add(sid)
     return Flows({pair: tuple(sorted(sids)) for pair, sids in flows.items()})
 
 

@@ -17,16 +17,29 @@ from trainplan.pipeline.errors import PipelineError
 from trainplan.pipeline.split import StageHalves
 
 
+@dataclass(frozen=True)
+class Action:
+    """One compute call of a stage: ``kind`` F (forward) or B (backward) of ``micro_batch``, clock readings."""
+
+    kind: str
+    micro_batch: int
+    start: float
+    end: float
+
+
 @dataclass
 class HalfTimes:
-    """Wall seconds of a stage's halves (summed over micro-batches) and in PipelineStage's compute calls."""
+    """Wall seconds of a stage's halves (summed over micro-batches) and in PipelineStage's compute calls, and
+    each compute call in the order it ran."""
 
     forward_s: float = 0.0
     backward_s: float = 0.0
     compute_s: float = 0.0
+    actions: list[Action] = field(default_factory=list)
 
     def reset(self) -> None:
         self.forward_s = self.backward_s = self.compute_s = 0.0
+        self.actions = []
 
 
 @dataclass
@@ -114,22 +127,26 @@ class PlannedStageModule(torch.nn.Module):
 
 class TimedStage(PipelineStage):
     """PipelineStage adding the wall time of its compute calls (forward and backward of a micro-batch, autograd's
-    gradient accumulation included; not the sends and receives the schedule makes) to ``times.compute_s``."""
+    gradient accumulation included; not the sends and receives the schedule makes) to ``times.compute_s``, and
+    each call to ``times.actions``."""
 
     def __init__(self, *args: Any, times: HalfTimes, clock: Callable[[], float], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.times, self._clock = times, clock
 
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+    def _timed(self, kind: str, micro_batch: int, call: Callable[[], Any]) -> Any:
         t0 = self._clock()
         try:
-            return super().forward_one_chunk(*args, **kwargs)
+            return call()
         finally:
-            self.times.compute_s += self._clock() - t0
+            t1 = self._clock()
+            self.times.compute_s += t1 - t0
+            self.times.actions.append(Action(kind, micro_batch, t0, t1))
 
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        t0 = self._clock()
-        try:
-            return super().backward_one_chunk(*args, **kwargs)
-        finally:
-            self.times.compute_s += self._clock() - t0
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        return self._timed("F", fwd_chunk_id, lambda: super(TimedStage, self).forward_one_chunk(
+            fwd_chunk_id, *args, **kwargs))
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        return self._timed("B", bwd_chunk_id, lambda: super(TimedStage, self).backward_one_chunk(
+            bwd_chunk_id, *args, **kwargs))

@@ -1,0 +1,175 @@
+"""Benchmark: partition methods run as real pipelines (issue #53, item 3).
+
+For each model x budget: the step is traced and profiled in-process (``profile_model``, as the profile rule does,
+with ``--threads`` torch threads, the ranks' count) and split into k stages by each method
+(``trainplan.pipeline.compare``): the partitions a user would otherwise get (``even_blocks``: blocks split evenly;
+``ds_uniform`` and ``ds_parameters``: DeepSpeed's partition methods over the layers; ``exact_dp``: the exact
+min-max split of the profiled times, PipeDream's) and ``ours`` (the balance rule's plan, with the config's
+``balance`` settings). Every partition's stages are scheduled at the same budget, written as a plan.json and run
+as a pipeline (k torchrun processes, gloo) under each schedule and micro-batch count, the same for every method.
+Methods whose cuts coincide run once (``same_as``).
+
+Writes ``<out>.csv`` (a row per model, budget, method, schedule, m) and ``<out>.md`` (tables, the fastest method
+per setting, ours against the fastest other one, the host's load). Plans and run artifacts go under
+``<out>_plans/``.
+
+    nice python bench/bench_pipeline.py                                     # the grid below (hours on 2 cores)
+    python bench/bench_pipeline.py --config tests/config/config.yaml --models tiny_gpt2 --budgets 0.6 \\
+        --micro-batches 2 --schedules 1f1b --repeats 1 --out /tmp/pipeline       # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from host_load import load_label
+from trainplan.artifacts import PROFILE_COLUMNS
+from trainplan.budget import parse_budget
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
+from trainplan.host_swap import memory_model
+from trainplan.io import atomic_path, merged_yaml, write_json, write_table
+from trainplan.models import build_model
+from trainplan.partition import BalanceSettings, MemoryLimit, SolverSettings
+from trainplan.pipeline.compare import ALL_METHODS, OURS, comparison_row, method_plans, run_plan
+from trainplan.pipeline.run import RunSettings
+from trainplan.profile.op_times import profile_model
+
+REPO = Path(__file__).resolve().parents[1]
+#: a small Llama (bench_validate.py's): an architecture the default study does not plan
+EXTRA_MODELS: dict[str, dict[str, Any]] = {
+    "llama": {"architecture": "LlamaForCausalLM",
+              "config": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+                         "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 8192},
+              "inputs": {"batch_size": 2, "seq_len": 128}},
+}
+
+
+def profiled(name: str, spec: dict[str, Any], args: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, float]:
+    """The op table with profiled times, the tensor table and the host link's bandwidth of ``name`` on the CPU, as
+    the export and profile rules make them (``args.threads`` torch threads)."""
+    built = build_model(name, spec, seed=args.seed)
+    traced, _ = trace_training_step(built)
+    tables = graph_tables(traced)
+    result = profile_model(built, tables.nodes, device={"type": "cpu", "host_link_gbytes_per_s": "measured"},
+                           repeats=args.profile_repeats, warmup=1, progress=False)
+    nodes = tables.nodes.merge(result.ops[PROFILE_COLUMNS], on="name", validate="one_to_one")
+    return nodes, tables.tensors, float(result.summary["host_link_bytes_per_s"])
+
+
+def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: argparse.Namespace,
+               loads: list[float]) -> list[dict[str, Any]]:
+    """Every budget, method, schedule and m of one model."""
+    nodes, tensors, bandwidth = profiled(name, spec, args)
+    settings = BalanceSettings(**config["balance"])
+    memory = MemoryLimit(int(config["devices"]["cpu"]["memory_gib"] * 2**30), settings.micro_batches)
+    model = memory_model("cpu", None)
+    grid = [(s, m) for s in args.schedules for m in args.micro_batches if s != "1f1b" or m >= args.k]
+    rows = []
+    for budget in args.budgets:
+        plans = method_plans(name, "cpu", nodes, tensors, args.k, parse_budget(budget), bandwidth=bandwidth,
+                             swaps=model.swaps, solver=SolverSettings(args.time_limit, 1, args.seed),
+                             settings=settings, memory=memory, methods=tuple(args.methods))
+        runs: dict[tuple[str, str, int], dict[str, Any]] = {}  # (method run, schedule, m) -> artifact
+        for method, plan in plans.items():
+            where = Path(f"{args.out}_plans") / name / f"k{args.k}" / f"b{budget}" / method
+            if "error" not in plan:
+                write_json(where / "plan.json", {**plan, "memory_model": model.to_dict()})
+            for schedule, m in grid:
+                ran = plan.get("same_as") or method
+                if "error" not in plan and (ran, schedule, m) not in runs:
+                    run_settings = RunSettings(where / "plan.json", name, spec, schedule, m,
+                                               where / f"{schedule}_m{m}.json", args.seed, args.warmup, args.threads,
+                                               False, "cpu", args.repeats)
+                    runs[ran, schedule, m] = run_plan(where / "plan.json", run_settings, args.k)
+                rows.append({"model": name, "budget": budget, "method": method, "schedule": schedule, "m": m,
+                             **comparison_row(plan, runs.get((ran, schedule, m), {}))})
+                loads.append(os.getloadavg()[0])
+                print(f"{name} b{budget} {method} {schedule} m={m}: "
+                      f"{rows[-1].get('measured_step_s', rows[-1].get('error'))}", flush=True)
+    return rows
+
+
+def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: float) -> str:
+    """The report: settings, one table per model, budget, schedule and m, the fastest method of each."""
+    lines = [
+        "# Partition methods run as pipelines (bench/bench_pipeline.py)", "",
+        f"`{' '.join(['python', 'bench/bench_pipeline.py', *sys.argv[1:]])}`", "",
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, torch {torch.__version__}, "
+        f"k={args.k}, {args.threads} thread(s) per rank, {args.repeats} measured step(s) (median) after "
+        f"{args.warmup} warm-up, solver {args.time_limit} s per stage; {load}; {seconds / 60:.1f} min.", "",
+        "Every method's stages scheduled at the same budget and run with the same schedule and m. Predicted: the "
+        "balance rule's (m + k - 1) t_max; +comm: (m + k - 1) max_s (t_s + c_s), c_s the stage's measured send/recv "
+        "per micro-batch (docs/pipeline_run.md). Methods with the same cuts ran once (`same_as`).", "",
+    ]
+    cols = ["method", "cuts", "same_as", "planned_rate", "predicted_step_s", "predicted_step_comm_s", "measured_step_s",
+            "measured_over_predicted_comm", "peak_mib", "error"]
+    for (model, budget, schedule, m), part in frame.groupby(["model", "budget", "schedule", "m"], sort=False):
+        lines += [f"## {model}, budget {budget}, {schedule}, m={m}", "",
+                  part.reindex(columns=cols).fillna("").to_markdown(index=False, floatfmt=".4g"), ""]
+        done = part.dropna(subset=["measured_step_s"]) if "measured_step_s" in part else part.iloc[:0]
+        if done.empty:
+            continue
+        best = done.loc[done.measured_step_s.idxmin()]
+        line = f"Fastest measured: **{best.method}** ({best.measured_step_s:.4g} s)."
+        ours = done[done.method == OURS]
+        if not ours.empty:
+            others = done[(done.method != OURS) & (done.cuts != ours.cuts.iloc[0])]
+            if others.empty:
+                line += " Every other method made our partition."
+            else:
+                other = others.loc[others.measured_step_s.idxmin()]
+                ratio = ours.measured_step_s.iloc[0] / other.measured_step_s
+                line += (f" Ours {ours.measured_step_s.iloc[0]:.4g} s against the fastest other partition "
+                         f"({other.method}) {other.measured_step_s:.4g} s: x{ratio:.3f}.")
+        lines += [line, ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=None,
+                    help="a config layered over config/config.yaml, as --configfile is: its models, balance block "
+                         "and devices.cpu memory are used (llama is added)")
+    ap.add_argument("--models", nargs="+", default=["gpt2", "resnet50", "llama"])
+    ap.add_argument("--k", type=int, default=2, help="stages (ranks)")
+    ap.add_argument("--budgets", nargs="+", default=["0.7", "0.5"])
+    ap.add_argument("--micro-batches", nargs="+", type=int, default=[4, 8])
+    ap.add_argument("--schedules", nargs="+", choices=["gpipe", "1f1b"], default=["gpipe", "1f1b"])
+    ap.add_argument("--methods", nargs="+", choices=ALL_METHODS, default=list(ALL_METHODS))
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (and of the profile)")
+    ap.add_argument("--repeats", type=int, default=3, help="measured steps per run (median)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--profile-repeats", type=int, default=5)
+    ap.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per stage schedule")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "pipeline"),
+                    help="writes OUT.csv, OUT.md, and plans and runs under OUT_plans/")
+    args = ap.parse_args()
+    config = merged_yaml([REPO / "config" / "config.yaml", *([args.config] if args.config else [])])
+    models = {**EXTRA_MODELS, **config["models"]}
+    unknown = [m for m in args.models if m not in models]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}: not in the config's models nor {sorted(EXTRA_MODELS)}")
+    torch.set_num_threads(args.threads)
+    start, loads = time.perf_counter(), [os.getloadavg()[0]]
+    rows = [row for name in args.models for row in model_rows(name, models[name], config, args, loads)]
+    frame = pd.DataFrame(rows)
+    write_table(f"{args.out}.csv", frame)
+    with atomic_path(f"{args.out}.md") as tmp:
+        tmp.write_text(markdown(frame, args, load_label(loads), time.perf_counter() - start) + "\n")
+    print(f"wrote {args.out}.csv and {args.out}.md")
+
+
+if __name__ == "__main__":
+    main()

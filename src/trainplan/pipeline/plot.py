@@ -1,0 +1,75 @@
+"""The pipeline run's figure: one measured step per rank (each micro-batch's forward and backward, the waits between
+them) with the predicted and measured step times, and each rank's time split into compute, send/recv and idle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainplan.plots import PHASE_COLORS, nothing_to_draw, save_figure
+
+KIND = {"F": ("forward", PHASE_COLORS["forward"]), "B": ("backward", PHASE_COLORS["backward"])}
+WAIT_COLOR = "0.85"
+LINES = {"measured": ("black", "-"), "predicted": ("tab:green", "--"), "predicted_comm": ("tab:purple", ":")}
+
+
+def _title(run: dict[str, Any]) -> str:
+    return (f"{run['model']}: k={run['k']}, budget {run.get('budget')}, {run['schedule']} m={run['micro_batches']}, "
+            f"{run['threads_per_rank']} thread(s) per rank, {run['backend']}")
+
+
+def plot_timeline(run: dict[str, Any], path: str) -> None:
+    """Left: the measured step whose time is the median, per rank (rank 0 on top): F and B bars numbered by
+    micro-batch, grey between them (waiting for a peer: send/recv and the bubble); vertical lines at the
+    measured step time (median) and the predicted ones with and without the measured send/recv. Right: each
+    rank's median compute, send/recv (measured alone) and idle seconds beside the predicted busy time."""
+    import matplotlib.pyplot as plt  # after trainplan.plots chose the headless backend
+
+    timeline = run.get("timeline")
+    if not timeline or not any(timeline["ranks"]):
+        nothing_to_draw(path, _title(run), "the run recorded no compute call")
+        return
+    pred, measured = run["prediction"], run["measured"]
+    k = run["k"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 1.6 + 0.9 * k), gridspec_kw={"width_ratios": [3, 1]})
+    for rank, actions in enumerate(timeline["ranks"]):
+        y = k - 1 - rank
+        ax.barh(y, timeline["step_s"], left=0, height=0.7, color=WAIT_COLOR, edgecolor="none")
+        for a in actions:
+            _, color = KIND[a["kind"]]
+            width = a["end_s"] - a["start_s"]
+            ax.barh(y, width, left=a["start_s"], height=0.7, color=color, edgecolor="white", linewidth=0.5)
+            ax.text(a["start_s"] + width / 2, y, str(a["micro_batch"]), ha="center", va="center", fontsize=7)
+    lines = {"measured": (measured["step_s"], f"measured step (median of {run.get('repeats', 1)}) "
+                                              f"{measured['step_s'] * 1e3:.1f} ms"),
+             "predicted": (pred["step_time_s"], f"predicted (m + k - 1) t_max {pred['step_time_s'] * 1e3:.1f} ms"),
+             "predicted_comm": (pred["step_time_with_comm_s"], "predicted with measured send/recv "
+                                                               f"{pred['step_time_with_comm_s'] * 1e3:.1f} ms")}
+    for key, (value, label) in lines.items():
+        color, style = LINES[key]
+        ax.axvline(value, color=color, linestyle=style, label=label)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, c in KIND.values()] + [
+        plt.Rectangle((0, 0), 1, 1, color=WAIT_COLOR)]
+    labels = [name for name, _ in KIND.values()] + ["waiting: send/recv and idle"]
+    line_handles, line_labels = ax.get_legend_handles_labels()
+    ax.legend(handles + line_handles, labels + line_labels, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / k),
+              ncol=3, fontsize=8)
+    ax.set_yticks(range(k), [f"rank {k - 1 - y}" for y in range(k)])
+    ax.set_xlabel("seconds from the step's start")
+    ax.set_title(f"{_title(run)}\nstep {timeline['repeat']} of the measured ones (its slowest rank: "
+                 f"{timeline['step_s'] * 1e3:.1f} ms)", fontsize=10)
+    ranks = run["ranks"]
+    parts = [("compute", "compute_s", "tab:blue"), ("send/recv", "send_recv_s", "tab:red"),
+             ("idle", "idle_s", WAIT_COLOR)]
+    left = [0.0] * k
+    for label, key, color in parts:
+        values = [max(0.0, r[key]) * 1e3 for r in ranks]
+        bx.barh([k - 1 - i for i in range(k)], values, left=left, color=color, label=label, height=0.6)
+        left = [a + b for a, b in zip(left, values)]
+    bx.scatter([b * 1e3 for b in pred["busy_s"]], [k - 1 - i for i in range(k)], marker="D", color="tab:green",
+               zorder=3, label="predicted busy m t")
+    bx.set_yticks(range(k), [f"rank {k - 1 - y}" for y in range(k)])
+    bx.set_xlabel("ms (medians)")
+    bx.set_title("per rank", fontsize=10)
+    bx.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / k), ncol=2, fontsize=8)
+    save_figure(fig, path, description=f"{_title(run)}: measured {measured['step_s']:.4g} s, predicted "
+                f"{pred['step_time_s']:.4g} s, with send/recv {pred['step_time_with_comm_s']:.4g} s")

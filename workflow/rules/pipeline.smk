@@ -1,0 +1,105 @@
+# Plans run as real pipelines (docs/pipeline_run.md): each k >= 2 plan as k torchrun processes, one stage each,
+# under each schedule and micro-batch count of the `pipeline` block; measured against the balance rule's prediction.
+
+
+rule pipeline:
+    input:
+        plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+    output:
+        "results/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.json",
+    log:
+        "logs/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.log",
+    benchmark:
+        "benchmarks/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.tsv"
+    params:
+        spec=model_spec,
+        seed=config["seed"],
+        device=device_spec,
+        settings=pipeline_settings("threads", "warmup", "repeats", "check"),
+        code=code_version("pipeline"),
+    # Timing needs the machine to itself: take every core the run was given (k ranks x pipeline.threads each).
+    threads: workflow.cores
+    wildcard_constraints:
+        model=RAW_MODEL,
+        k=PIPELINE_K,
+        budget=BUDGET_WILDCARD,
+        schedule=PIPELINE_SCHEDULE,
+        m=r"[1-9][0-9]*",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/pipeline.py"
+
+
+rule plot_pipeline:
+    input:
+        run="results/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.json",
+    output:
+        report(
+            "results/plots/{model}/{device}/k{k}/b{budget}/pipeline_{schedule}_m{m}.png",
+            caption="../report/pipeline.rst",
+            category="Pipeline",
+            subcategory="{model}",
+            labels={
+                "model": "{model}",
+                "k": "{k}",
+                "budget": "{budget}",
+                "schedule": "{schedule}",
+                "m": "{m}",
+                "figure": "per-rank timeline",
+            },
+        ),
+    log:
+        "logs/plot_pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.log",
+    params:
+        code=code_version("plot_pipeline"),
+    wildcard_constraints:
+        model=RAW_MODEL,
+        k=PIPELINE_K,
+        budget=BUDGET_WILDCARD,
+        schedule=PIPELINE_SCHEDULE,
+        m=r"[1-9][0-9]*",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/plot_pipeline.py"
+
+
+# The partitions a user would otherwise get (`pipeline.methods`: blocks split evenly, DeepSpeed's uniform and
+# parameters methods, the exact DP) beside ours (the balance rule's plan), each scheduled at the same budget and run
+# with the same schedule and m.
+rule pipeline_methods:
+    input:
+        unpack(traced_graph_inputs),
+        profile="results/profile/{model}/{device}/ops.parquet",
+        profile_summary="results/profile/{model}/{device}/summary.json",
+        plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+    output:
+        table="results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}.csv",
+        runs=directory("results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}"),
+    log:
+        "logs/pipeline_methods/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.log",
+    benchmark:
+        "benchmarks/pipeline_methods/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.tsv"
+    params:
+        spec=model_spec,
+        seed=config["seed"],
+        device=device_spec,
+        settings=pipeline_settings("threads", "warmup", "repeats", "methods"),
+        balance=config["balance"],
+        solver=config["solver"],
+        memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
+        memory_model=device_memory_model,
+        code=code_version("pipeline_methods"),
+    # Timing needs the machine to itself: take every core the run was given (k ranks x pipeline.threads each).
+    threads: workflow.cores
+    wildcard_constraints:
+        model=RAW_MODEL,
+        k=PIPELINE_K,
+        budget=BUDGET_WILDCARD,
+        schedule=PIPELINE_SCHEDULE,
+        m=r"[1-9][0-9]*",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/pipeline_methods.py"
