@@ -43,7 +43,7 @@ def test_a_competitor_is_dominated_only_on_both_axes():
 @pytest.mark.workflow
 def test_the_frontier_rule_measures_every_method_on_one_meter(tiny_study):
     table = pd.read_csv(tiny_study / "results" / "frontier" / MODEL / "cpu" / "frontier.csv").set_index("method")
-    assert list(table.index) == ["eager", "hf_checkpointing", "trainplan@0.6", "sac@0.6"]
+    assert list(table.index) == ["eager", "trainplan@0.6", "sac@0.6"]
     assert "error" not in table or table["error"].isna().all()
     assert (table.processes == 1).all() and (table.peak_mib > 0).all() and (table.step_s > 0).all()
     assert table.loss.nunique() == 1  # the same model and batch: the same first loss under every method
@@ -52,5 +52,5 @@ def test_the_frontier_rule_measures_every_method_on_one_meter(tiny_study):
     export = json.loads(table.loc["sac@0.6", "sac"])
     assert export["regions"] == 2 and export["calls"]["MUST_RECOMPUTE"] > 0 and not export["unmatched"]
     found = json.loads((tiny_study / "results" / "frontier" / MODEL / "cpu" / "verdicts.json").read_text())
-    assert [v["method"] for v in found["verdicts"]] == ["eager", "hf_checkpointing"]
+    assert [v["method"] for v in found["verdicts"]] == ["eager"]  # the competitors: ours are not judged
     assert (tiny_study / "results" / "plots" / MODEL / "cpu" / "frontier.png").stat().st_size > 10_000
