@@ -139,6 +139,9 @@ def _print_study():
     """Which models each stage runs, on which devices, stage counts and budgets: once, to stderr."""
     lines = [f"trainplan study on {', '.join(DEVICES)}: stages k={config['stages']}, budgets {config['budgets']}"]
     lines += [f"  {what}: {', '.join(names) or 'none'}" for what, names in study_stages()]
+    skipped = [(k, m) for k in config["stages"] if k >= 2 for m in config["pipeline"]["micro_batches"] if m < k
+               and "1f1b" in config["pipeline"]["schedules"]]
+    lines += [f"  pipeline: 1F1B not run at k={k}, m={m} (it needs m >= k)" for k, m in skipped]
     print("\n".join(lines), file=sys.stderr)
 
 

@@ -28,7 +28,7 @@ from trainplan.models import BuiltModel, default_loss
 
 #: namespace of the fused ops (``torch.ops.trainplan_fused.<name>_fwd``)
 NAMESPACE = "trainplan_fused"
-_REGISTERED: dict[str, tuple[Any, Any]] = {}
+_REGISTERED: dict[str, Any] = {}  # op name -> op: a group's ops are registered once per process
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def _register(name: str, run: Callable[[list[torch.Tensor]], list[torch.Tensor]]
     """A custom op ``trainplan_fused::name(Tensor[] inputs) -> Tensor[]`` running ``run``, whose fake
     implementation returns empty tensors of the recorded shapes, strides and dtypes (static shapes)."""
     if name in _REGISTERED:
-        return _REGISTERED[name][0]
+        return _REGISTERED[name]
 
     def impl(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return _fresh(run(inputs), inputs)
@@ -180,7 +180,7 @@ def _register(name: str, run: Callable[[list[torch.Tensor]], list[torch.Tensor]]
         return [torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype, device in meta]
 
     op.register_fake(fake)
-    _REGISTERED[name] = (op, impl)
+    _REGISTERED[name] = op
     return op
 
 
