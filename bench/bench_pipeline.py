@@ -110,10 +110,12 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
         f"{args.warmup} warm-up, solver {args.time_limit} s per stage; {load}; {seconds / 60:.1f} min.", "",
         "Every method's stages scheduled at the same budget and run with the same schedule and m. Predicted: the "
         "balance rule's (m + k - 1) t_max; +comm: (m + k - 1) max_s (t_s + c_s), c_s the stage's measured send/recv "
-        "per micro-batch (docs/pipeline_run.md). Methods with the same cuts ran once (`same_as`).", "",
+        "per micro-batch (docs/pipeline_run.md); simulated: the schedule's own action order with each stage's "
+        "forward and backward measured alone and the measured transfers (trainplan.pipeline.simulate). Methods "
+        "with the same cuts ran once (`same_as`).", "",
     ]
     cols = ["method", "cuts", "same_as", "planned_rate", "predicted_step_s", "predicted_step_comm_s", "measured_step_s",
-            "measured_over_predicted_comm", "peak_mib", "error"]
+            "measured_over_predicted_comm", "simulated_step_s", "measured_over_simulated", "peak_mib", "error"]
     for (model, budget, schedule, m), part in frame.groupby(["model", "budget", "schedule", "m"], sort=False):
         lines += [f"## {model}, budget {budget}, {schedule}, m={m}", "",
                   part.reindex(columns=cols).fillna("").to_markdown(index=False, floatfmt=".4g"), ""]

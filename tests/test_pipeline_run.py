@@ -98,6 +98,19 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
         assert all(start["F", i] < start["B", i] for i in range(m))
     if schedule == "gpipe":  # fill-drain: every forward before the first backward
         assert all(a["kind"] == "F" for a in run["timeline"]["ranks"][0][:m])
+    else:  # 1F1B at k = 2: stage 0 runs one forward ahead, stage 1 alternates
+        assert [(a["kind"], a["micro_batch"]) for a in run["timeline"]["ranks"][0]] == [
+            ("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
+    # the schedule simulated in that order from the stages' costs alone and the measured transfers
+    sim = run["simulated"]
+    assert [len(a) for a in sim["timeline"]] == [2 * m, 2 * m]
+    assert [r["alone"]["forward_s"] for r in ranks] == sim["costs"]["forward_s"] and all(
+        0 < r["alone"]["forward_s"] and 0 < r["alone"]["backward_s"] for r in ranks)
+    assert sim["costs"]["backward_transfer_s"] == [max(r["transfer_s"]["backward"][0] for r in ranks)] and all(
+        r["transfer_s"]["forward"][0] > 0 for r in ranks)
+    busy = max(m * (r["alone"]["forward_s"] + r["alone"]["backward_s"]) for r in ranks)
+    assert busy < sim["step_time_s"] == pytest.approx(max(sim["rank_end_s"]))
+    assert run["measured"]["over_simulated"] == pytest.approx(run["measured"]["step_s"] / sim["step_time_s"])
 
 
 def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):

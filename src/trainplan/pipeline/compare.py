@@ -91,6 +91,8 @@ def comparison_row(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     return {**out, "predicted_step_s": pred["step_time_s"], "predicted_step_comm_s": pred["step_time_with_comm_s"],
             "measured_step_s": run["measured"]["step_s"],
             "measured_over_predicted_comm": run["measured"]["over_predicted_with_comm"],
+            "simulated_step_s": run["simulated"]["step_time_s"],
+            "measured_over_simulated": run["measured"]["over_simulated"],
             "compute_ms": str([round(r["compute_s"] * 1e3, 2) for r in ranks]),
             "send_recv_ms": str([round(r["send_recv_s"] * 1e3, 2) for r in ranks]),
             "idle_ms": str([round(r["idle_s"] * 1e3, 2) for r in ranks]),

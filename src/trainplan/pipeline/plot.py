@@ -9,7 +9,8 @@ from trainplan.plots import PHASE_COLORS, nothing_to_draw, save_figure
 
 KIND = {"F": ("forward", PHASE_COLORS["forward"]), "B": ("backward", PHASE_COLORS["backward"])}
 WAIT_COLOR = "0.85"
-LINES = {"measured": ("black", "-"), "predicted": ("tab:green", "--"), "predicted_comm": ("tab:purple", ":")}
+LINES = {"measured": ("black", "-"), "predicted": ("tab:green", "--"), "predicted_comm": ("tab:purple", ":"),
+         "simulated": ("tab:orange", "-.")}
 
 
 def _title(run: dict[str, Any]) -> str:
@@ -44,6 +45,10 @@ def plot_timeline(run: dict[str, Any], path: str) -> None:
              "predicted": (pred["step_time_s"], f"predicted (m + k - 1) t_max {pred['step_time_s'] * 1e3:.1f} ms"),
              "predicted_comm": (pred["step_time_with_comm_s"], "predicted with measured send/recv "
                                                                f"{pred['step_time_with_comm_s'] * 1e3:.1f} ms")}
+    sim = run.get("simulated")
+    if sim:
+        lines["simulated"] = (sim["step_time_s"], "simulated from stage costs alone "
+                                                  f"{sim['step_time_s'] * 1e3:.1f} ms")
     for key, (value, label) in lines.items():
         color, style = LINES[key]
         ax.axvline(value, color=color, linestyle=style, label=label)
@@ -71,5 +76,6 @@ def plot_timeline(run: dict[str, Any], path: str) -> None:
     bx.set_xlabel("ms (medians)")
     bx.set_title("per rank", fontsize=10)
     bx.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / k), ncol=2, fontsize=8)
+    simulated = f", simulated {sim['step_time_s']:.4g} s" if sim else ""
     save_figure(fig, path, description=f"{_title(run)}: measured {measured['step_s']:.4g} s, predicted "
-                f"{pred['step_time_s']:.4g} s, with send/recv {pred['step_time_with_comm_s']:.4g} s")
+                f"{pred['step_time_s']:.4g} s, with send/recv {pred['step_time_with_comm_s']:.4g} s{simulated}")

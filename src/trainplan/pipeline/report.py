@@ -3,12 +3,14 @@ prediction for the schedule, and that prediction with the measured send/receive 
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from statistics import median
 from typing import Any
 
 from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
+from trainplan.pipeline.simulate import FORMULA, StageCosts, recorded_orders, simulate
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
@@ -33,6 +35,11 @@ MEASURED = {
     "send_recv_s": "this rank's time sending and receiving one step's carriers alone, link by link after a "
                    "barrier (transfer without waiting for a peer)",
     "idle_s": "step_s - compute_s - send_recv_s: waiting for a peer (the bubble) and the schedule's own work",
+    "alone": "forward_s and backward_s of one micro-batch through this stage with no other stage computing "
+             "(GPipe steps of one micro-batch after the measured steps), medians over as many steps as repeats",
+    "transfer_s": "seconds per carrier on each link this rank is on, per direction (from send_recv_s's timings)",
+    "over_simulated": "step_s / simulated.step_time_s: the schedule's own action order with this run's stage and "
+                      "transfer costs",
     "peak_bytes": "the most the rank's memory rose during a measured step above what it held before it (the "
                   "largest over the measured steps)",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
@@ -54,6 +61,25 @@ def rank_numbers(steps: list[dict[str, Any]], links: list[float]) -> dict[str, A
     out["step_s_repeats"] = [s["step_s"] for s in steps]
     out["actions_repeats"] = [s["actions"] for s in steps]
     return out
+
+
+def transfer_medians(repeats: list[dict[str, list[float | None]]]) -> dict[str, list[float | None]]:
+    """Per direction and link, the median over repeats of one carrier's seconds (None where the rank is not on it)."""
+    return {direction: [None if per[0] is None else median(per)
+                        for per in zip(*(r[direction] for r in repeats))] for direction in ("forward", "backward")}
+
+
+def simulated(ranks: list[dict[str, Any]], timeline: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The schedule's step simulated (trainplan.pipeline.simulate) in the order ``timeline``'s step ran, from this
+    run's costs: each stage's forward and backward alone, and per link and direction the slower endpoint's
+    seconds per carrier."""
+    def link(direction: str, s: int) -> float:
+        return max(r["transfer_s"][direction][s] for r in ranks if r["transfer_s"][direction][s] is not None)
+
+    k = len(ranks)
+    costs = StageCosts([r["alone"]["forward_s"] for r in ranks], [r["alone"]["backward_s"] for r in ranks],
+                       [link("forward", s) for s in range(k - 1)], [link("backward", s) for s in range(k - 1)])
+    return {**simulate(recorded_orders(timeline), costs), "costs": asdict(costs), "formula": FORMULA}
 
 
 def with_communication(predicted: dict[str, Any], send_recv_s: list[float], m: int) -> dict[str, Any]:
@@ -95,14 +121,16 @@ def median_repeat(ranks: list[dict[str, Any]]) -> tuple[int, list[float]]:
 
 def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], *,
              device: str, backend: str, memory: str) -> dict[str, Any]:
-    """The run's record: settings, per-rank numbers (rank order), the combined loss, the prediction with and
-    without the measured send/receive cost, and the median step's timeline."""
+    """The run's record: settings, per-rank numbers (rank order), the combined loss, the balance rule's
+    prediction with and without the measured send/receive cost, the schedule simulated from this run's
+    measured stage and transfer costs, and the median step's timeline."""
     last = ranks[-1]
     losses = last["losses"]
     chosen, slowest = median_repeat(ranks)
     timeline = [r.pop("actions_repeats")[chosen] for r in ranks]
     predicted = with_communication(predicted, [r["send_recv_s"] for r in ranks], settings.micro_batches)
     step = median(slowest)
+    simulation = simulated(ranks, timeline)
     out = {
         "model": settings.model,
         "plan": str(settings.plan),
@@ -122,10 +150,12 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
                      "over_predicted": step / predicted["step_time_s"] if predicted["step_time_s"] > 0 else None,
                      "over_predicted_with_comm": step / predicted["step_time_with_comm_s"]
                      if predicted["step_time_with_comm_s"] > 0 else None,
+                     "over_simulated": step / simulation["step_time_s"] if simulation["step_time_s"] > 0 else None,
                      "definitions": MEASURED},
         "ranks": ranks,
         "timeline": {"repeat": chosen, "step_s": slowest[chosen], "ranks": timeline},
         "prediction": predicted,
+        "simulated": simulation,
     }
     if all("check" in r for r in ranks):
         out["check"] = {"planned_bit_identical": all(r["check"]["planned"]["bit_identical"] for r in ranks),

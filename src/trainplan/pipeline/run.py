@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from statistics import median
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from trainplan.models import BuiltModel, build_model, on_device
 from trainplan.pipeline.carrier import Carrier
 from trainplan.pipeline.check import Reference, compare_with_references
 from trainplan.pipeline.errors import PipelineError
-from trainplan.pipeline.report import artifact, prediction, rank_numbers
+from trainplan.pipeline.report import artifact, prediction, rank_numbers, transfer_medians
 from trainplan.pipeline.split import Flows, split_stage, stage_flows
 from trainplan.pipeline.stage import PlannedStageModule, StageRuntime, TimedStage
 from trainplan.timing import return_freed_memory
@@ -145,17 +146,24 @@ def build_rank(settings: RunSettings, data: dict[str, Any], stages: list[StagePl
     rt = StageRuntime(halves, carrier_in, carrier_out, device)
     n_fixed = len(traced.param_names) + len(traced.buffer_names)
     module = PlannedStageModule(rt, list(flat[:n_fixed]), traced.batch_names)
-    example_in = (carrier_in.empty(device, requires_grad=True),) if carrier_in is not None else ()
-    example_out = carrier_out.empty(device, requires_grad=True) if carrier_out is not None else \
-        torch.empty((), device=device, requires_grad=True)
-    stage = TimedStage(module, rank, k, device, input_args=example_in, output_args=example_out,
-                       times=rt.times, clock=rt.clock)
-    schedule = SCHEDULES[settings.schedule](stage, settings.micro_batches, loss_fn=_loss_of_output)
+    stage, schedule = _stage(module, rank, k, device, settings.schedule, settings.micro_batches)
     mbs = [{n: t.to(device) for n, t in mb.items()} for mb in micro_batches(settings, built)]
     batch = {n: torch.cat([mb[n] for mb in mbs]) for n in traced.batch_names}
     target = torch.zeros(settings.micro_batches, device=device)
     reference = Reference(data, stages, traced, flat, tables)
     return Rank(rank, k, device, module, schedule, stage, batch, target), built, mbs, reference
+
+
+def _stage(module: PlannedStageModule, rank: int, k: int, device: torch.device, schedule: str,
+           m: int) -> tuple[TimedStage, Any]:
+    """A PipelineStage of ``module`` (timed into its runtime's times) and ``schedule`` over ``m`` micro-batches."""
+    rt = module.rt
+    example_in = (rt.carrier_in.empty(device, requires_grad=True),) if rt.carrier_in is not None else ()
+    example_out = rt.carrier_out.empty(device, requires_grad=True) if rt.carrier_out is not None else \
+        torch.empty((), device=device, requires_grad=True)
+    stage = TimedStage(module, rank, k, device, input_args=example_in, output_args=example_out,
+                       times=rt.times, clock=rt.clock)
+    return stage, SCHEDULES[schedule](stage, m, loss_fn=_loss_of_output)
 
 
 def _carrier(flows: Flows, sender: int, size: dict[int, int]) -> Carrier:
@@ -197,14 +205,17 @@ def measured_step(r: Rank) -> tuple[dict[str, Any], list[torch.Tensor]]:
             "backward_half_s": t.backward_s, "peak_bytes": peak, "peak_method": method, "actions": actions}, losses
 
 
-def send_recv_seconds(r: Rank, m: int) -> float:
+def send_recv_seconds(r: Rank, m: int) -> tuple[float, dict[str, list[float | None]]]:
     """This rank's seconds sending and receiving one step's carriers alone: for each link in turn, after a
-    barrier, the m forward carriers, then the m gradients back (no compute, nobody waiting for a peer)."""
+    barrier, the m forward carriers, then the m gradients back (no compute, nobody waiting for a peer). Also the
+    seconds per carrier on each link it is on: ``{"forward": [link s -> s+1 ...], "backward": [...]}``, None
+    for the links it is not on."""
     rt = r.module.rt
     total = 0.0
+    per: dict[str, list[float | None]] = {"forward": [None] * (r.k - 1), "backward": [None] * (r.k - 1)}
     for sender in range(r.k - 1):
         carrier = rt.carrier_out if r.rank == sender else rt.carrier_in if r.rank == sender + 1 else None
-        for src, dst in ((sender, sender + 1), (sender + 1, sender)):
+        for direction, (src, dst) in (("forward", (sender, sender + 1)), ("backward", (sender + 1, sender))):
             dist.barrier()
             if carrier is None:
                 continue
@@ -212,8 +223,30 @@ def send_recv_seconds(r: Rank, m: int) -> float:
             t0 = rt.clock()
             for b in buffers:
                 dist.send(b, dst) if r.rank == src else dist.recv(b, src)
-            total += rt.clock() - t0
-    return total
+            seconds = rt.clock() - t0
+            total += seconds
+            per[direction][sender] = seconds / m
+    return total, per
+
+
+def stage_alone(r: Rank, mb: dict[str, torch.Tensor], repeats: int) -> dict[str, float]:
+    """Seconds of this stage's forward and backward of one micro-batch with no other stage computing: GPipe steps
+    of one micro-batch on a second PipelineStage of the same module (after one unmeasured step), medians."""
+    stage, schedule = _stage(r.module, r.rank, r.k, r.device, "gpipe", 1)
+    forward, backward = [], []
+    target = torch.zeros(1, device=r.device)
+    for i in range(repeats + 1):
+        r.module.rt.times.reset()
+        r.module.zero_grad(set_to_none=True)
+        dist.barrier()
+        schedule.step(**mb, target=target if r.rank == r.k - 1 else None, losses=[], return_outputs=False)
+        if i:
+            (f,), (b,) = ([a.end - a.start for a in stage.times.actions if a.kind == kind] for kind in "FB")
+            forward.append(f)
+            backward.append(b)
+    r.module.zero_grad(set_to_none=True)
+    return {"forward_s": median(forward), "backward_s": median(backward),
+            "forward_s_repeats": forward, "backward_s_repeats": backward}
 
 
 def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
@@ -237,7 +270,8 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
             steps.append(numbers)
         links = [send_recv_seconds(r, settings.micro_batches) for _ in range(settings.repeats)]
         halves = r.module.rt.halves
-        mine = {"rank": rank, "stage": halves.index, **rank_numbers(steps, links), "split_event": halves.split_event,
+        mine = {"rank": rank, "stage": halves.index, **rank_numbers(steps, [total for total, _ in links]),
+                "transfer_s": transfer_medians([per for _, per in links]), "split_event": halves.split_event,
                 "events": len(stages[rank].events), "stash_values": halves.stash_values,
                 "carrier_in_bytes": r.module.rt.carrier_in.nbytes if r.module.rt.carrier_in else 0,
                 "carrier_out_bytes": r.module.rt.carrier_out.nbytes if r.module.rt.carrier_out else 0,
@@ -249,6 +283,7 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
             names = [reference.traced.param_names[i] for i in halves.grads]
             grads = {n: p.grad for n, p in zip(names, r.module.owned)}
             mine["check"] = compare_with_references(grads, losses, built, mbs, reference, where=str(settings.plan))
+        mine["alone"] = stage_alone(r, {n: mbs[0][n] for n in r.batch}, settings.repeats)
         gathered: list[Any] = [None] * world if rank == 0 else []
         dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
         if rank != 0:
