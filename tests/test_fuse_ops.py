@@ -1,6 +1,8 @@
 """Fused groups as ops of the training step (trainplan.fuse.fused_ops): the traced step of the fused model has one
 forward node and one backward node per fused group, trains as eager does, and is planned, recomputed and
-executed by trainplan.plan unchanged; a group Inductor compiles gives the same gradients within round-off."""
+executed by trainplan.plan unchanged; a group Inductor compiles gives the same gradients within round-off, one it
+fails on runs as its fx graphs; model '<model>+<target>' (trainplan.fuse.planned) builds from its spec, the same
+traced step in every build."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from tests.conftest import TINY_GPT2
 from trainplan.export.trace import trace_training_step
 from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.fused_ops import NAMESPACE, fuse_model
+from trainplan.fuse.planned import fused_spec
 from trainplan.fuse.support import inductor_table
 from trainplan.fuse.train_step import partition_forward
 from trainplan.models import build_model
@@ -101,3 +104,38 @@ def test_an_inductor_compiled_group_gives_eagers_gradients(fused):
     eager(**built.batch).loss.backward()
     for a, b in zip(built.module.parameters(), eager.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_group_inductor_fails_on_runs_as_its_fx_graphs(fused, monkeypatch):
+    built, reference, groups, _ = fused
+    largest = max(groups, key=lambda g: len(g["nodes"]))
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("no kernel for you\nsecond line")
+
+    monkeypatch.setattr(torch._inductor, "compile", refuse)
+    model = fuse_model(built, [largest], compile_with_inductor=True)
+    assert model.fused == [{"group": largest["id"], "n_ops": len(largest["nodes"]), "op": model.fused[0]["op"],
+                            "runs": "fx", "inductor_error": "RuntimeError: no kernel for you"}]
+    assert model.built.module.fusion["groups_fx"] == 1
+    eager = copy.deepcopy(reference)
+    for p in built.module.parameters():
+        p.grad = None
+    model.built.module(**built.batch).backward()
+    eager(**built.batch).loss.backward()
+    for a, b in zip(built.module.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_a_fused_models_spec_builds_the_same_traced_step_as_fusing_by_hand(fused):
+    """build_model on the fused spec (what every rule of the workflow builds for '<model>+<target>'): the weights
+    and batch of the raw model, the groups of forward_groups, fused ops named as when fused by hand."""
+    built, reference, _, model = fused
+    spec = fused_spec("tiny_gpt2", TINY, {"builtin": "inductor"}, seed=0, compiler="fx")
+    again = build_model("tiny_gpt2+inductor", spec, seed=0)
+    assert again.module.fusion["groups_fused"] == len(model.fused) and again.module.fusion["groups_fx"] == len(model.fused)
+    assert all(torch.equal(again.batch[k], v) for k, v in built.batch.items())
+    for a, b in zip(again.module.model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+    mine, theirs = trace_training_step(again)[0].gm.graph.nodes, trace_training_step(model.built)[0].gm.graph.nodes
+    assert [(n.name, str(n.target)) for n in mine] == [(n.name, str(n.target)) for n in theirs]

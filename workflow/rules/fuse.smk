@@ -126,34 +126,8 @@ rule plot_fuse:
         "../scripts/plot_fuse.py"
 
 
-# The fused graph as a planning graph: model '<model>+<target>' is the model's step with every group of
-# >= 2 ops one node; partition, schedule, balance and validate run on it as on any model.
-rule coarsen:
-    input:
-        unpack(traced_graph_inputs),
-        profile="results/profile/{model}/{device}/ops.parquet",
-        profile_summary="results/profile/{model}/{device}/summary.json",
-        groups="results/fuse/{model}/{device}/{target}/groups.json",
-        measure=fuse_measure_files,
-    output:
-        nodes="results/fuse/{model}/{device}/{target}/graph/nodes.parquet",
-        tensors="results/fuse/{model}/{device}/{target}/graph/tensors.parquet",
-        summary="results/fuse/{model}/{device}/{target}/graph/graph.json",
-        profile="results/profile/{model}+{target}/{device}/ops.parquet",
-        profile_summary="results/profile/{model}+{target}/{device}/summary.json",
-    log:
-        "logs/coarsen/{model}/{device}/{target}.log",
-    params:
-        code=code_version("coarsen"),
-    wildcard_constraints:
-        model=RAW_MODEL,
-        target=FUSE_TARGET,
-    conda:
-        "../envs/trainplan.yaml"
-    script:
-        "../scripts/coarsen.py"
-
-
+# Plans on the fused models '<model>+<target>' (fuse.plan: exported, profiled, partitioned, scheduled, balanced and
+# validated as any model) next to the raw models' plans.
 rule fuse_plan_compare:
     input:
         unpack(fuse_plan_inputs),

@@ -222,6 +222,10 @@ class _FusedGroup(torch.autograd.Function):
         return (None, *result)
 
 
+class InductorFailed(FuseError):
+    """Inductor could not compile a half of a group (the group can still run as its fx graphs)."""
+
+
 def _runner(gm: torch.fx.GraphModule, example: list[torch.Tensor], compile_with_inductor: bool
             ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     """``gm`` as a function of a list of tensors. Inductor's code asserts its inputs' strides, and an executor
@@ -229,7 +233,10 @@ def _runner(gm: torch.fx.GraphModule, example: list[torch.Tensor], compile_with_
     called with them (a copy only where an input is not)."""
     if not compile_with_inductor:
         return lambda inputs: list(gm(*inputs))
-    compiled = torch._inductor.compile(gm, [t.contiguous() for t in example])
+    try:
+        compiled = torch._inductor.compile(gm, [t.contiguous() for t in example])
+    except Exception as exc:  # the caller runs the group as its fx graphs instead
+        raise InductorFailed(error_line(exc)) from exc
     return lambda inputs: list(compiled(*(t.contiguous() for t in inputs)))
 
 
@@ -280,6 +287,7 @@ class FusedModule(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, gm: torch.fx.GraphModule, batch_names: list[str]) -> None:
         super().__init__()
         self.model, self.gm, self.batch_names = model, gm, batch_names
+        self.fusion: dict[str, Any] = {}  # set by fuse_model: which groups run fused, how, and which do not
 
     def forward(self, **batch: torch.Tensor) -> torch.Tensor:
         flat = [*dict(self.model.named_parameters()).values(), *dict(self.model.named_buffers()).values(),
@@ -290,18 +298,31 @@ class FusedModule(torch.nn.Module):
 
 @dataclass
 class FusedModel:
-    """A model whose forward groups run as fused ops: the BuiltModel to trace and train, and per group its op name
-    and op count, or why it was left unfused."""
+    """A model whose forward groups run as fused ops: the BuiltModel to trace and train, and per group its op name,
+    op count and how it runs (``inductor``, or ``fx`` with the Inductor error), or why it was left unfused."""
 
     built: BuiltModel
     fused: list[dict[str, Any]]
     unfused: list[dict[str, Any]]
 
 
+def _group_ops(sub: torch.fx.GraphModule, args: Sequence[torch.Tensor], compile_with_inductor: bool
+               ) -> tuple[GroupOps, dict[str, Any]]:
+    """group_ops, falling back to the fx graphs where Inductor fails on the group; how it runs."""
+    if compile_with_inductor:
+        try:
+            return group_ops(sub, args, compile_with_inductor=True), {"runs": "inductor"}
+        except InductorFailed as exc:
+            return group_ops(sub, args, compile_with_inductor=False), {"runs": "fx", "inductor_error": str(exc)}
+    return group_ops(sub, args, compile_with_inductor=False), {"runs": "fx"}
+
+
 def fuse_model(built: BuiltModel, groups: list[dict[str, Any]], *, min_ops: int = 2,
                compile_with_inductor: bool = True) -> FusedModel:
-    """``built`` with every forward group (``partition_forward``'s entries) of at least ``min_ops`` ops made one
-    fused op pair (:func:`group_ops`); a group AOT autograd or Inductor cannot take stays as its ops, recorded."""
+    """``built`` with every forward group (``forward_groups``' entries) of at least ``min_ops`` ops made one
+    fused op pair (:func:`group_ops`); a group Inductor fails to compile runs as its fx graphs, one AOT autograd
+    cannot take (views of its inputs only) stays as its ops, each recorded. The module's ``fusion`` attribute
+    holds the record."""
     from trainplan.fuse.train_step import _flatten_output, _fuse
 
     fg = trace_forward(built)
@@ -314,13 +335,16 @@ def fuse_model(built: BuiltModel, groups: list[dict[str, Any]], *, min_ops: int 
         sub, args = getattr(gm, f"fused_{k}"), recorder.args[f"fused_{k}"]
         _flatten_output(sub)
         try:
-            ops = group_ops(sub, args, compile_with_inductor=compile_with_inductor)
+            ops, how = _group_ops(sub, args, compile_with_inductor)
         except Exception as exc:  # the group stays as its ops; reported with the reason
             unfused.append({"group": group["id"], "n_ops": len(group["nodes"]), "error": error_line(exc)})
             continue
         setattr(gm, f"fused_{k}", _GroupCall(ops))
-        fused.append({"group": group["id"], "n_ops": len(group["nodes"]), "op": ops.name})
+        fused.append({"group": group["id"], "n_ops": len(group["nodes"]), "op": ops.name, **how})
     gm.recompile()
     _, _, batch_names, _ = flat_inputs(built)
     module = FusedModule(built.module, gm, batch_names)
+    module.fusion = {"groups_fused": len(fused), "ops_fused": sum(f["n_ops"] for f in fused),
+                     "groups_fx": sum(f["runs"] == "fx" for f in fused), "groups_unfused": len(unfused),
+                     "fused": fused, "unfused": unfused}
     return FusedModel(BuiltModel(f"{built.name}+fused", module, built.batch, default_loss), fused, unfused)
