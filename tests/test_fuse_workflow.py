@@ -11,9 +11,10 @@ import pytest
 import torch
 import yaml
 
+from tests.conftest import SMALL_CNN
 from trainplan.execute import load_step
 from trainplan.fuse.check import check_grouping
-from trainplan.fuse.exported import graph_from_export
+from trainplan.fuse.forward import op_graph, trace_forward
 from trainplan.fuse.fused_ops import NAMESPACE
 from trainplan.fuse.planned import fused_spec
 from trainplan.models import build_model
@@ -31,13 +32,13 @@ def test_fuse_and_measure_on_the_tiny_study(tiny_study: Path, tmp_path: Path) ->
     out = snakemake(work, TINY, f"{root}/acclib/groups.json", f"{root}/inductor/measure.json",
                     "results/plots/small_cnn/cpu/fuse_inductor.png", "results/plots/small_cnn/cpu/fuse_train_inductor.png")
     assert out.returncode == 0, out.stderr[-4000:]
-    nodes = pd.read_parquet(work / "results/export/small_cnn/cpu/nodes.parquet")
-    tensors = pd.read_parquet(work / "results/export/small_cnn/cpu/tensors.parquet")
-    graph = graph_from_export(nodes, tensors)
+    graph = op_graph(trace_forward(build_model("small_cnn", SMALL_CNN, seed=0)).gm)  # the rule groups the forward
     edges = [(graph.names[u], graph.names[v]) for u, v in graph.edges()]
+    exported = set(pd.read_parquet(work / "results/export/small_cnn/cpu/nodes.parquet")["name"])
     for target in ("acclib", "inductor"):
         doc = json.loads((work / root / target / "groups.json").read_text())
         eligible = {m for g in doc["groups"] for m in g["nodes"]}
+        assert doc["graph"]["grouped"] == "forward" and eligible <= exported  # its ops named as in the step
         assert eligible.isdisjoint(doc["host_nodes"]) and eligible | set(doc["host_nodes"]) == set(graph.names)
         assert check_grouping(graph.names, edges, eligible, doc["groups"]) == []
         compare = pd.read_csv(work / root / target / "compare.csv")
@@ -45,7 +46,7 @@ def test_fuse_and_measure_on_the_tiny_study(tiny_study: Path, tmp_path: Path) ->
     summary = json.loads((work / root / "inductor/measure.json").read_text())
     measured = pd.read_parquet(work / root / "inductor/measure.parquet")
     assert summary["groups_measured"] == len(measured) == min(2, summary["groups_eligible"]) > 0
-    assert summary["fused_step_check"]["within_tolerance"] and summary["fused_step_check"]["max_abs_diff"] <= 1e-4
+    assert summary["fused_forward_check"]["within_tolerance"] and summary["fused_forward_check"]["max_abs_diff"] <= 1e-4
     assert summary["whole_check"]["max_abs_diff"] <= 1e-4
     assert (measured[["unfused_s", "fused_s", "compile_s"]] > 0).all().all()
     assert (measured["kernels_fused"] >= 1).all()

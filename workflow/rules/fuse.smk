@@ -1,3 +1,5 @@
+# The seed's rule on the forward graph (a fused op is a forward kernel whose backward autograd derives); the
+# exported step gives its ops' module paths, the profile their times.
 rule fuse:
     input:
         unpack(traced_graph_inputs),
@@ -12,7 +14,10 @@ rule fuse:
     benchmark:
         "benchmarks/fuse/{model}/{device}/{target}.tsv"
     params:
+        spec=model_spec,
+        seed=config["seed"],
         target=lambda wildcards: config["fuse"]["targets"][wildcards.target],  # the table file is an input
+        device_type=lambda wildcards: backend_of(wildcards.device),
         fx_max_nodes=config["fuse"]["fx_max_nodes"],
         code=code_version("fuse"),
     wildcard_constraints:
@@ -23,9 +28,9 @@ rule fuse:
         "../scripts/fuse.py"
 
 
+# Forward groups compiled as inference kernels (no autograd) and timed against their ops.
 rule fuse_measure:
     input:
-        unpack(traced_graph_inputs),
         groups="results/fuse/{model}/{device}/{target}/groups.json",
         table="results/fuse/{model}/{device}/{target}/groups.parquet",
     output:
