@@ -302,7 +302,7 @@ def schedule_tables(wildcards):
 
 
 def validation_files():
-    """Validation documents of every planned model (fused graphs included), budget and stage count."""
+    """Validation documents of every planned model (fused models included), budget and stage count."""
     return expand(
         "results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
         model=PLAN_MODELS,
@@ -335,7 +335,7 @@ def fuse_measure_files(wildcards):
 
 def fuse_targets():
     """Fusion groups and figures of every planned model and target; measurements and fused training steps of
-    the measured targets; the comparison of plans on the fused graphs (fuse.plan) with the raw graph's."""
+    the measured targets; the comparison of plans on the fused models (fuse.plan) with the raw models'."""
     for key in ("measure.targets", "train.targets", "plan"):
         section, _, item = key.partition(".")
         names = config["fuse"][section][item] if item else config["fuse"][section]
@@ -427,7 +427,7 @@ def frontier_targets():
 
 
 def pipeline_targets():
-    """The artifact and timeline figure of every pipeline run of every planned model (not the fused graphs),
+    """The artifact and timeline figure of every pipeline run of every planned model (not the fused models),
     device and budget; with `pipeline.methods`, the partition methods' comparison of each run too."""
     paths = ["results/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.json",
              "results/plots/{model}/{device}/k{k}/b{budget}/pipeline_{schedule}_m{m}.png"]

@@ -52,7 +52,7 @@ def plan_row(*, model: str, graph: str, graph_summary: dict[str, Any], partition
 
 
 def compare_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The rows with each fused graph's ratios to the raw graph of the same model, k and budget."""
+    """The rows with each fused model's ratios to the raw model of the same model, k and budget."""
     table = pd.DataFrame(rows).sort_values(["model", "k", "budget", "graph"], ignore_index=True)
     raw = table[table.graph == "raw"].set_index(["model", "k", "budget"])
     for column in ("graph_ops", "problem_ops", "solve_s", "planned_s", "measured_s", "peak_bytes", "measured_peak_bytes"):
