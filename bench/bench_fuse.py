@@ -8,8 +8,10 @@ one output op per group, members supported (maximality too, on graphs up to 500 
 re-check of every merge is affordable). ``fuse_s`` is our whole partitioner (compile excluded), wall and
 ``fuse_cpu_s`` CPU seconds; ``ort_s`` /
 ``fx_s`` the baselines on the same mask (torch.fx's only up to --fx-max ops: it is slow). Coverage: share of
-supported ops inside groups of >= 2 ops. Models: the exported graphs and profiles under results/ (run the
-workflow first), both targets of the default config, coverage of measured time too. Timings are wall
+supported ops inside groups of >= 2 ops. Models: the exported training steps (the joint forward + backward
+graph) and profiles under results/ (run the workflow first), both targets of the default config, coverage of
+measured time too. The joint graph is a baseline here: the workflow's fuse rule groups the forward graph
+(docs/fuse.md), where a forward op's output that its backward reads does not end a group. Timings are wall
 seconds on a shared machine: the 1-minute load average is printed beside them.
 """
 
@@ -25,11 +27,12 @@ import numpy as np
 import pandas as pd
 
 from host_load import load_label
-from trainplan.fuse import fuse_graph, resolve_table
+from trainplan.fuse import SupportTable, fuse_graph, resolve_table, support_masks
 from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
 from trainplan.fuse.check import check_grouping
 from trainplan.fuse.coverage import coverage
-from trainplan.fuse.stage import fuse_exported
+from trainplan.fuse.exported import graph_from_export
+from trainplan.fuse.stage import StageResult, grouping_result
 from trainplan.fuse.synthetic import random_dag, random_mask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +72,21 @@ def random_rows(sizes: list[int], seeds: int, fx_max: int) -> list[dict]:
     return rows
 
 
+def joint_result(nodes: pd.DataFrame, tensors: pd.DataFrame, ops: pd.DataFrame, table: SupportTable,
+                 fx_max: int) -> StageResult:
+    """The seed's rule on the exported training step (joint forward + backward graph), with the baselines."""
+    graph = graph_from_export(nodes, tensors)
+    fusion = fuse_graph(graph, *support_masks(graph, table))
+    time_s = (nodes[["name"]].merge(ops[["name", "time_s"]], on="name", how="left")["time_s"]
+              .fillna(0.0).to_numpy(dtype=float))
+    time_s = np.concatenate([time_s, np.zeros(graph.n - len(time_s))])  # the output node last
+    frame = nodes.set_index("name").reindex(graph.names).reset_index()
+    frame["alloc_bytes"] = frame["alloc_bytes"].fillna(0).astype(np.int64)
+    frame["is_view"] = frame["is_view"].fillna(False).astype(bool)
+    frame[["phase", "module"]] = frame[["phase", "module"]].fillna("")
+    return grouping_result(graph, fusion, frame, time_s, table, fx_max)
+
+
 def model_rows(models: list[str], fx_max: int) -> list[dict]:
     rows = []
     for model in models:
@@ -81,7 +99,7 @@ def model_rows(models: list[str], fx_max: int) -> list[dict]:
         # without a profile there is no measured time: coverage_time is then NaN
         ops = pd.read_parquet(profile) if profile.exists() else nodes[["name"]].assign(time_s=np.nan)
         for target, spec in TARGETS.items():
-            result = fuse_exported(nodes, tensors, ops, resolve_table(spec), fx_max)
+            result = joint_result(nodes, tensors, ops, resolve_table(spec), fx_max)
             g = result.graph
             eligible = {g.names[u] for u in range(g.n) if result.fusion.eligible[u]}
             edges = [(g.names[u], g.names[v]) for u, v in g.edges()]

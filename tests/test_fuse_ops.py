@@ -1,6 +1,9 @@
 """Fused groups as ops of the training step (trainplan.fuse.fused_ops): the traced step of the fused model has one
 forward node and one backward node per fused group, trains as eager does, and is planned, recomputed and
-executed by trainplan.plan unchanged; a group Inductor compiles gives the same gradients within round-off."""
+executed by trainplan.plan unchanged; a group Inductor compiles gives the same gradients within round-off, one it
+fails on runs as its fx graphs; a group writing its inputs in place (batch norm's running statistics) does so
+outside its op; model '<model>+<target>' (trainplan.fuse.planned) builds from its spec, the same traced step in
+every build."""
 
 from __future__ import annotations
 
@@ -11,10 +14,14 @@ import pytest
 import torch
 
 import trainplan
-from tests.conftest import TINY_GPT2
+from tests.conftest import SMALL_CNN, TINY_GPT2
+from trainplan.execute import GraphLayout, run_plan, stage_layouts
+from trainplan.execute.predict import predict
+from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.fused_ops import NAMESPACE, fuse_model
+from trainplan.fuse.planned import fused_spec
 from trainplan.fuse.support import inductor_table
 from trainplan.fuse.train_step import partition_forward
 from trainplan.models import build_model
@@ -101,3 +108,68 @@ def test_an_inductor_compiled_group_gives_eagers_gradients(fused):
     eager(**built.batch).loss.backward()
     for a, b in zip(built.module.parameters(), eager.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_group_inductor_fails_on_runs_as_its_fx_graphs(fused, monkeypatch):
+    built, reference, groups, _ = fused
+    largest = max(groups, key=lambda g: len(g["nodes"]))
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("no kernel for you\nsecond line")
+
+    monkeypatch.setattr(torch._inductor, "compile", refuse)
+    model = fuse_model(built, [largest], compile_with_inductor=True)
+    assert model.fused == [{"group": largest["id"], "n_ops": len(largest["nodes"]), "op": model.fused[0]["op"],
+                            "runs": "fx", "inductor_error": "RuntimeError: no kernel for you"}]
+    assert model.built.module.fusion["groups_fx"] == 1
+    eager = copy.deepcopy(reference)
+    for p in built.module.parameters():
+        p.grad = None
+    model.built.module(**built.batch).backward()
+    eager(**built.batch).loss.backward()
+    for a, b in zip(built.module.parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_a_fused_models_spec_builds_the_same_traced_step_as_fusing_by_hand(fused):
+    """build_model on the fused spec (what every rule of the workflow builds for '<model>+<target>'): the weights
+    and batch of the raw model, the groups of forward_groups, fused ops named as when fused by hand."""
+    built, reference, _, model = fused
+    spec = fused_spec("tiny_gpt2", TINY, {"builtin": "inductor"}, seed=0, compiler="fx")
+    again = build_model("tiny_gpt2+inductor", spec, seed=0)
+    assert again.module.fusion["groups_fused"] == len(model.fused) and again.module.fusion["groups_fx"] == len(model.fused)
+    assert all(torch.equal(again.batch[k], v) for k, v in built.batch.items())
+    for a, b in zip(again.module.model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+    mine, theirs = trace_training_step(again)[0].gm.graph.nodes, trace_training_step(model.built)[0].gm.graph.nodes
+    assert [(n.name, str(n.target)) for n in mine] == [(n.name, str(n.target)) for n in theirs]
+
+
+def test_a_group_with_batch_norm_updates_the_running_statistics_outside_its_op(tmp_path):
+    """The small CNN's stem-to-pooling group holds two batch norms in training mode: its forward op returns their
+    new running statistics and the call copies them in (traced as copy_ nodes), once per step, planned or not."""
+    spec = fused_spec("small_cnn", SMALL_CNN, {"builtin": "inductor"}, seed=0, compiler="fx")
+    model = build_model("small_cnn+inductor", spec, seed=0)
+    raw = build_model("small_cnn", SMALL_CNN, seed=0)
+    assert model.module.fusion["groups_fused"] == 2 and model.module.fusion["groups_unfused"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(model.module.model.buffers(), raw.module.buffers()))  # build: untouched
+    traced, _ = trace_training_step(model)
+    assert sum(n.target == torch.ops.aten.copy_.default for n in traced.gm.graph.nodes) == 4  # 2 x mean and var
+    planned = trainplan.plan(model.module, model.batch, 0.8, time_limit_s=2, progress=False, cache_dir=tmp_path,
+                             on_infeasible="raise_budget")
+    loss = planned(model.batch)
+    loss.backward()
+    want = raw.loss_fn(raw.module(**raw.batch))
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for (name, a), b in zip(model.module.model.named_parameters(), raw.module.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+    for (name, a), b in zip(model.module.model.named_buffers(), raw.module.buffers()):
+        torch.testing.assert_close(a, b, msg=name)
+    # the fused forward's further outputs (what its backward saves) are held from its compute on: predicted so
+    stages, (traced, flat) = planned.step.stages, trace_training_step(model)
+    layout = GraphLayout.build(traced.gm, [t.detach() for t in flat], graph_tables(traced).tensors)
+    run = run_plan(stage_layouts(stages, layout), [st.events for st in stages], layout, traced.gm,
+                   device=torch.device("cpu"), measure=True)
+    assert [r.bytes_after for r in run.records] == predict(stages[0].problem, stages[0].events).bytes_after
+    assert any(op.get("of", "").endswith("_fwd") for op in stages[0].raw["ops"])

@@ -1,4 +1,5 @@
-"""Support tables on real exported graphs: Inductor's registry, the acclib rules, and the baselines."""
+"""Support tables on real graphs: Inductor's registry, the acclib rules, the fuse rule's forward grouping and the
+baselines."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
 from trainplan.fuse.check import check_grouping
 from trainplan.fuse.exported import OUTPUT, graph_from_export
 from trainplan.fuse.graph import TensorInfo
+from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.merge import contract_order
-from trainplan.fuse.stage import fuse_exported
+from trainplan.fuse.stage import fuse_forward
 from trainplan.fuse.support import conv_groups
 from trainplan.fuse.synthetic import random_dag, random_mask
 from trainplan.models import build_model
@@ -21,10 +23,15 @@ ACCLIB = "config/targets/acclib.yaml"
 
 
 @pytest.fixture(scope="module")
-def cnn_tables():
+def cnn():
     built = build_model("small_cnn", {"source": "callable", "callable": "trainplan.zoo:small_cnn"}, seed=0)
     traced, _ = trace_training_step(built)
-    return graph_tables(traced)
+    return built, graph_tables(traced)
+
+
+@pytest.fixture(scope="module")
+def cnn_tables(cnn):
+    return cnn[1]
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +64,17 @@ def test_acclib_rules_on_shapes() -> None:
 
 
 @pytest.mark.parametrize("target", ["inductor", "acclib"])
-def test_groups_of_a_real_step_pass_the_independent_check(cnn_tables, inductor, target) -> None:
+def test_groups_of_a_real_forward_graph_pass_the_independent_check(cnn, inductor, target) -> None:
+    """The fuse rule's work: the forward graph grouped, its ops timed and placed in modules by the exported step."""
+    built, tables = cnn
     table = inductor if target == "inductor" else load_table(ACCLIB)
-    ops = cnn_tables.nodes[["name"]].assign(time_s=1e-3)
-    result = fuse_exported(cnn_tables.nodes, cnn_tables.tensors, ops, table, fx_max_nodes=10_000)
+    ops = tables.nodes[["name"]].assign(time_s=1e-3)
+    result = fuse_forward(trace_forward(built), table, tables.nodes, ops, fx_max_nodes=10_000)
     graph = result.graph
+    assert result.document["graph"]["grouped"] == "forward"
+    assert result.document["graph"]["ops_in_exported_step"] == result.document["graph"]["ops"] == graph.n - 1
+    assert result.groups["time_s"].sum() == pytest.approx(1e-3 * result.groups["n_ops"].sum())  # profiled times
+    assert (result.groups["phase"] == "forward").all() and (result.groups["module"] != "").any()
     eligible = {graph.names[u] for u in range(graph.n) if result.fusion.eligible[u]}
     edges = [(graph.names[u], graph.names[v]) for u, v in graph.edges()]
     assert check_grouping(graph.names, edges, eligible, result.document["groups"]) == []

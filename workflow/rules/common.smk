@@ -25,7 +25,9 @@ _check_checkout()
 
 from trainplan.budget import WILDCARD as BUDGET_WILDCARD, BudgetError, budget_wildcard, wildcard_budget
 from trainplan.fuse.errors import FuseError
+from trainplan.fuse.planned import CALLABLE as FUSED_CALLABLE, fused_spec
 from trainplan.fuse.support import load_table
+from trainplan.io import read_yaml
 from trainplan.host_swap import memory_model
 from trainplan.models import ModelSpecError, check_spec
 from trainplan.precision.policy import PolicyError, load_policy
@@ -48,7 +50,8 @@ for _key in list(config):
     config[_key] = _sorted_keys(config[_key])
 
 MODELS = config["study"]["plan"]
-# The fused graph of a planned model is planned as model '<model>+<target>' (fuse.plan; docs/fuse.md).
+# A planned model is planned a second time as model '<model>+<target>': the model with its forward groups for the
+# target as fused ops, exported, profiled and planned like any model (fuse.plan; docs/fuse.md).
 FUSED_PLAN = [f"{model}+{target}" for model in MODELS for target in config["fuse"]["plan"]]
 PLAN_MODELS = MODELS + FUSED_PLAN
 # The alignment stage runs over every model of the study (planned or overflow-checked), each once.
@@ -76,6 +79,10 @@ def _check_config():
             check_spec(name, spec)
         except ModelSpecError as exc:
             raise WorkflowError(f"config: {exc}") from None
+    cuda = [device for device in DEVICES if config["devices"][device]["type"] != "cpu"]
+    if config["fuse"]["plan"] and MODELS and cuda:
+        raise WorkflowError(f"config key 'fuse.plan': fused models are built on the CPU (their ops compiled there); "
+                            f"device '{cuda[0]}' is {config['devices'][cuda[0]]['type']}: set fuse.plan: []")
 
 
 _check_config()
@@ -129,7 +136,7 @@ def study_stages():
         ("align (every plan and overflow model)", ALIGN_MODELS),
         ("fuse.targets (on every plan model)", sorted(config["fuse"]["targets"])),
         ("fuse.measure.targets (compiled and timed)", config["fuse"]["measure"]["targets"]),
-        ("fuse.plan (fused graphs planned and validated too)", FUSED_PLAN),
+        ("fuse.plan (fused models planned and validated too)", FUSED_PLAN),
         ("pipeline (plans with k >= 2 run as torchrun pipelines)", MODELS if pipeline_runs() else []),
     ]
     return parts + [(f"study.{part}", names) for part, names in config["study"].items() if part not in ("plan", "overflow")]
@@ -164,8 +171,10 @@ wildcard_constraints:
 
 
 def _callable_modules(model_names):
-    """Modules named by the `callable` of each of these configured models (built by trainplan.models)."""
-    specs = (config["models"][name] for name in model_names)
+    """Modules named by the `callable` of each of these models' specs (built by trainplan.models): a fused model's
+    is trainplan.fuse.planned, then the callable of the model it fuses."""
+    specs = [planned_spec(name) for name in model_names]
+    specs += [spec["kwargs"]["spec"] for spec in specs if spec.get("callable") == FUSED_CALLABLE]
     return sorted({spec["callable"].partition(":")[0] for spec in specs if spec.get("source") == "callable"})
 
 
@@ -179,7 +188,7 @@ def _module_digest(name):
 def _models_code_version(path, wildcards):
     """code_version of a script that builds models: with the modules of the models' callables (of the
     wildcard's model, or of every configured model), the package's closures and others' own files."""
-    names = [base_model(wildcards.model)] if "model" in wildcards.keys() else sorted(config["models"])
+    names = [wildcards.model] if "model" in wildcards.keys() else sorted(config["models"])
     modules = _callable_modules(names)
     ours = [name for name in modules if name.partition(".")[0] == "trainplan"]
     digests = [code_digest(REPO, code_closure(REPO, path, *ours).files)]
@@ -224,14 +233,27 @@ def _check_config_files():
 _check_config_files()
 
 
-def base_model(name):
-    """The configured model of a model wildcard: itself, or the model of a fused graph '<model>+<target>'."""
-    return name.partition("+")[0]
+def fused_target(target):
+    """A fusion target as a fused model's spec holds it: {builtin: inductor}, or its YAML table's content (an
+    edit of the table changes the spec, so the fused model's rules rerun)."""
+    spec = config["fuse"]["targets"][target]
+    return dict(spec) if "builtin" in spec else read_yaml(study_file(spec["table"]), "support table")
+
+
+def planned_spec(name):
+    """The spec a model name is built from: its config entry, or for '<model>+<target>' the spec of the model with
+    its forward groups for the target as fused ops (trainplan.fuse.planned.fused_spec, settings fuse.fused_ops)."""
+    model, _, target = name.partition("+")
+    if not target:
+        return config["models"][model]
+    settings = config["fuse"]["fused_ops"]
+    return fused_spec(model, config["models"][model], fused_target(target), seed=config["seed"],
+                      min_ops=settings["min_ops"], compiler=settings["compiler"])
 
 
 def model_spec(wildcards):
-    """The config entry of the model named by the wildcard (of its model, for a fused graph)."""
-    return config["models"][base_model(wildcards.model)]
+    """The spec of the model named by the wildcard (planned_spec)."""
+    return planned_spec(wildcards.model)
 
 
 def device_spec(wildcards):
@@ -266,19 +288,8 @@ def graph_files(model, backend):
 
 
 def traced_graph_inputs(wildcards):
-    """Graph artifacts of the wildcard's model as traced on the wildcard device's type (for a fused graph:
-    of its model, whose fx nodes the plan runs)."""
-    return graph_files(base_model(wildcards.model), backend_of(wildcards.device))
-
-
-def plan_graph_inputs(wildcards):
-    """Graph artifacts the plan of the wildcard's model is made on: the traced graph, or for
-    '<model>+<target>' the fused graph (rule coarsen)."""
-    model, _, target = wildcards.model.partition("+")
-    if not target:
-        return traced_graph_inputs(wildcards)
-    folder = f"results/fuse/{model}/{wildcards.device}/{target}/graph"
-    return {"nodes": f"{folder}/nodes.parquet", "tensors": f"{folder}/tensors.parquet", "summary": f"{folder}/graph.json"}
+    """Graph artifacts of the wildcard's model (a fused model's too) as traced on the wildcard device's type."""
+    return graph_files(wildcards.model, backend_of(wildcards.device))
 
 
 def schedule_tables(wildcards):
@@ -291,7 +302,7 @@ def schedule_tables(wildcards):
 
 
 def validation_files():
-    """Validation documents of every planned model (fused graphs included), budget and stage count."""
+    """Validation documents of every planned model (fused models included), budget and stage count."""
     return expand(
         "results/validate/{model}/{device}/k{k}/b{budget}/validation.json",
         model=PLAN_MODELS,
@@ -324,7 +335,7 @@ def fuse_measure_files(wildcards):
 
 def fuse_targets():
     """Fusion groups and figures of every planned model and target; measurements and fused training steps of
-    the measured targets; the comparison of plans on the fused graphs (fuse.plan) with the raw graph's."""
+    the measured targets; the comparison of plans on the fused models (fuse.plan) with the raw models'."""
     for key in ("measure.targets", "train.targets", "plan"):
         section, _, item = key.partition(".")
         names = config["fuse"][section][item] if item else config["fuse"][section]
@@ -344,11 +355,10 @@ def fuse_targets():
 
 def fuse_plan_cases():
     """Every planned (model, graph, k, budget) for the fused-vs-raw comparison, graph 'raw' or a target of
-    fuse.plan; ``coarse``: index of the fused graph's profile in fuse_plan_inputs' ``coarse_ops``."""
-    pairs = [(model, target) for model in MODELS for target in config["fuse"]["plan"]]
+    fuse.plan (model '<model>+<target>')."""
     return [
         {"model": model, "graph": graph, "name": model if graph == "raw" else f"{model}+{graph}", "k": k,
-         "budget": budget, "coarse": None if graph == "raw" else pairs.index((model, graph))}
+         "budget": budget}
         for model in MODELS
         for graph in ["raw"] + config["fuse"]["plan"]
         for k in config["stages"]
@@ -357,17 +367,17 @@ def fuse_plan_cases():
 
 
 def fuse_plan_inputs(wildcards):
-    """Partition, schedules, plan and validation of every case of fuse_plan_cases on the wildcard's device,
-    and the fused graphs' profiles."""
+    """Export summary, partition, schedules, plan and validation of every case of fuse_plan_cases on the wildcard's
+    device."""
     cases = fuse_plan_cases()
     where = lambda c: f"{c['name']}/{wildcards.device}/k{c['k']}"
+    backend = backend_of(wildcards.device)
     return {
+        "graphs": [graph_files(c["name"], backend)["summary"] for c in cases],
         "partitions": [f"results/partition/{where(c)}/partition.json" for c in cases],
         "schedules": [f"results/schedule/{where(c)}/b{c['budget']}/schedules.json" for c in cases],
         "plans": [f"results/balance/{where(c)}/b{c['budget']}/plan.json" for c in cases],
         "validations": [f"results/validate/{where(c)}/b{c['budget']}/validation.json" for c in cases],
-        "coarse_ops": [f"results/profile/{m}+{t}/{wildcards.device}/ops.parquet"
-                       for m in MODELS for t in config["fuse"]["plan"]],
     }
 
 
@@ -417,7 +427,7 @@ def frontier_targets():
 
 
 def pipeline_targets():
-    """The artifact and timeline figure of every pipeline run of every planned model (not the fused graphs),
+    """The artifact and timeline figure of every pipeline run of every planned model (not the fused models),
     device and budget; with `pipeline.methods`, the partition methods' comparison of each run too."""
     paths = ["results/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.json",
              "results/plots/{model}/{device}/k{k}/b{budget}/pipeline_{schedule}_m{m}.png"]
@@ -440,10 +450,10 @@ def all_targets():
             "results/profile/{model}/{device}/ops.parquet",
             "results/plots/{model}/{device}/op_time.png",
         ],
-        model=MODELS,
+        model=PLAN_MODELS,
         device=DEVICES,
     ) + expand(
-        "results/plots/{model}/{backend}/memory.png", model=MODELS, backend=sorted({backend_of(d) for d in DEVICES})
+        "results/plots/{model}/{backend}/memory.png", model=PLAN_MODELS, backend=sorted({backend_of(d) for d in DEVICES})
     ) + expand(
         [
             "results/partition/{model}/{device}/k{k}/partition.json",

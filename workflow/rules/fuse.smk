@@ -1,3 +1,5 @@
+# The seed's rule on the forward graph (a fused op is a forward kernel whose backward autograd derives); the
+# exported step gives its ops' module paths, the profile their times.
 rule fuse:
     input:
         unpack(traced_graph_inputs),
@@ -12,7 +14,10 @@ rule fuse:
     benchmark:
         "benchmarks/fuse/{model}/{device}/{target}.tsv"
     params:
+        spec=model_spec,
+        seed=config["seed"],
         target=lambda wildcards: config["fuse"]["targets"][wildcards.target],  # the table file is an input
+        device_type=lambda wildcards: backend_of(wildcards.device),
         fx_max_nodes=config["fuse"]["fx_max_nodes"],
         code=code_version("fuse"),
     wildcard_constraints:
@@ -23,9 +28,9 @@ rule fuse:
         "../scripts/fuse.py"
 
 
+# Forward groups compiled as inference kernels (no autograd) and timed against their ops.
 rule fuse_measure:
     input:
-        unpack(traced_graph_inputs),
         groups="results/fuse/{model}/{device}/{target}/groups.json",
         table="results/fuse/{model}/{device}/{target}/groups.parquet",
     output:
@@ -126,34 +131,8 @@ rule plot_fuse:
         "../scripts/plot_fuse.py"
 
 
-# The fused graph as a planning graph: model '<model>+<target>' is the model's step with every group of
-# >= 2 ops one node; partition, schedule, balance and validate run on it as on any model.
-rule coarsen:
-    input:
-        unpack(traced_graph_inputs),
-        profile="results/profile/{model}/{device}/ops.parquet",
-        profile_summary="results/profile/{model}/{device}/summary.json",
-        groups="results/fuse/{model}/{device}/{target}/groups.json",
-        measure=fuse_measure_files,
-    output:
-        nodes="results/fuse/{model}/{device}/{target}/graph/nodes.parquet",
-        tensors="results/fuse/{model}/{device}/{target}/graph/tensors.parquet",
-        summary="results/fuse/{model}/{device}/{target}/graph/graph.json",
-        profile="results/profile/{model}+{target}/{device}/ops.parquet",
-        profile_summary="results/profile/{model}+{target}/{device}/summary.json",
-    log:
-        "logs/coarsen/{model}/{device}/{target}.log",
-    params:
-        code=code_version("coarsen"),
-    wildcard_constraints:
-        model=RAW_MODEL,
-        target=FUSE_TARGET,
-    conda:
-        "../envs/trainplan.yaml"
-    script:
-        "../scripts/coarsen.py"
-
-
+# Plans on the fused models '<model>+<target>' (fuse.plan: exported, profiled, partitioned, scheduled, balanced and
+# validated as any model) next to the raw models' plans.
 rule fuse_plan_compare:
     input:
         unpack(fuse_plan_inputs),

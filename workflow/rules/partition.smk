@@ -1,6 +1,6 @@
 rule partition:
     input:
-        unpack(plan_graph_inputs),
+        unpack(traced_graph_inputs),
         profile="results/profile/{model}/{device}/ops.parquet",
     output:
         "results/partition/{model}/{device}/k{k}/partition.json",
@@ -24,7 +24,7 @@ rule partition:
 
 rule balance:
     input:
-        unpack(plan_graph_inputs),
+        unpack(traced_graph_inputs),
         profile="results/profile/{model}/{device}/ops.parquet",
         profile_summary="results/profile/{model}/{device}/summary.json",
         partition="results/partition/{model}/{device}/k{k}/partition.json",

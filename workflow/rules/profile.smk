@@ -18,8 +18,6 @@ rule profile:
         code=code_version("profile"),
     # Timing needs the machine to itself: take every core the run was given.
     threads: workflow.cores
-    wildcard_constraints:
-        model=RAW_MODEL,  # a fused graph's profile is made by rule coarsen
     conda:
         "../envs/trainplan.yaml"
     script:

@@ -1,6 +1,6 @@
 rule schedule:
     input:
-        unpack(plan_graph_inputs),
+        unpack(traced_graph_inputs),
         profile="results/profile/{model}/{device}/ops.parquet",
         profile_summary="results/profile/{model}/{device}/summary.json",
         partition="results/partition/{model}/{device}/k{k}/partition.json",

@@ -28,6 +28,11 @@ with log_to(snakemake.log[0]) as log:
         "torch": torch.__version__,
         "export_seconds": time.perf_counter() - start,
     }
+    fusion = getattr(built.module, "fusion", None)  # a fused model '<model>+<target>' (trainplan.fuse.planned)
+    if fusion:
+        summary["fusion"] = fusion
+        log.info("fused model: %d groups (%d forward ops) as fused ops, %d of them as fx graphs, %d left as ops",
+                 fusion["groups_fused"], fusion["ops_fused"], fusion["groups_fx"], fusion["groups_unfused"])
     log.info("model %s on %s: %d ops (%d forward, %d backward), peak %.1f MiB at %s",
              name, backend, summary["n_ops"], summary["n_forward"], summary["n_backward"],
              summary["peak_bytes"] / 2**20, summary["peak_node"])

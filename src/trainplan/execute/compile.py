@@ -289,11 +289,6 @@ class PlanCompiler:
         again = op_id in st.computed
         for node in op.nodes:
             self._emit(st, node, op_id, op.storages, again)
-        if op.internal:  # a fused group's storages that never leave it: dropped at the end of its compute
-            slots = self._on(st, set(op.internal))
-            self._call(free, *dict.fromkeys(st.env.pop(s) for s in slots))
-            for sid in op.internal:
-                st.pending.pop(sid, None)
         for sid in op.storages:
             st.resident.add(sid)
             st.pending.pop(sid, None)

@@ -61,7 +61,6 @@ class OpSpec:
     storages: tuple[int, ...]
     bytes: int
     boundary: bool
-    internal: tuple[int, ...] = ()  # a fused group's storages made and freed within its compute
 
 
 @dataclass
@@ -81,8 +80,7 @@ class StageLayout:
         holder: dict[int, str] = {}
         for raw in stage.raw["ops"]:
             spec = OpSpec(raw["id"], [layout.nodes[n] for n in raw["nodes"]], tuple(int(s) for s in raw["storages"]),
-                          int(raw["bytes"]), bool(raw.get("boundary", False)),
-                          tuple(int(s) for s in raw.get("internal", ())))
+                          int(raw["bytes"]), bool(raw.get("boundary", False)))
             ops[spec.id] = spec
             holder.update((sid, spec.id) for sid in spec.storages)
         fixed = {  # read directly or through a view another stage made (a tied weight's transpose)

@@ -59,7 +59,7 @@ def _stage(pos: int, raw: Any, where: str) -> StagePlan:
     for op in raw["problem"]["ops"]:
         if not isinstance(op.get("nodes"), list) or not isinstance(op.get("storages"), list):
             raise PlanError(f"{where}: stages[{pos}] op '{op['id']}' lacks 'nodes'/'storages' (not a stage_problem plan)")
-    # the fx nodes its ops run: the stage's own nodes, or on the fused graph its groups' members
+    # the fx nodes its ops run
     nodes = list(dict.fromkeys(n for op in raw["problem"]["ops"] for n in op["nodes"]))
     stage = StagePlan(pos, nodes, raw["problem"], problem, raw["schedule"])
     if stage.executable:

@@ -55,7 +55,7 @@ class DevicePool:
             del self.extras[slot]
 
     def drop_pending(self, sid: int) -> None:
-        """Release a pending storage (an extra kernel output, a fused group's internal one) and its views."""
+        """Release a pending storage (an extra kernel output) and its views."""
         self.pending.pop(sid, None)
         self.views.pop(sid, None)
 

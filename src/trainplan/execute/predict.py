@@ -25,23 +25,34 @@ class Predicted:
 
 
 def predict(problem: Problem, events: list[tuple[str, str]]) -> Predicted:
-    """Replay's accounting kept per event: a compute holds output + workspace on top of what is resident."""
+    """Replay's accounting kept per event: a compute holds output + workspace on top of what is resident, and a
+    kernel's further outputs (ops with ``of``) exist from its first compute: those not taken yet count too."""
     used = problem.fixed_bytes
     after: list[int] = []
     peak: list[int] = []
     seconds: list[float] = []
+    done: set[int] = set()
+    untaken: list[int] = []  # further outputs of the kernel just computed, not taken yet
     for kind, oid in events:
-        op = problem.ops[problem.index[oid]]
-        during = used + op.bytes + op.workspace
+        u = problem.index[oid]
+        op = problem.ops[u]
+        during = used + sum(problem.ops[v].bytes for v in untaken) + op.bytes + op.workspace
         if kind == "compute":
             used += op.bytes
             seconds.append(op.time)
+            if u in untaken:
+                untaken.remove(u)
+                during = used + sum(problem.ops[v].bytes for v in untaken)  # taken: it was counted already
+            elif u not in done:
+                untaken = list(problem.outputs_of.get(u, ()))
+            done.add(u)
         elif kind == "free":
             used -= op.bytes
             seconds.append(0.0)
         else:
             used += op.bytes if kind == "swap_in" else 0
             seconds.append(op.bytes / problem.bandwidth)
-        after.append(used)
-        peak.append(during if kind == "compute" else used)
+        pending = sum(problem.ops[v].bytes for v in untaken)
+        after.append(used + pending)
+        peak.append(during if kind == "compute" else used + pending)
     return Predicted(after, peak, seconds)

@@ -127,8 +127,6 @@ class StageRunner:
         again = op.id in self.computed
         for node in op.nodes:
             self._run_node(node, op, again)
-        for sid in op.internal:  # a fused group's storages that never leave it
-            self.pool.drop_pending(sid)
         for sid in op.storages:
             if sid not in self.pool.resident:  # an extra output whose kernel ran while it was held: run it again
                 self.shared.regenerated.append(op.id)

@@ -78,13 +78,10 @@ class Prepared:
 
 def _fused(built: BuiltModel) -> tuple[torch.nn.Module, dict[str, Any]]:
     """``built``'s model with its forward groups (Inductor's support table) as fused ops, and how many."""
-    from trainplan.fuse.forward import trace_forward
-    from trainplan.fuse.fused_ops import fuse_model
+    from trainplan.fuse.planned import fuse_built
     from trainplan.fuse.support import inductor_table
-    from trainplan.fuse.train_step import partition_forward
 
-    groups, _ = partition_forward(trace_forward(built), inductor_table())
-    model = fuse_model(built, groups)
+    model = fuse_built(built, inductor_table())
     return model.built.module, {"fused_groups": len(model.fused), "fused_ops": sum(f["n_ops"] for f in model.fused),
                                 "unfused_groups": len(model.unfused)}
 

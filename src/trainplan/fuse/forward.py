@@ -17,10 +17,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from trainplan.export.trace import flat_inputs
+from trainplan.fuse.check import check_grouping
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.exported import OUTPUT
 from trainplan.fuse.graph import OpGraph, TensorInfo, build_graph
-from trainplan.fuse.support import GETITEM
+from trainplan.fuse.partitioner import Fusion, fuse_graph
+from trainplan.fuse.support import GETITEM, SupportTable, support_masks
 from trainplan.models import BuiltModel
 
 
@@ -84,3 +86,18 @@ def op_graph(gm: torch.fx.GraphModule) -> OpGraph:
     ins = [[t for a in n.all_input_nodes for t in _infos(a.meta.get("val"))] for n in ops]
     outs = [_infos(n.meta.get("val")) for n in ops]
     return build_graph([*names, OUTPUT], [*kinds, "output"], edges, [*ins, []], [*outs, []])
+
+
+def forward_groups(fg: ForwardGraph, table: SupportTable) -> tuple[OpGraph, Fusion, list[dict[str, Any]]]:
+    """The seed's rule on the forward graph for ``table``: the partitioner's graph, its result and the groups
+    (GROUPS.json entries, topological order), verified by the independent checker (a violation raises)."""
+    graph = op_graph(fg.gm)
+    supported, broken = support_masks(graph, table)
+    fusion = fuse_graph(graph, supported, broken)
+    groups = fusion.to_dict(graph)["groups"]
+    eligible = {graph.names[u] for u in range(graph.n) if fusion.eligible[u]}
+    edges = [(graph.names[u], graph.names[v]) for u, v in graph.edges()]
+    problems = check_grouping(graph.names, edges, eligible, groups, cycle_check_merges=graph.n <= 3000)
+    if problems:
+        raise AssertionError(f"model '{fg.model}': forward grouping violates the rule: {problems[:3]}")
+    return graph, fusion, groups

@@ -6,6 +6,8 @@ node and one backward node per group, with the saved tensors as the forward node
 
 Views are kept out of the ops (a custom op may not return an alias of its input): an output or saved tensor that
 is a view of an input or of a computed tensor is rebuilt outside the op by replaying its view ops on the base.
+Likewise an input the group writes in place (batch norm's running statistics): the forward op returns its new
+value (AOT autograd's functional graph does) and the call copies it into the input outside the op.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import copy
 import hashlib
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -76,6 +78,7 @@ class _Split:
     outputs: list[Recipe]
     saved: list[Recipe]
     tangent_of: list[int]  # outputs the backward takes a gradient of (those requiring grad), in its input order
+    updates: list[tuple[int, Recipe]] = field(default_factory=list)  # (input written in place, its new value)
 
 
 def _split(sub: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[_Split, list[torch.Tensor]]:
@@ -101,9 +104,14 @@ def _split(sub: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[_Split, list
 
     fn = aot_function(sub, fw_compiler, bw_compiler, partition_fn=min_cut_rematerialization_partition)
     leaves = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+    versions = [a._version if isinstance(a, torch.Tensor) else None for a in leaves]
     results = tensors_of(fn(*leaves))
+    # inputs the group writes in place (batch norm's running statistics): AOT autograd copies their new values in
+    written = [i for i, (a, v) in enumerate(zip(leaves, versions)) if v is not None and a._version != v]
     tangent_of = [i for i, t in enumerate(results) if t.requires_grad]
     if not tangent_of:
+        if written:
+            raise FuseError("the group writes an input in place and none of its outputs needs a gradient: left as its ops")
         return _forward_only(sub), []
     torch.autograd.backward([results[i] for i in tangent_of], [torch.ones_like(results[i]) for i in tangent_of])
     if "bw" not in captured:
@@ -118,14 +126,19 @@ def _split(sub: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[_Split, list
     n_saved = len(bw_inputs) - n_tangents
     if any(not isinstance(n, torch.fx.Node) for n in returned):
         raise FuseError("the group's forward returns a non-tensor")
-    roots: list[torch.fx.Node] = []
-    outputs = [_recipe(n, placeholders, roots) for n in returned[: len(returned) - n_saved]]
+    # AOT autograd's forward returns the new values of the inputs it writes, the outputs, then the saved tensors
+    if len(returned) - n_saved - len(results) != len(written):
+        raise FuseError(f"the group's forward returns {len(returned) - n_saved} tensors for {len(results)} outputs and "
+                        f"{len(written)} inputs written in place")
+    roots: list[torch.fx.Node] = []  # the op's first result is an output's (the new values, copied in, come last)
+    outputs = [_recipe(n, placeholders, roots) for n in returned[len(written): len(returned) - n_saved]]
     saved = [_recipe(n, placeholders, roots) for n in returned[len(returned) - n_saved:]]
+    updates = [(i, _recipe(n, placeholders, roots)) for i, n in zip(written, returned)]
     out = next(n for n in fw.graph.nodes if n.op == "output")
     out.args = (tuple(roots),)
     fw.graph.eliminate_dead_code()
     fw.recompile()
-    return _Split(fw, bw, outputs, saved, tangent_of), list(bw_args)
+    return _Split(fw, bw, outputs, saved, tangent_of, updates), list(bw_args)
 
 
 def _forward_only(sub: torch.fx.GraphModule) -> _Split:
@@ -196,7 +209,13 @@ class GroupOps:
     grad_of: list[int]  # inputs whose gradient the backward op returns, in its output order
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
-        return _FusedGroup.apply(self, *inputs)
+        results = _FusedGroup.apply(self, *inputs)
+        results = list(results) if isinstance(results, tuple) else [results]
+        n_out = len(self.split.outputs)
+        with torch.no_grad():  # inputs the group writes in place (batch norm's running statistics)
+            for (i, _), value in zip(self.split.updates, results[n_out:]):
+                inputs[i].copy_(value)
+        return tuple(results[:n_out]) if n_out > 1 else results[0]
 
 
 class _FusedGroup(torch.autograd.Function):
@@ -205,6 +224,9 @@ class _FusedGroup(torch.autograd.Function):
         roots = ops.forward(list(inputs))
         ctx.ops, ctx.saved = ops, [r.build(inputs, roots) for r in ops.split.saved]
         outs = [r.build(inputs, roots) for r in ops.split.outputs]
+        updates = [r.build(inputs, roots) for _, r in ops.split.updates]
+        ctx.mark_non_differentiable(*updates)
+        outs += updates
         return tuple(outs) if len(outs) > 1 else outs[0]
 
     @staticmethod
@@ -222,6 +244,10 @@ class _FusedGroup(torch.autograd.Function):
         return (None, *result)
 
 
+class InductorFailed(FuseError):
+    """Inductor could not compile a half of a group (the group can still run as its fx graphs)."""
+
+
 def _runner(gm: torch.fx.GraphModule, example: list[torch.Tensor], compile_with_inductor: bool
             ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     """``gm`` as a function of a list of tensors. Inductor's code asserts its inputs' strides, and an executor
@@ -229,7 +255,10 @@ def _runner(gm: torch.fx.GraphModule, example: list[torch.Tensor], compile_with_
     called with them (a copy only where an input is not)."""
     if not compile_with_inductor:
         return lambda inputs: list(gm(*inputs))
-    compiled = torch._inductor.compile(gm, [t.contiguous() for t in example])
+    try:
+        compiled = torch._inductor.compile(gm, [t.contiguous() for t in example])
+    except Exception as exc:  # the caller runs the group as its fx graphs instead
+        raise InductorFailed(error_line(exc)) from exc
     return lambda inputs: list(compiled(*(t.contiguous() for t in inputs)))
 
 
@@ -280,6 +309,7 @@ class FusedModule(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, gm: torch.fx.GraphModule, batch_names: list[str]) -> None:
         super().__init__()
         self.model, self.gm, self.batch_names = model, gm, batch_names
+        self.fusion: dict[str, Any] = {}  # set by fuse_model: which groups run fused, how, and which do not
 
     def forward(self, **batch: torch.Tensor) -> torch.Tensor:
         flat = [*dict(self.model.named_parameters()).values(), *dict(self.model.named_buffers()).values(),
@@ -290,20 +320,34 @@ class FusedModule(torch.nn.Module):
 
 @dataclass
 class FusedModel:
-    """A model whose forward groups run as fused ops: the BuiltModel to trace and train, and per group its op name
-    and op count, or why it was left unfused."""
+    """A model whose forward groups run as fused ops: the BuiltModel to trace and train, and per group its op name,
+    op count and how it runs (``inductor``, or ``fx`` with the Inductor error), or why it was left unfused."""
 
     built: BuiltModel
     fused: list[dict[str, Any]]
     unfused: list[dict[str, Any]]
 
 
+def _group_ops(sub: torch.fx.GraphModule, args: Sequence[torch.Tensor], compile_with_inductor: bool
+               ) -> tuple[GroupOps, dict[str, Any]]:
+    """group_ops, falling back to the fx graphs where Inductor fails on the group; how it runs."""
+    if compile_with_inductor:
+        try:
+            return group_ops(sub, args, compile_with_inductor=True), {"runs": "inductor"}
+        except InductorFailed as exc:
+            return group_ops(sub, args, compile_with_inductor=False), {"runs": "fx", "inductor_error": str(exc)}
+    return group_ops(sub, args, compile_with_inductor=False), {"runs": "fx"}
+
+
 def fuse_model(built: BuiltModel, groups: list[dict[str, Any]], *, min_ops: int = 2,
                compile_with_inductor: bool = True) -> FusedModel:
-    """``built`` with every forward group (``partition_forward``'s entries) of at least ``min_ops`` ops made one
-    fused op pair (:func:`group_ops`); a group AOT autograd or Inductor cannot take stays as its ops, recorded."""
+    """``built`` with every forward group (``forward_groups``' entries) of at least ``min_ops`` ops made one
+    fused op pair (:func:`group_ops`); a group Inductor fails to compile runs as its fx graphs, one AOT autograd
+    cannot take (views of its inputs only) stays as its ops, each recorded. The module's ``fusion`` attribute
+    holds the record. The real runs the build makes leave the model's buffers (running statistics) as they were."""
     from trainplan.fuse.train_step import _flatten_output, _fuse
 
+    buffers = [(b, b.clone()) for b in built.module.buffers()]
     fg = trace_forward(built)
     chosen = [g for g in groups if len(g["nodes"]) >= min_ops]
     gm = _fuse(fg, [g["nodes"] for g in chosen])
@@ -314,13 +358,19 @@ def fuse_model(built: BuiltModel, groups: list[dict[str, Any]], *, min_ops: int 
         sub, args = getattr(gm, f"fused_{k}"), recorder.args[f"fused_{k}"]
         _flatten_output(sub)
         try:
-            ops = group_ops(sub, args, compile_with_inductor=compile_with_inductor)
+            ops, how = _group_ops(sub, args, compile_with_inductor)
         except Exception as exc:  # the group stays as its ops; reported with the reason
             unfused.append({"group": group["id"], "n_ops": len(group["nodes"]), "error": error_line(exc)})
             continue
         setattr(gm, f"fused_{k}", _GroupCall(ops))
-        fused.append({"group": group["id"], "n_ops": len(group["nodes"]), "op": ops.name})
+        fused.append({"group": group["id"], "n_ops": len(group["nodes"]), "op": ops.name, **how})
+    with torch.no_grad():
+        for buffer, before in buffers:
+            buffer.copy_(before)
     gm.recompile()
     _, _, batch_names, _ = flat_inputs(built)
     module = FusedModule(built.module, gm, batch_names)
+    module.fusion = {"groups_fused": len(fused), "ops_fused": sum(f["n_ops"] for f in fused),
+                     "groups_fx": sum(f["runs"] == "fx" for f in fused), "groups_unfused": len(unfused),
+                     "fused": fused, "unfused": unfused}
     return FusedModel(BuiltModel(f"{built.name}+fused", module, built.batch, default_loss), fused, unfused)

@@ -1,10 +1,12 @@
-"""Compile each group as one fused op with torch.compile (Inductor) and measure it against its unfused ops.
+"""Compile each forward group as one inference kernel with Inductor and measure it against its unfused ops.
 
-Per group: the members become an fx submodule (``fuse_as_graphmodule``) fed the values they read in a
-real run of the step; unfused = the submodule run eagerly op by op, fused = ``torch.compile`` of it.
-Whole step: the traced step with every measured group replaced by its compiled submodule
-(``fuse_by_partitions``), against the unfused step and against ``torch.compile`` of the whole step.
-Compile time is the first call's time, reported apart from the medians.
+The groups are the ``fuse`` rule's, of the model's forward graph (``trace_forward``), run without autograd (the
+training step with fused ops, forward and backward, is ``trainplan.fuse.train_step``'s). Per group: the members
+become an fx submodule (``fuse_as_graphmodule``) fed the values they read in a real run of the forward pass;
+unfused = the submodule run eagerly op by op, fused = Inductor's code for it. Whole forward: the forward graph
+with every measured group replaced by its compiled submodule (``fuse_by_partitions``), against the unfused
+forward and against Inductor on the whole forward. Compile time is the first call's time, reported apart from
+the medians.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import torch
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 
 from trainplan.clock import median_seconds
-from trainplan.export.trace import trace_training_step
 from trainplan.fuse.errors import FuseError
+from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members, tensors_of
 from trainplan.models import BuiltModel, on_device
 from trainplan.profile.op_times import timed_run
@@ -38,7 +40,7 @@ def compare_outputs(got: Any, want: Any, rtol: float, atol: float, *, strict: bo
     worst_abs = worst_ratio = 0.0
     a, b = tensors_of(got), tensors_of(want)
     if len(a) != len(b):
-        raise FuseError(f"fused step returned {len(a)} tensors, the unfused step {len(b)}")
+        raise FuseError(f"fused forward returned {len(a)} tensors, the unfused forward {len(b)}")
     matches = True
     for k, (x, y) in enumerate(zip(a, b)):
         if x.is_floating_point():
@@ -50,7 +52,7 @@ def compare_outputs(got: Any, want: Any, rtol: float, atol: float, *, strict: bo
         else:
             ok = torch.equal(x, y)
         if not ok and strict:
-            raise FuseError(f"fused step output {k} differs from the unfused step (max abs diff {worst_abs:.3g}; "
+            raise FuseError(f"fused forward output {k} differs from the unfused forward (max abs diff {worst_abs:.3g}; "
                             f"rtol {rtol}, atol {atol})")
         matches &= ok
     return {"max_abs_diff": worst_abs, "max_tolerance_ratio": worst_ratio, "within_tolerance": matches}
@@ -77,22 +79,24 @@ def select_groups(groups: pd.DataFrame, min_ops: int, max_groups: int) -> pd.Dat
     return keep.sort_values(["time_s", "group"], ascending=[False, True]).head(max_groups)
 
 
-def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[str, Any], groups: pd.DataFrame, *,
+def measure_fusion(built: BuiltModel, groups_doc: dict[str, Any], groups: pd.DataFrame, *,
                    min_ops: int, max_groups: int, repeats: int, warmup: int, whole_step: bool,
                    rtol: float, atol: float, log: Callable[[str], None] = lambda _m: None) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Per-group fused vs unfused times and the whole-step comparison (see the module docstring). Keeps freed
-    host memory for the rest of the process (``keep_freed_memory``), as the profile does."""
+    """Per-group fused vs unfused times and the whole-forward comparison (see the module docstring). Keeps freed
+    host memory for the rest of the process (``keep_freed_memory``), as the profile does. A group naming an op
+    the forward graph lacks raises FuseError naming both (groups of another model, torch version or graph)."""
     allocator = keep_freed_memory()
-    traced, flat = trace_training_step(on_device(built, "cpu"))
-    gm = traced.gm
-    traced_names = [n.name for n in gm.graph.nodes if n.op == "call_function"]
-    if traced_names != list(op_names):
-        raise FuseError(f"model '{built.name}': the traced graph ({len(traced_names)} ops) differs from the exported "
-                        f"one ({len(op_names)} ops); re-run the export for this torch version")
-    inputs = [t.detach() for t in flat]
+    fg = trace_forward(on_device(built, "cpu"))
+    gm = fg.gm
+    inputs = [t.detach() for t in fg.inputs]
     by_name = {n.name: n for n in gm.graph.nodes}
-    chosen = select_groups(groups, min_ops, max_groups)
     members = {g["id"]: g["nodes"] for g in groups_doc["groups"]}
+    for gid, names in members.items():
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise FuseError(f"model '{built.name}': group {gid} names op '{unknown[0]}' that its forward graph lacks; "
+                            "re-run the fuse rule for this model and torch version")
+    chosen = select_groups(groups, min_ops, max_groups)
     rows, failed = [], []
     with torch.no_grad(), live_objects_frozen():  # the model's and torch's objects out of each collection
         _, env = timed_run(gm, inputs, lambda: None, keep_values=True)
@@ -119,13 +123,14 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
                 f"compile {compile_s:.1f} s")
         del env
         compiled_groups = [g for g in chosen["group"] if g not in {f["group"] for f in failed}]
-        summary = _whole_step(gm, inputs, [[n.name for n in fusible_members([by_name[m] for m in members[g]])]
-                                           for g in compiled_groups], repeats, warmup, whole_step, rtol, atol, log)
+        summary = _whole_forward(gm, inputs, [[n.name for n in fusible_members([by_name[m] for m in members[g]])]
+                                              for g in compiled_groups], repeats, warmup, whole_step, rtol, atol, log)
     table = pd.DataFrame(rows, columns=["group", "n_ops", "phase", "module", "profiled_s", "unfused_s", "fused_s",
                                         "speedup", "kernels_unfused", "kernels_fused", "launches_saved",
                                         "internal_bytes", "compile_s"])
     summary.update({
-        "model": built.name, "groups_eligible": int(((groups["n_ops"] >= min_ops) & (groups["kernels"] >= 1)).sum()),
+        "model": built.name, "graph": "forward (inference: no autograd)",
+        "groups_eligible": int(((groups["n_ops"] >= min_ops) & (groups["kernels"] >= 1)).sum()),
         "groups_measured": len(rows), "groups_failed": failed, "cap": {"max_groups": max_groups, "min_ops": min_ops,
                                              "order": "largest measured (profiled) time first"},
         "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -137,11 +142,11 @@ def measure_fusion(built: BuiltModel, op_names: Sequence[str], groups_doc: dict[
     return table, summary
 
 
-def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: list[list[str]],
-                repeats: int, warmup: int, whole_step: bool,
-                rtol: float, atol: float, log: Callable[[str], None]) -> dict[str, Any]:
+def _whole_forward(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: list[list[str]],
+                   repeats: int, warmup: int, whole_step: bool,
+                   rtol: float, atol: float, log: Callable[[str], None]) -> dict[str, Any]:
     want = gm(*inputs)
-    out: dict[str, Any] = {"unfused_step_s": median_seconds(lambda: gm(*inputs), time.perf_counter, repeats, warmup)}
+    out: dict[str, Any] = {"unfused_forward_s": median_seconds(lambda: gm(*inputs), time.perf_counter, repeats, warmup)}
     copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     names = {n.name: n for n in copied.graph.nodes}
     fused_gm = fuse_by_partitions(copied, [{names[m]: None for m in g} for g in chosen], prefix="fused_")
@@ -152,27 +157,27 @@ def _whole_step(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], chosen: li
         setattr(fused_gm, name, CompiledOp(torch._inductor.compile(getattr(fused_gm, name), list(args))))
     del recorder
     got = fused_gm(*inputs)
-    out["fused_step_compile_s"] = time.perf_counter() - start
-    out["fused_step_check"] = compare_outputs(got, want, rtol, atol)
-    out["fused_step_s"] = median_seconds(lambda: fused_gm(*inputs), time.perf_counter, repeats, warmup)
-    out["fused_speedup"] = out["unfused_step_s"] / out["fused_step_s"]
-    log(f"step: unfused {out['unfused_step_s']:.4f} s, groups fused {out['fused_step_s']:.4f} s")
+    out["fused_forward_compile_s"] = time.perf_counter() - start
+    out["fused_forward_check"] = compare_outputs(got, want, rtol, atol)
+    out["fused_forward_s"] = median_seconds(lambda: fused_gm(*inputs), time.perf_counter, repeats, warmup)
+    out["fused_speedup"] = out["unfused_forward_s"] / out["fused_forward_s"]
+    log(f"forward: unfused {out['unfused_forward_s']:.4f} s, groups fused {out['fused_forward_s']:.4f} s")
     if whole_step:
         start = time.perf_counter()
         try:
             whole = torch._inductor.compile(gm, inputs)
             got = whole(*inputs)
-        except Exception as exc:  # a step torch.compile cannot compile is reported, not fatal
+        except Exception as exc:  # a forward Inductor cannot compile is reported, not fatal
             out["whole_compile_error"] = error_line(exc)
-            log(f"torch.compile of the whole step failed: {out['whole_compile_error']}")
+            log(f"Inductor on the whole forward failed: {out['whole_compile_error']}")
             return out
         out["whole_compile_s"] = time.perf_counter() - start
         # the reference compiler's own numerics: reported, not enforced (Inductor reorders reductions)
         out["whole_check"] = compare_outputs(got, want, rtol, atol, strict=False)
-        out["whole_step_s"] = median_seconds(lambda: whole(*inputs), time.perf_counter, repeats, warmup)
-        out["whole_speedup"] = out["unfused_step_s"] / out["whole_step_s"]
-        out["kept_of_whole_gain"] = ((out["unfused_step_s"] - out["fused_step_s"])
-                                     / (out["unfused_step_s"] - out["whole_step_s"])
-                                     if out["whole_step_s"] < out["unfused_step_s"] else None)
-        log(f"step: torch.compile whole {out['whole_step_s']:.4f} s (compile {out['whole_compile_s']:.1f} s)")
+        out["whole_forward_s"] = median_seconds(lambda: whole(*inputs), time.perf_counter, repeats, warmup)
+        out["whole_speedup"] = out["unfused_forward_s"] / out["whole_forward_s"]
+        out["kept_of_whole_gain"] = ((out["unfused_forward_s"] - out["fused_forward_s"])
+                                     / (out["unfused_forward_s"] - out["whole_forward_s"])
+                                     if out["whole_forward_s"] < out["unfused_forward_s"] else None)
+        log(f"forward: Inductor on the whole {out['whole_forward_s']:.4f} s (compile {out['whole_compile_s']:.1f} s)")
     return out

@@ -1,5 +1,5 @@
 """The fusion figures: group sizes, coverage against the baselines, fused vs unfused time per group; plans on
-the fused graph vs the raw graph."""
+the fused model vs the raw model."""
 
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ def plot_fusion(groups: pd.DataFrame, compare: pd.DataFrame, measure: pd.DataFra
 
 
 def plot_plan_compare(table: pd.DataFrame, path: str) -> None:
-    """Raw vs fused graph per model, k and budget: scheduling ops, solve time, planned and measured step."""
+    """Raw vs fused model per model, k and budget: scheduling ops, solve time, planned and measured step, peaks."""
     cases = table[["model", "k", "budget"]].drop_duplicates().reset_index(drop=True)
     graphs = sorted(table.graph.unique(), key=lambda g: (g != "raw", g))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4))
     width = 0.8 / len(graphs)
     labels = [f"{m}\nk={k} b={b}" for m, k, b in cases.itertuples(index=False)]
     for j, graph in enumerate(graphs):
@@ -59,19 +59,19 @@ def plot_plan_compare(table: pd.DataFrame, path: str) -> None:
         axes[0].bar(x, rows.problem_ops, width=width, label=graph)
         axes[1].bar(x, rows.solve_s, width=width, label=graph)
         axes[2].bar(x, rows.planned_s, width=width, label=f"{graph}: planned", alpha=0.55)
-        axes[2].scatter(x, rows.measured_s, marker="_", s=300, color="black", zorder=3,
-                        label="measured (validate)" if j == 0 else None)
-        if graph != "raw":
-            axes[2].scatter(x, rows.planned_fused_kernels_s, marker="v", color="tab:green", zorder=3,
-                            label="planned, timed groups as fused kernels" if j == 1 else None)
-    titles = ("scheduling ops (all stages)", "our solve time (s, all stages)", "step time, one micro-batch (s)")
+        axes[3].bar(x, rows.peak_bytes / 2**20, width=width, label=f"{graph}: planned", alpha=0.55)
+        for ax, column, scale in ((axes[2], "measured_s", 1.0), (axes[3], "measured_peak_bytes", 2**-20)):
+            ax.scatter(x, rows[column] * scale, marker="_", s=300, color="black", zorder=3,
+                       label="measured (validate)" if j == 0 else None)
+    titles = ("scheduling ops (all stages)", "our solve time (s, all stages)", "step time, one micro-batch (s)",
+              "peak (MiB, largest stage)")
     for ax, title in zip(axes, titles):
         ax.set_xticks(range(len(cases)), labels, fontsize=8)
         ax.set_title(title)
     axes[0].legend(fontsize=8)
     axes[2].legend(fontsize=7)
-    fig.suptitle("planning on the fused graph (each group one op) vs the raw graph, same budgets")
-    save_figure(fig, path, description="raw vs fused graph: ops, solve time, planned and measured step time")
+    fig.suptitle("planning on the fused model (each forward group one fused op) vs the raw model, same budgets")
+    save_figure(fig, path, description="raw vs fused model: ops, solve time, planned and measured step time and peak")
 
 
 def plot_train_step(groups: pd.DataFrame, summary: dict, title: str, path: str) -> None:

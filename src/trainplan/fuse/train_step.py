@@ -28,12 +28,10 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainplan.fuse.baselines import fx_capability_groups, ort_wave_groups
-from trainplan.fuse.check import check_grouping
 from trainplan.fuse.coverage import coverage
-from trainplan.fuse.forward import ForwardGraph, op_graph, trace_forward
+from trainplan.fuse.forward import ForwardGraph, forward_groups, trace_forward
 from trainplan.fuse.inductor import CallArgs, CompiledOp, count_launches, error_line, fusible_members, tensors_of
-from trainplan.fuse.partitioner import fuse_graph
-from trainplan.fuse.support import SupportTable, support_masks
+from trainplan.fuse.support import SupportTable
 from trainplan.models import BuiltModel
 from trainplan.stats import paired_speedup_ci
 from trainplan.timing import gc_paused, keep_freed_memory
@@ -128,18 +126,12 @@ def _speedup(samples: dict[str, list[float]], base: str, new: str, seed: int) ->
 
 
 def partition_forward(fg: ForwardGraph, table: SupportTable) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Groups of the forward graph (GROUPS.json entries, topological order) and their statistics, with ONNX
-    Runtime's waves and torch.fx's CapabilityBasedPartitioner on the same mask (the cost of the seed's rule);
-    the grouping is verified by the independent checker (``check_grouping``), a violation raises."""
-    graph = op_graph(fg.gm)
-    supported, broken = support_masks(graph, table)
-    fusion = fuse_graph(graph, supported, broken)
+    """Groups of the forward graph (``forward_groups``: GROUPS.json entries, topological order, checked
+    independently) and their statistics, with ONNX Runtime's waves and torch.fx's CapabilityBasedPartitioner on
+    the same mask (the cost of the seed's rule)."""
+    graph, fusion, groups = forward_groups(fg, table)
     doc = fusion.to_dict(graph)
     eligible = {graph.names[u] for u in range(graph.n) if fusion.eligible[u]}
-    edges = [(graph.names[u], graph.names[v]) for u, v in graph.edges()]
-    problems = check_grouping(graph.names, edges, eligible, doc["groups"], cycle_check_merges=graph.n <= 3000)
-    if problems:
-        raise AssertionError(f"model '{fg.model}': forward grouping violates the rule: {problems[:3]}")
     baselines = {}
     methods = {"onnxruntime waves": ort_wave_groups, "torch.fx CapabilityBasedPartitioner": fx_capability_groups}
     for method, group_fn in methods.items():

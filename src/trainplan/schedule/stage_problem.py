@@ -10,16 +10,13 @@ added to it. An op whose storage a later node changes in place may be neither re
 Storages read by the stage but produced by another stage are boundary inputs: zero-time ops, placed
 just before their first reader, that may not be recomputed (they are received, not computed). Storages the stage hands on (read by another stage, or graph outputs such as gradients and
 the loss) are `keep`.
-Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph. On the
-fused graph (``trainplan.fuse.coarsen``) a group node runs its members; its internal storages are listed
-under ``internal`` and held, as workspace, while it runs.
+Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from trainplan.aten_ops import is_inplace
@@ -41,20 +38,6 @@ def _storage_tables(tensors: pd.DataFrame) -> tuple[dict[str, int], set[int], di
     fixed = set(tensors.loc[tensors.kind.isin(FIXED_KINDS), "storage"])
     size = dict(zip(tensors.storage, tensors.storage_bytes))
     return storage_of, fixed, size
-
-
-def _members(row: Any, name: str) -> tuple[list[str], list[str]]:
-    """The fx nodes a graph node runs and their ops: itself, or a fused group's members (``fuse.coarsen``)."""
-    members = getattr(row, "members", None)
-    if isinstance(members, (list, tuple, np.ndarray)):
-        return [str(m) for m in members], [str(o) for o in row.member_ops]
-    return [name], [str(row.op)]
-
-
-def _internal_storages(row: Any) -> list[int]:
-    """Storages a fused group node allocates and frees inside itself (none for a raw node)."""
-    internal = getattr(row, "internal_storages", None)
-    return [int(x) for x in internal] if isinstance(internal, (list, tuple, np.ndarray)) else []
 
 
 def stage_problem(
@@ -106,10 +89,9 @@ def stage_problem(
         row = rows.loc[name]
         out_storages = list(dict.fromkeys(storage_of[t] for t in row.outputs if storage_of[t] not in fixed))
         own = [x for x in out_storages if producer[x] == name]
-        members, member_ops = _members(row, name)
-        mutates = any(is_inplace(o) for o in member_ops)
-        internal = _internal_storages(row)
-        if own or not out_storages or mutates or internal:
+        op_name = str(row.op)
+        mutates = is_inplace(op_name)
+        if own or not out_storages or mutates:
             op = new_op(name, own[:1])
             # A further output is taken from the kernel's run: it reads the first output and the kernel's
             # inputs (all are held while the kernel runs) and cannot be recomputed alone: keep or swap it.
@@ -118,24 +100,21 @@ def stage_problem(
                 extra.update(recompute=False, of=name)
             # the kernel makes all its outputs at once: while it runs, the further ones are held too
             op["workspace"] = int(sum(e["bytes"] for e in extras))
-            if internal:  # a fused group's storages that never leave it: held while it runs, freed after
-                op["internal"] = internal
-                op["workspace"] += int(row.internal_bytes)
         else:  # a view: folded into the op holding its base storage
             extras = []
             base = source(out_storages[0])
             op = ops.get(base) or boundary[base]
-        op["nodes"] += members
+        op["nodes"].append(name)
         op["time"] += float(row.time_s)
         if getattr(row, "workspace_bytes", 0):  # temporaries a node allocates and frees within (measured)
             op["workspace"] = op.get("workspace", 0) + int(row.workspace_bytes)
-        if any(o.startswith(ONCE_PER_STEP) for o in member_ops):
+        if op_name.startswith(ONCE_PER_STEP):
             op["recompute"] = False
         for tid in row.inputs:
             sid = storage_of[tid]
             if sid in fixed:
                 fixed_used.add(sid)
-                if any(o.startswith(OPTIMIZER_STEP) for o in member_ops):
+                if op_name.startswith(OPTIMIZER_STEP):
                     updated.add(sid)
                 elif getattr(row, "phase", "") == "backward":
                     reads_in_backward.setdefault(op["id"], set()).add(sid)
