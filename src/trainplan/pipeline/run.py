@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-from statistics import median
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import torch
@@ -229,9 +229,10 @@ def send_recv_seconds(r: Rank, m: int) -> tuple[float, dict[str, list[float | No
     return total, per
 
 
-def stage_alone(r: Rank, mb: dict[str, torch.Tensor], repeats: int) -> dict[str, float]:
+def stage_alone(r: Rank, mb: dict[str, torch.Tensor], repeats: int) -> dict[str, Any]:
     """Seconds of this stage's forward and backward of one micro-batch with no other stage computing: GPipe steps
-    of one micro-batch on a second PipelineStage of the same module (after one unmeasured step), medians."""
+    of one micro-batch on a second PipelineStage of the same module (after one unmeasured step): medians and each
+    measured step's. Gradients are cleared before and after (run it after anything that reads them)."""
     stage, schedule = _stage(r.module, r.rank, r.k, r.device, "gpipe", 1)
     forward, backward = [], []
     target = torch.zeros(1, device=r.device)
