@@ -5,7 +5,7 @@ import pytest
 
 from schedule_exact import exact_min_time
 from test_schedule_exact import instance
-from trainplan.schedule import SolveOptions, replay, solve, staged_bound
+from trainplan.schedule import SolveOptions, mip, replay, solve, staged_bound
 from trainplan.schedule.bounds import relaxation_bound
 from trainplan.schedule.mip import CpSatRun, objective_ticks
 from trainplan.schedule.replay import ScheduleError
@@ -139,11 +139,14 @@ def test_30_op_graph_at_tight_budget_is_proven_optimal():
 
 
 @pytest.mark.parametrize("n, seed, limit", [(40, 0, 2), (60, 1, 1.2), (100, 0, 3)])
-def test_staged_bound_is_deterministic(n, seed, limit):
+def test_staged_bound_is_deterministic(n, seed, limit, monkeypatch):
     """Deterministic runs stop on CP-SAT's deterministic clock (plain search then LB tree search at 40 and 60
     ops, LB tree search only at 100), before their wall-clock caps: at 60 ops the rounds get 0.84 and 0.36 s
     and are slow to start, and a cap of one share (not two) stopped them at different bounds: the same bound
-    twice, and above the gap relaxation at 100 ops."""
+    twice, and above the gap relaxation at 100 ops. The wall-clock safety net is widened to 5 x (from 2 x):
+    on the slower CI host the default net fired in the 60-op round (2026-12-02), and where it fires the answer
+    may change by design (mip.configure); this test is about the deterministic clock."""
+    monkeypatch.setattr(mip, "WALL_SAFETY", 5.0)
     p = training_graph(n, seed)
     b = int(1.1 * p.floor_bytes)
     first, second = (solve_staged(p, b, CpSatRun(limit, deterministic=True))[0] for _ in range(2))
