@@ -11,9 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-
-class ModelSpecError(ValueError):
-    """A model entry in the config cannot be built; the message names the model and the key."""
+from trainplan.errors import ModelSpecError
 
 
 @dataclass

@@ -29,7 +29,8 @@ from trainplan.fuse.planned import CALLABLE as FUSED_CALLABLE, fused_spec
 from trainplan.fuse.support import load_table
 from trainplan.io import read_yaml
 from trainplan.host_swap import memory_model
-from trainplan.models import ModelSpecError, check_spec
+from trainplan.errors import ModelSpecError
+from trainplan.model_checks import check_models
 from trainplan.precision.policy import PolicyError, load_policy
 from trainplan.provenance.code import closure as code_closure, digest as code_digest
 
@@ -74,11 +75,10 @@ def _check_config():
                     f"config key 'study.{part}': model '{name}' is not defined under 'models' "
                     f"(defined: {sorted(config['models'])})"
                 )
-    for name, spec in config["models"].items():
-        try:  # the architecture or callable, and every key of its config or kwargs (typos are not ignored)
-            check_spec(name, spec)
-        except ModelSpecError as exc:
-            raise WorkflowError(f"config: {exc}") from None
+    try:  # the architecture or callable, and every key of its config or kwargs (typos are not ignored)
+        check_models(config["models"], Path(".snakemake", "trainplan", "checked_models"))
+    except ModelSpecError as exc:
+        raise WorkflowError(f"config: {exc}") from None
     cuda = [device for device in DEVICES if config["devices"][device]["type"] != "cpu"]
     if config["fuse"]["plan"] and MODELS and cuda:
         raise WorkflowError(f"config key 'fuse.plan': fused models are built on the CPU (their ops compiled there); "

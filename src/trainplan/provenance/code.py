@@ -101,11 +101,18 @@ def _parsed(path: Path, module: str | None, mtime_ns: int, size: int) -> Imports
     for node in (inner for getattr_def in lazy_defs for inner in ast.walk(getattr_def)):
         for bound, name in _import_names(node, module, is_package).items():
             lazy.setdefault(bound, set()).add(name)
-    skip = {id(inner) for getattr_def in lazy_defs for inner in ast.walk(getattr_def)}
-    names = {name for node in ast.walk(tree) if id(node) not in skip
-             for name in _import_names(node, module, is_package).values()}
-    named = {node.value.partition(":")[0] for node in ast.walk(tree)
-             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_REF.fullmatch(node.value)}
+    names: set[str] = set()
+    named: set[str] = set()
+    todo: list[ast.AST] = [node for node in tree.body if not any(node is d for d in lazy_defs)]
+    while todo:  # one walk for both (ast.walk per question was most of a Snakefile parse's time)
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(_import_names(node, module, is_package).values())
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, str) and _MODULE_REF.fullmatch(node.value):
+                named.add(node.value.partition(":")[0])
+        else:
+            todo.extend(ast.iter_child_nodes(node))
     return Imports(frozenset(names), {bound: frozenset(found) for bound, found in lazy.items() if bound},
                    frozenset(named))
 
@@ -126,9 +133,14 @@ def closure(root: Path, script: str, *extra: str) -> Closure:
     modules: dict[str, Path] = {}
     script_imports = imports(path, None)
     todo = [*script_imports.names, *script_imports.named, *extra]
+    done: set[str] = set()  # names followed already (many modules import the same names)
     while todo:
+        name = todo.pop()
+        if name in done:
+            continue
+        done.add(name)
         parent = None
-        for prefix in _prefixes(todo.pop()):
+        for prefix in _prefixes(name):
             if prefix.partition(".")[0] != PACKAGE:
                 break
             if prefix not in modules:
