@@ -37,8 +37,8 @@ from trainplan.artifacts import PROFILE_COLUMNS
 from trainplan.budget import parse_budget
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
-from trainplan.host_swap import memory_model
 from trainplan.io import atomic_path, merged_yaml, write_json, write_table
+from trainplan.memory_model import memory_model
 from trainplan.models import build_model
 from trainplan.partition import BalanceSettings, MemoryLimit, SolverSettings
 from trainplan.pipeline.compare import ALL_METHODS, OURS, comparison_row, method_plans, run_plan

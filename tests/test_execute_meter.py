@@ -16,7 +16,8 @@ from tests.test_execute import LOOSE_TIME, mlp, plan_for, swap_and_recompute, ti
 from trainplan.budget import Budget
 from trainplan.execute import ValidateSettings, parse_plan, validate_plan
 from trainplan.execute.measure import measure_peaks, peak_during, process_meter_available, process_peak_during
-from trainplan.host_swap import memory_model, to_host
+from trainplan.host_swap import to_host
+from trainplan.memory_model import memory_model
 from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
 from trainplan.timing import return_freed_memory
 

@@ -23,16 +23,16 @@ def _check_checkout():
 
 _check_checkout()
 
+# Imported at every start (a dry run too): none of these imports torch (tests/test_imports.py).
 from trainplan.budget import WILDCARD as BUDGET_WILDCARD, BudgetError, budget_wildcard, wildcard_budget
+from trainplan.errors import ModelSpecError
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.planned import CALLABLE as FUSED_CALLABLE, fused_spec
-from trainplan.fuse.support import load_table
 from trainplan.io import read_yaml
-from trainplan.host_swap import memory_model
-from trainplan.errors import ModelSpecError
-from trainplan.model_checks import check_models
+from trainplan.memory_model import memory_model
 from trainplan.precision.policy import PolicyError, load_policy
 from trainplan.provenance.code import closure as code_closure, digest as code_digest
+from trainplan.start_checks import CheckRecord, check_models, check_table
 
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -61,6 +61,10 @@ ALIGN_MODELS = list(dict.fromkeys(MODELS + config["study"].get("overflow", [])))
 DEVICES = [config["device"]] if isinstance(config["device"], str) else config["device"]
 
 
+# The start-up checks that import torch run once per checked content (trainplan.start_checks).
+START_CHECKS = CheckRecord(Path(".snakemake", "trainplan", "start_checks"))
+
+
 def _check_config():
     """Fail at start, naming the key, for references a schema cannot check."""
     for device in DEVICES:
@@ -76,7 +80,7 @@ def _check_config():
                     f"(defined: {sorted(config['models'])})"
                 )
     try:  # the architecture or callable, and every key of its config or kwargs (typos are not ignored)
-        check_models(config["models"], Path(".snakemake", "trainplan", "checked_models"))
+        check_models(config["models"], START_CHECKS)
     except ModelSpecError as exc:
         raise WorkflowError(f"config: {exc}") from None
     cuda = [device for device in DEVICES if config["devices"][device]["type"] != "cpu"]
@@ -220,7 +224,7 @@ def _check_config_files():
     """Fail at start, naming the config key and the file (and a YAML error's line), for a file the config names
     that does not load: the precision policy and each fuse support table (their rules would fail later)."""
     files = {"overflow.policy": (load_policy, config["overflow"]["policy"])} | {
-        f"fuse.targets.{name}.table": (load_table, spec["table"])
+        f"fuse.targets.{name}.table": (lambda path: check_table(path, START_CHECKS), spec["table"])
         for name, spec in config["fuse"]["targets"].items() if "table" in spec
     }
     for key, (load, path) in files.items():
@@ -263,7 +267,7 @@ def device_spec(wildcards):
 
 def memory_model_of(device):
     """The memory model of a key of `devices`: host memory shared or separate (`host_memory`, else by type), whether
-    plans may swap, and a note for the artifacts and captions (trainplan.host_swap.memory_model)."""
+    plans may swap, and a note for the artifacts and captions (trainplan.memory_model.memory_model)."""
     spec = config["devices"][device]
     return memory_model(spec["type"], spec.get("host_memory")).to_dict()
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from trainplan.execute.compile import Clock
-from trainplan.host_swap import MemoryModel
+from trainplan.memory_model import MemoryModel
 from trainplan.timing import gc_paused, live_objects_frozen
 
 log = logging.getLogger(__name__)

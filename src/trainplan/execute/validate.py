@@ -20,7 +20,7 @@ from trainplan.execute.plan import PlanError, StagePlan
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
 from trainplan.export.trace import TracedStep, make_step_fn, trace_training_step
-from trainplan.host_swap import MemoryModel, memory_model
+from trainplan.memory_model import MemoryModel, memory_model
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.profile.link import LinkMeasurement, measure_host_link
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ValidateSettings:
     """Timing repetitions (after ``warmup``), the device to execute on and its host memory (``shared`` or
-    ``separate``; None: by device type, ``host_swap.memory_model``), the pass tolerances, whether to meter the
+    ``separate``; None: by device type, ``memory_model.memory_model``), the pass tolerances, whether to meter the
     whole run's peaks (allocator and process) and check them against the budget, and how many times to time
     the plan while the machine is busy."""
 

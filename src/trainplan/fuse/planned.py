@@ -5,7 +5,8 @@ The workflow names it by the model spec :func:`fused_spec` returns, a ``callable
 every rule that builds a model from its spec (export, profile, validate) builds this one through
 ``trainplan.models.build_model`` and its code version covers this package. The build is deterministic: the same
 spec and seed give the same groups, the same fused op names and so the same traced step in every process.
-The workflow imports this module when it starts: the tracing and compiling modules are imported on first use.
+The workflow imports this module when it starts: torch, the models and the tracing and compiling modules are
+imported on first use.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.support import SupportTable, inductor_table, table_from_dict
-from trainplan.models import BuiltModel, build_model
 
 if TYPE_CHECKING:
     import torch
 
     from trainplan.fuse.fused_ops import FusedModel
+    from trainplan.models import BuiltModel
 
 #: the ``callable`` of a fused model's spec
 CALLABLE = "trainplan.fuse.planned:fused_model"
@@ -62,6 +63,8 @@ def fused_model(model: str, spec: dict[str, Any], target: dict[str, Any], seed: 
     """The callable of :func:`fused_spec`: model ``model`` built from ``spec`` with ``seed`` (its weights and batch
     as the raw model's), its forward groups fused; the module (``fusion``: which groups run fused and how) and
     the batch."""
+    from trainplan.models import build_model
+
     if compiler not in COMPILERS:
         raise FuseError(f"fused model '{model}': compiler must be one of {list(COMPILERS)}, got '{compiler}'")
     built = build_model(model, spec, seed=seed)

@@ -20,7 +20,6 @@ from trainplan.execute.plan import parse_plan, plan_stage
 from trainplan.execute.step import PlannedStep, compile_step
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
-from trainplan.host_swap import memory_model
 from trainplan.io import write_json
 from trainplan.loop.cache import batch_signature, graph_digest, new_record, plan_key, qualified_name, read_record
 from trainplan.loop.errors import InfeasibleBudgetError
@@ -29,6 +28,7 @@ from trainplan.loop.report import PlanReport
 from trainplan.loop.update_op import updates_bound
 from trainplan.loop.update_pass import UPDATE_PREFIX, check_update_order, with_updates
 from trainplan.loop.updates import ParamUpdates, scratch_updates, update_costs
+from trainplan.memory_model import memory_model
 from trainplan.models import BuiltModel
 from trainplan.profile.link import host_link_bytes_per_s
 from trainplan.profile.op_times import profile_nodes
@@ -50,7 +50,7 @@ class PlanSettings:
     time_limit_s: float
     workers: int
     seed: int
-    swap: bool | None  # None: swaps where the device's host memory is separate (host_swap.memory_model)
+    swap: bool | None  # None: swaps where the device's host memory is separate (memory_model.memory_model)
     profile_repeats: int
     on_infeasible: str  # one of ON_INFEASIBLE
     cache_dir: Path

@@ -11,13 +11,14 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trainplan.errors import ArtifactError
 from trainplan.io import read_yaml
 from trainplan.schemas import SchemaError, check
+
+if TYPE_CHECKING:
+    import torch
 
 ALLOW, DENY, INFER = "allow", "deny", "infer"
 INFER_MODES = ("producer", "promote")

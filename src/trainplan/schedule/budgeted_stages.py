@@ -33,7 +33,7 @@ class SolverSettings:
 class StageBudget:
     """How a stage's problem is made: its ``requested`` budget (bytes, or a fraction of its no-recompute activation
     peak: ``stage_problem.budget_for``), the host link's ``bandwidth`` (bytes per second), and whether ops may be
-    swapped (``swap=False``: a device whose host memory is shared, ``host_swap.memory_model``)."""
+    swapped (``swap=False``: a device whose host memory is shared, ``memory_model.memory_model``)."""
 
     requested: Budget
     bandwidth: float
