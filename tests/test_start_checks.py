@@ -9,7 +9,7 @@ import pytest
 
 from trainplan.errors import ModelSpecError
 from trainplan.fuse.errors import FuseError
-from trainplan.start_checks import CheckRecord, check_models, check_table
+from trainplan.start_checks import CheckRecord, check_models, check_table, default_record
 from trainplan.models import check_spec
 
 GPT2 = {"architecture": "GPT2LMHeadModel", "config": {"n_layer": 1, "n_embd": 32, "n_head": 2}}
@@ -63,3 +63,13 @@ def test_a_support_table_is_checked_again_when_its_content_changes(tmp_path):
     table.unlink()
     with pytest.raises(FuseError, match="table.yaml"):
         check_table(table, record)
+
+
+def test_the_record_is_the_users_and_an_unwritable_one_only_costs_a_rerun(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_record().path == tmp_path / "cache" / "trainplan" / "start_checks"
+    (tmp_path / "cache").write_text("a file where the folder should be")
+    ran = []
+    for _ in range(2):
+        assert default_record().once({"x": 1}, [], lambda: ran.append(1))
+    assert len(ran) == 2

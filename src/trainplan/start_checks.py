@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -56,9 +57,19 @@ class CheckRecord:
         check()
         if key is not None:
             self.known.add(key)
-            with atomic_path(self.path) as tmp:
-                tmp.write_text("".join(f"{k}\n" for k in sorted(self.known)))
+            try:
+                with atomic_path(self.path) as tmp:
+                    tmp.write_text("".join(f"{k}\n" for k in sorted(self.known)))
+            except OSError:
+                pass  # an unwritable cache: the check runs again next time, nothing else changes
         return True
+
+
+def default_record() -> CheckRecord:
+    """The user's record, shared by every study and checkout: a digest names what was checked and by which code,
+    so a record made elsewhere is as good (``$XDG_CACHE_HOME`` or ``~/.cache``, ``trainplan/start_checks``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return CheckRecord(Path(cache) / "trainplan" / "start_checks")
 
 
 def _module_file(spec: dict[str, Any]) -> Path | None:

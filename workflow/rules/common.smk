@@ -32,7 +32,7 @@ from trainplan.io import read_yaml
 from trainplan.memory_model import memory_model
 from trainplan.precision.policy import PolicyError, load_policy
 from trainplan.provenance.code import closure as code_closure, digest as code_digest
-from trainplan.start_checks import CheckRecord, check_models, check_table
+from trainplan.start_checks import check_models, check_table, default_record
 
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -62,7 +62,7 @@ DEVICES = [config["device"]] if isinstance(config["device"], str) else config["d
 
 
 # The start-up checks that import torch run once per checked content (trainplan.start_checks).
-START_CHECKS = CheckRecord(Path(".snakemake", "trainplan", "start_checks"))
+START_CHECKS = default_record()
 
 
 def _check_config():
