@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_run import TINY, snakemake
+from workflow_run import TINY, copy_of_study, snakemake
 
 from trainplan.budget import parse_budget
 
@@ -20,8 +20,10 @@ MET, RAISED = "180KiB", "100KB"
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
+def study(tiny_study, tmp_path_factory) -> Path:
+    """In a copy of the tiny study (small_cnn's export and profile kept: file times kept, they do not rerun)."""
     work = tmp_path_factory.mktemp("bytes")
+    copy_of_study(tiny_study, work / "w")
     config = yaml.safe_load(TINY.read_text())
     config.update(study={"plan": ["small_cnn"], "overflow": [], "layout": []}, budgets=[0.5, MET, RAISED],
                   validate={"repeats": 1, "warmup": 0, "threads": 1,

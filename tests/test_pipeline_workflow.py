@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from workflow_run import TINY, snakemake
+from workflow_run import TINY, copy_of_study, snakemake
 
 pytestmark = pytest.mark.workflow
 WHERE = "tiny_gpt2/cpu/k2/b0.6"
@@ -34,8 +34,10 @@ TARGETS = (f"results/pipeline/{WHERE}/1f1b_m2.json", f"results/plots/{WHERE}/pip
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory) -> Path:
+def study(tiny_study, tmp_path_factory) -> Path:
+    """In a copy of the tiny study (tiny GPT-2's export and profile kept: file times kept, they do not rerun)."""
     work = tmp_path_factory.mktemp("pipeline")
+    copy_of_study(tiny_study, work / "w")
     out = snakemake(work / "w", _config(work), *TARGETS)
     assert out.returncode == 0, out.stderr[-4000:]
     return work / "w"

@@ -67,7 +67,7 @@ def test_lns_in_a_worker_thread_stops_at_the_runs_wall_clock_end():
     p = layered_graph(100, 0)
     p = p.with_budget(int(0.8 * replay(p, no_recompute_events(p)).peak_bytes))
     hint = dtr_plan(p, p.budget_bytes, DtrOptions(allow_swap=False))
-    cap = 1.5
+    cap = 4.0  # at 1.5 s a loaded 2-core host built the model past the cap and LNS never started
     with ThreadPoolExecutor(1) as pool:
         t0 = time.perf_counter()
         r = pool.submit(solve_mip, p, p.budget_bytes, CpSatRun(60, 1, 0, True, wall_cap_s=cap, lns_share=0.9),
