@@ -49,7 +49,10 @@ def test_lns_improves_a_first_solution_to_a_valid_schedule(deterministic, submod
     assert first.events is not None  # LNS takes over from a hinted run: hint a first CP-SAT solution
     r = solve_mip(p, p.budget_bytes, CpSatRun(8, 2, 0, deterministic, lns_share=0.5), ModelSpec(hint=first.events))
     stats = r.stats["lns"]
-    assert r.events is not None and stats is not None and stats["windows"] > 0 and stats["op_sets"] > 0
+    assert r.events is not None and stats is not None and stats["windows"] > 0
+    # op-set neighbourhoods follow a sweep of windows: on the wall clock a slow host may not get there (2026-12-02:
+    # 5 windows in the 4 s, alone); on the deterministic clock it always does
+    assert stats["op_sets"] > 0 or not deterministic
     assert stats["objective"] <= stats["objective_before"] and r.objective_s == stats["objective"] <= first.objective_s
     rep = replay(p, r.events, p.budget_bytes)  # raises if invalid or over the budget
     assert rep.peak_bytes <= p.budget_bytes
