@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workflow_run import TINY, snakemake
+from workflow_run import SHARED_CORES, TINY, snakemake
 
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
@@ -37,8 +37,9 @@ def small_cnn() -> tuple[BuiltModel, TracedStep, list, GraphTables]:
 
 @pytest.fixture(scope="session")
 def tiny_study(tmp_path_factory) -> Path:
-    """Working directory of the tiny test study (tests/config/config.yaml), run once per session."""
+    """Working directory of the tiny test study (tests/config/config.yaml), run once per session, two jobs at a time
+    (SHARED_CORES)."""
     workdir = tmp_path_factory.mktemp("study")
-    out = snakemake(workdir, TINY)
+    out = snakemake(workdir, TINY, *SHARED_CORES)
     assert out.returncode == 0, out.stderr[-4000:]
     return workdir

@@ -9,6 +9,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "config" / "config.yaml"
+#: The rules that time and so take every core (``threads: workflow.cores``), given one thread each in the tiny study:
+#: its jobs are mostly interpreter start-up and imports (one core), so two run side by side on the 2-core CI host.
+#: No test of the tiny study checks a timing against a tolerance (the validate tests raise theirs to 1e9).
+SHARED_CORES = ("--set-threads", *(f"{rule}=1" for rule in (
+    "align_prove", "frontier", "fuse_measure", "fuse_train", "layout_sweep", "layout_measure", "layout",
+    "overflow_summary", "profile", "validate")))
 
 
 def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
