@@ -1,6 +1,6 @@
 """The pipeline and plot_pipeline rules: tiny GPT-2's k=2 plan run as two torchrun processes under 1F1B through the
 workflow (the artifact bit-identical to the single-process step, medians over the measured steps, the timeline and
-the prediction with the measured send/receive; the figure), and which runs a study asks for (about 60 s)."""
+the prediction with the measured send/receive; the figure), and which runs a study asks for (about 80 s alone)."""
 
 from __future__ import annotations
 
