@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -9,12 +10,25 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "config" / "config.yaml"
-#: The rules that time and so take every core (``threads: workflow.cores``), given one thread each in the tiny study:
-#: its jobs are mostly interpreter start-up and imports (one core), so two run side by side on the 2-core CI host.
-#: No test of the tiny study checks a timing against a tolerance (the validate tests raise theirs to 1e9).
-SHARED_CORES = ("--set-threads", *(f"{rule}=1" for rule in (
-    "align_prove", "frontier", "fuse_measure", "fuse_train", "layout_sweep", "layout_measure", "layout",
-    "overflow_summary", "profile", "validate")))
+
+
+def _rules_taking_every_core() -> list[str]:
+    """The rules declared ``threads: workflow.cores`` (those that time: they take the machine to themselves)."""
+    rules = []
+    for path in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        rule = None
+        for line in path.read_text().splitlines():
+            if found := re.match(r"rule (\w+):", line):
+                rule = found.group(1)
+            elif rule and line.strip() == "threads: workflow.cores":
+                rules.append(rule)
+    return rules
+
+
+#: Those rules given one thread each in the tiny study: its jobs are mostly interpreter start-up and imports (one
+#: core), so two run side by side on the 2-core CI host. Its times are then taken under load: no test of the tiny
+#: study checks a timing against a tolerance (the validate tests raise theirs to 1e9).
+SHARED_CORES = ("--set-threads", *(f"{rule}=1" for rule in _rules_taking_every_core()))
 
 
 def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
