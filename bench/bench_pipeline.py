@@ -90,7 +90,7 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
                 if "error" not in plan and (ran, schedule, m) not in runs:
                     run_settings = RunSettings(where / "plan.json", name, spec, schedule, m,
                                                where / f"{schedule}_m{m}.json", args.seed, args.warmup, args.threads,
-                                               False, "cpu", args.repeats)
+                                               False, "cpu", args.repeats, args.tied_grads)
                     runs[ran, schedule, m] = run_plan(where / "plan.json", run_settings, args.k)
                 rows.append({"model": name, "budget": budget, "method": method, "schedule": schedule, "m": m,
                              **comparison_row(plan, runs.get((ran, schedule, m), {}))})
@@ -107,12 +107,14 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
         f"`{' '.join(['python', 'bench/bench_pipeline.py', *sys.argv[1:]])}`", "",
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, torch {torch.__version__}, "
         f"k={args.k}, {args.threads} thread(s) per rank, {args.repeats} measured step(s) (median) after "
-        f"{args.warmup} warm-up, solver {args.time_limit} s per stage; {load}; {seconds / 60:.1f} min.", "",
+        f"{args.warmup} warm-up, solver {args.time_limit} s per stage, tied gradients reduced once per "
+        f"{args.tied_grads.replace('_', '-')}; {load}; {seconds / 60:.1f} min.", "",
         "Every method's stages scheduled at the same budget and run with the same schedule and m. Predicted: the "
-        "balance rule's (m + k - 1) t_max; +comm: (m + k - 1) max_s (t_s + c_s), c_s the stage's measured send/recv "
-        "per micro-batch (docs/pipeline_run.md); simulated: the schedule's own action order with each stage's "
-        "forward and backward measured alone and the measured transfers (trainplan.pipeline.simulate). Methods "
-        "with the same cuts ran once (`same_as`).", "",
+        "balance rule's (m + k - 1) t_max; +comm: (m + k - 1) max_s (t_s + c_s) + r, c_s the stage's measured "
+        "send/recv per micro-batch, r the measured once-per-step tied reduction (docs/pipeline_run.md); "
+        "simulated: the schedule's own action order with each stage's forward and backward measured alone, the "
+        "measured transfers and r (trainplan.pipeline.simulate). Methods with the same cuts ran once "
+        "(`same_as`).", "",
     ]
     cols = ["method", "cuts", "same_as", "planned_rate", "predicted_step_s", "predicted_step_comm_s", "measured_step_s",
             "measured_over_predicted_comm", "simulated_step_s", "measured_over_simulated", "peak_mib", "error"]
@@ -155,6 +157,8 @@ def main() -> None:
     ap.add_argument("--profile-repeats", type=int, default=5)
     ap.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per stage schedule")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tied-grads", choices=["step", "micro_batch"], default="step",
+                    help="tied weights' partial gradients sent once per step or in every micro-batch's carrier")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "pipeline"),
                     help="writes OUT.csv, OUT.md, and plans and runs under OUT_plans/")
     args = ap.parse_args()

@@ -1,6 +1,7 @@
 """trainplan pipeline-run: a k=2 balance plan of tiny GPT-2 run as two torchrun processes under GPipe and 1F1B, and a
 k=3 one whose stage 1 relays what stages 0 and 2 exchange, with losses and gradients equal to the single-process
-planned step's; the run's medians and prediction with send/recv; bad input refused by name."""
+planned step's (the tied embedding's within round-off when its partial gradient is reduced once per step); the
+run's medians and prediction with send/recv; bad input refused by name."""
 
 from __future__ import annotations
 
@@ -55,23 +56,39 @@ def pipeline_run(*args: str) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=300, check=False)
 
 
-@pytest.mark.parametrize(("schedule", "m"), [("gpipe", 2), ("1f1b", 4)])  # each schedule once: 10 s a run
-def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan_dir, schedule, m, tmp_path):
+WTE = "transformer.wte.weight"
+
+
+# each schedule once (10 s a run), each way of reducing the tied embedding's gradient once
+@pytest.mark.parametrize(("schedule", "m", "tied"), [("gpipe", 2, "micro-batch"), ("1f1b", 4, "step")])
+def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan_dir, schedule, m, tied, tmp_path):
     out = tmp_path / "run.json"
     done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", schedule,
-                        "-m", str(m), "--check", "-o", str(out), "--repeats", "2")
+                        "-m", str(m), "--check", "-o", str(out), "--repeats", "2", "--tied-grads", tied)
     assert done.returncode == 0, done.stderr[-4000:]
     run = json.loads(out.read_text())
     assert (run["k"], run["schedule"], run["micro_batches"], run["backend"]) == (2, schedule, m, "gloo")
-    # every rank's gradients and the last rank's micro-batch losses: bit for bit the single-process planned step's
-    assert run["check"] == {"planned_bit_identical": True, "eager_close": True}
+    # every rank's gradients and the last rank's micro-batch losses: bit for bit the single-process planned step's,
+    # but the tied embedding's when its partial is summed over the micro-batches and sent once (round-off)
+    assert run["check"] == {"planned_bit_identical": True, "eager_close": True, "tied_reduced_close": True}
     ranks = run["ranks"]
+    wte_bytes = 512 * 64 * 4
+    if tied == "step":  # the LM head's partial (stage 1) reaches the embedding's gradient (stage 0) once per step
+        assert ranks[0]["tied_partials"] == ranks[1]["tied_partials"] and [
+            (p["parameter"], p["producer"], p["receiver"]) for p in ranks[0]["tied_partials"]] == [(WTE, 1, 0)]
+        assert ranks[0]["check"]["planned"]["tied_reduced"] == [WTE]
+        assert 0 < ranks[0]["carrier_out_bytes"] < wte_bytes and ranks[0]["tied_receive_s"] > 0
+        assert ranks[1]["tied_send_s"] > 0 and ranks[1]["tied_receive_s"] == 0
+        assert run["prediction"]["tied_reduce_s"] == ranks[0]["tied_receive_s"]
+    else:  # the partial in every carrier, which has one size both ways
+        assert all(r["tied_partials"] == [] and r["tied_receive_s"] == 0 for r in ranks)
+        assert ranks[0]["carrier_out_bytes"] >= wte_bytes and ranks[0]["check"]["planned"]["tied_reduced"] == []
     assert [r["rank"] for r in ranks] == [0, 1] and [r["stage"] for r in ranks] == [0, 1]
     names = [n for r in ranks for n in r["check"]["parameters"]]
     built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
     assert sorted(names) == sorted(n for n, _ in built.module.named_parameters())  # each gradient on one rank
     for r in ranks:
-        assert r["check"]["planned"]["max_abs_diff_grad"] == 0.0
+        assert r["check"]["planned"]["max_abs_diff_grad"] == 0.0 or r["check"]["planned"]["tied_reduced"]
         assert 0 < r["forward_half_s"] + r["backward_half_s"] <= r["compute_s"] <= r["step_s"]
         assert r["send_recv_s"] > 0 and r["idle_s"] == pytest.approx(r["step_s"] - r["compute_s"] - r["send_recv_s"])
         assert r["peak_bytes"] is None or r["peak_bytes"] > 0
@@ -87,6 +104,9 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     assert pred["step_time_s"] == pytest.approx((m + 1) * pred["t_max_s"])
     assert len(pred["peak_bytes"]) == 2 and all(p > 0 for p in pred["peak_bytes"])
     assert pred["comm_per_micro_batch_s"] == pytest.approx([r["send_recv_s"] / m for r in ranks])
+    assert pred["step_time_with_comm_s"] == pytest.approx(
+        (m + 1) * max(t + c for t, c in zip(pred["stage_times_s"], pred["comm_per_micro_batch_s"]))
+        + pred["tied_reduce_s"])
     assert run["measured"]["over_predicted_with_comm"] == pytest.approx(run["measured"]["step_s"]
                                                                         / pred["step_time_with_comm_s"])
     # the median step's compute calls, per rank: each micro-batch's forward before its backward
@@ -109,20 +129,25 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     assert sim["costs"]["backward_transfer_s"] == [max(r["transfer_s"]["backward"][0] for r in ranks)] and all(
         r["transfer_s"]["forward"][0] > 0 for r in ranks)
     busy = max(m * (r["alone"]["forward_s"] + r["alone"]["backward_s"]) for r in ranks)
-    assert busy < sim["step_time_s"] == pytest.approx(max(sim["rank_end_s"]))
+    assert sim["costs"]["tied_reduce_s"] == pred["tied_reduce_s"]
+    assert busy < sim["step_time_s"] == pytest.approx(max(sim["rank_end_s"]) + pred["tied_reduce_s"])
     assert run["measured"]["over_simulated"] == pytest.approx(run["measured"]["step_s"] / sim["step_time_s"])
 
 
 def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):
-    """Stage 0's mask and positions read by stage 2, stage 2's partial gradient of the tied embedding read by stage
-    0: relayed through stage 1, the gradients still bit for bit the single-process step's."""
+    """Stage 0's mask and positions read by stage 2: relayed through stage 1; stage 2's partial gradient of the tied
+    embedding, read by stage 0, crosses stage 1 as zeros and is sent straight to stage 0 once per step; the other
+    gradients still bit for bit the single-process step's."""
     plan_dir = write_plan(tiny_gpt2, tmp_path / "k3", 3)
     out = tmp_path / "run.json"
     done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", "1f1b", "-m", "3",
                         "--check", "-o", str(out))
     assert done.returncode == 0, done.stderr[-4000:]
     run = json.loads(out.read_text())
-    assert run["k"] == 3 and run["check"] == {"planned_bit_identical": True, "eager_close": True}
+    assert run["k"] == 3 and run["check"] == {"planned_bit_identical": True, "eager_close": True,
+                                              "tied_reduced_close": True}
+    tied = [(p["parameter"], p["producer"], p["receiver"]) for p in run["ranks"][1]["tied_partials"]]
+    assert tied == [(WTE, 2, 0)]
     assert [r["relayed_storages"] for r in run["ranks"]][0] == 0 and run["ranks"][1]["relayed_storages"] > 0
     assert run["ranks"][2]["relayed_storages"] == 0
 
@@ -155,17 +180,21 @@ def test_the_prediction_with_send_recv_adds_each_stages_transfers_to_its_slot():
     out = with_communication(predicted, [0.4, 1.2], m=4)  # per micro-batch: 0.1 and 0.3 s
     assert out["comm_per_micro_batch_s"] == pytest.approx([0.1, 0.3])
     assert out["step_time_with_comm_s"] == pytest.approx(5 * 1.1)  # (m + k - 1) * max(1.1, 1.1)
-    assert out["step_time_s"] == 5.0
+    assert out["step_time_s"] == 5.0 and out["tied_reduce_s"] == 0.0
+    # a once-per-step reduction of tied gradients is paid once, after the schedule
+    assert with_communication(predicted, [0.4, 1.2], m=4, tied_reduce_s=0.25)["step_time_with_comm_s"] == \
+        pytest.approx(5 * 1.1 + 0.25)
 
 
 def test_the_run_reports_the_median_step_and_its_timeline():
     def rank(times):
         steps = [{"step_s": t, "compute_s": t / 2, "forward_half_s": t / 4, "backward_half_s": t / 4,
-                  "peak_bytes": int(t * 100), "peak_method": "m", "actions": [{"kind": "F", "start_s": t}]}
+                  "tied_send_s": 0.0, "tied_receive_s": t / 10, "peak_bytes": int(t * 100), "peak_method": "m",
+                  "actions": [{"kind": "F", "start_s": t}]}
                  for t in times]
         return rank_numbers(steps, [0.1, 0.3, 0.2])
 
     ranks = [rank([1.0, 3.0, 2.0]), rank([1.5, 2.5, 2.6])]
     assert ranks[0]["step_s"] == 2.0 and ranks[0]["send_recv_s"] == 0.2 and ranks[0]["peak_bytes"] == 300
-    assert ranks[0]["idle_s"] == pytest.approx(2.0 - 1.0 - 0.2)
+    assert ranks[0]["idle_s"] == pytest.approx(2.0 - 1.0 - 0.2) and ranks[0]["tied_receive_s"] == 0.2
     assert median_repeat(ranks) == (2, [1.5, 3.0, 2.6])  # the slowest rank per step: median 2.6, step 2

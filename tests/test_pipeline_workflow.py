@@ -46,15 +46,16 @@ def study(tiny_study, tmp_path_factory) -> Path:
 def test_the_rule_runs_the_plan_as_a_pipeline_and_draws_each_rank(study):
     run = json.loads((study / "results/pipeline" / WHERE / "1f1b_m2.json").read_text())
     assert (run["k"], run["schedule"], run["micro_batches"], run["repeats"]) == (2, "1f1b", 2, 2)
-    assert run["check"] == {"planned_bit_identical": True, "eager_close": True}
+    assert run["check"] == {"planned_bit_identical": True, "eager_close": True, "tied_reduced_close": True}
+    assert run["tied_grads"] == "step"
     assert len(run["measured"]["step_s_repeats"]) == 2
     assert run["measured"]["step_s"] == pytest.approx(sorted(run["measured"]["step_s_repeats"])[0] / 2
                                                       + sorted(run["measured"]["step_s_repeats"])[1] / 2)
     pred = run["prediction"]
     assert pred["step_time_s"] == pytest.approx(3 * pred["t_max_s"])
     slots = [t + c for t, c in zip(pred["stage_times_s"], pred["comm_per_micro_batch_s"])]
-    assert pred["step_time_with_comm_s"] == pytest.approx(3 * max(slots)) and pred["step_time_with_comm_s"] > \
-        pred["step_time_s"]
+    with_comm = pred["step_time_with_comm_s"]
+    assert with_comm == pytest.approx(3 * max(slots) + pred["tied_reduce_s"]) and with_comm > pred["step_time_s"]
     for rank, actions in zip(run["ranks"], run["timeline"]["ranks"]):
         assert len(rank["step_s_repeats"]) == 2 and "actions_repeats" not in rank
         assert sorted((a["kind"], a["micro_batch"]) for a in actions) == [("B", 0), ("B", 1), ("F", 0), ("F", 1)]

@@ -15,7 +15,7 @@ rule pipeline:
         spec=model_spec,
         seed=config["seed"],
         device=device_spec,
-        settings=pipeline_settings("threads", "warmup", "repeats", "check"),
+        settings=pipeline_settings("threads", "warmup", "repeats", "check", "tied_grads"),
         code=code_version("pipeline"),
     # Timing needs the machine to itself: take every core the run was given (k ranks x pipeline.threads each).
     threads: workflow.cores
@@ -85,7 +85,7 @@ rule pipeline_methods:
         spec=model_spec,
         seed=config["seed"],
         device=device_spec,
-        settings=pipeline_settings("threads", "warmup", "repeats", "methods"),
+        settings=pipeline_settings("threads", "warmup", "repeats", "methods", "tied_grads"),
         balance=config["balance"],
         solver=config["solver"],
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),

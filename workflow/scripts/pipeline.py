@@ -13,7 +13,7 @@ from trainplan.pipeline.run import RunSettings, check_settings
 with log_to(snakemake.log[0]) as log:
     inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards
     data, _ = load_plan(inp.plan)
-    keys = ("warmup", "threads", "check", "repeats")
+    keys = ("warmup", "threads", "check", "repeats", "tied_grads")
     settings = RunSettings(Path(inp.plan), wc.model, dict(par.spec), wc.schedule, int(wc.m), Path(snakemake.output[0]),
                            par.seed, device=par.device["type"], **{key: par.settings[key] for key in keys})
     check_settings(settings, data, None)

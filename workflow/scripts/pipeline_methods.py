@@ -33,7 +33,8 @@ with log_to(snakemake.log[0]) as log:
             write_json(where / "plan.json", {**plan, "memory_model": dict(par.memory_model)})
             settings_run = RunSettings(where / "plan.json", wc.model, dict(par.spec), wc.schedule, m,
                                        where / "run.json", par.seed, par.settings["warmup"], par.settings["threads"],
-                                       False, par.device["type"], par.settings["repeats"])
+                                       False, par.device["type"], par.settings["repeats"],
+                                       par.settings["tied_grads"])
             runs[ran] = run_plan(where / "plan.json", settings_run, k)
         rows.append({"model": wc.model, "budget": wc.budget, "method": method, "schedule": wc.schedule, "m": m,
                      **comparison_row(plan, runs.get(ran, {}))})

@@ -1,10 +1,11 @@
 """The tensor two neighbouring stages exchange per micro-batch: their storages' bytes packed into one float32
 tensor, forward in the value and backward in its gradient, so that PipelineStage sends and receives it as any
-activation and its gradient (which have one shape, the larger of the two directions')."""
+activation and its gradient (which have one shape, the larger of the two directions'). Tied parameters' partial
+gradients reduced once per step (:mod:`trainplan.pipeline.tied`) cross the link but not in the carrier."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,15 +16,17 @@ from trainplan.pipeline.errors import PipelineError
 
 @dataclass(frozen=True)
 class Carrier:
-    """Stage ``sender`` -> ``sender + 1``: the storages sent forward and those sent back, with their bytes."""
+    """Stage ``sender`` -> ``sender + 1``: the storages sent forward and those sent back, with their bytes;
+    ``reduced``: storages sent back once per step instead (left out of the carrier)."""
 
     sender: int
     forward: tuple[tuple[int, int], ...]  # (plan storage id, bytes), in order
     backward: tuple[tuple[int, int], ...]
+    reduced: frozenset[int] = frozenset()
 
     @property
     def numel(self) -> int:
-        size = max(sum(n for _, n in self.forward), sum(n for _, n in self.backward))
+        size = max(sum(n for _, n in self.forward), sum(n for s, n in self.backward if s not in self.reduced))
         return max(1, -(-size // 4))
 
     @property
@@ -34,12 +37,15 @@ class Carrier:
         return torch.empty(self.numel, dtype=torch.float32, device=device, requires_grad=requires_grad)
 
     def pack(self, storages: Sequence[torch.UntypedStorage], backward: bool, device: torch.device) -> torch.Tensor:
-        """A carrier holding ``storages`` (those of the forward or the ``backward`` direction, in order)."""
+        """A carrier holding ``storages`` (those of the forward or the ``backward`` direction, in order; the
+        ``reduced`` ones are skipped)."""
         entries = self.backward if backward else self.forward
         out = self.empty(device)
         raw = out.view(torch.uint8)
         offset = 0
         for (sid, nbytes), st in zip(entries, storages, strict=True):
+            if backward and sid in self.reduced:
+                continue
             if st.nbytes() != nbytes:
                 raise PipelineError(f"stages {self.sender}/{self.sender + 1}: storage {sid} holds {st.nbytes()} B, "
                                     f"the plan says {nbytes} B")
@@ -47,11 +53,19 @@ class Carrier:
             offset += nbytes
         return out
 
-    def unpack(self, carrier: torch.Tensor, backward: bool) -> list[torch.UntypedStorage]:
-        """Fresh storages holding the bytes ``carrier`` packed (forward or ``backward`` direction)."""
+    def unpack(self, carrier: torch.Tensor, backward: bool,
+               zeros: Callable[[int, int], torch.UntypedStorage] | None = None) -> list[torch.UntypedStorage]:
+        """Fresh storages holding the bytes ``carrier`` packed (forward or ``backward`` direction); a ``reduced``
+        storage is ``zeros(sid, nbytes)``."""
         raw = carrier.detach().view(torch.uint8)
         out, offset = [], 0
-        for _, nbytes in self.backward if backward else self.forward:
+        for sid, nbytes in self.backward if backward else self.forward:
+            if backward and sid in self.reduced:
+                if zeros is None:
+                    raise PipelineError(f"stages {self.sender}/{self.sender + 1}: storage {sid} is reduced once per "
+                                        "step: its stand-in zeros are needed")
+                out.append(zeros(sid, nbytes))
+                continue
             out.append(raw[offset:offset + nbytes].clone().untyped_storage())
             offset += nbytes
         return out

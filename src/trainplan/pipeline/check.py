@@ -1,5 +1,6 @@
-"""A pipeline rank's loss and gradients against the single-process step of the same plan (bit for bit) and
-against eager autograd (within round-off), each combined over the micro-batches as the pipeline combines them."""
+"""A pipeline rank's loss and gradients against the single-process step of the same plan (bit for bit; a tied
+parameter reduced once per step within round-off) and against eager autograd (within round-off), each combined
+over the micro-batches as the pipeline combines them."""
 
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 
 def compare_with_references(grads: dict[str, torch.Tensor], losses: list[torch.Tensor], built: BuiltModel,
-                            micro_batches: list[dict[str, torch.Tensor]], ref: Reference, *,
-                            where: str) -> dict[str, Any]:
+                            micro_batches: list[dict[str, torch.Tensor]], ref: Reference, *, where: str,
+                            tied: frozenset[str] = frozenset()) -> dict[str, Any]:
     """This rank's gradients (``grads``, by parameter name: those its stage computes) and micro-batch losses (the
-    last rank's; empty elsewhere) against the single-process planned step and eager autograd on each micro-batch."""
+    last rank's; empty elsewhere) against the single-process planned step and eager autograd on each micro-batch.
+    ``tied``: parameters whose partial gradients were reduced once per step (their terms summed in another
+    order: compared within the eager tolerance, not bit for bit)."""
     step = compile_step(ref.data, ref.stages, ref.traced, ref.flat, ref.tables, where=where)
     params = dict(built.module.named_parameters())
     planned = [step(params, mb) for mb in micro_batches]
@@ -66,8 +69,12 @@ def compare_with_references(grads: dict[str, torch.Tensor], losses: list[torch.T
     planned_grads = [combine([g[n] for _, g in planned]) for n in names]
     eager_grads = [combine([g[order[n]] for _, g in eager]) for n in names]
     out: dict[str, Any] = {"combined": COMBINED, "parameters": names}
-    out["planned"] = {"bit_identical": all(torch.equal(a, b) for a, b in zip(mine, planned_grads)),
-                      "max_abs_diff_grad": _max_diff(mine, planned_grads)}
+    pairs = list(zip(names, mine, planned_grads))
+    out["planned"] = {"bit_identical": all(torch.equal(a, b) for n, a, b in pairs if n not in tied),
+                      "max_abs_diff_grad": _max_diff(mine, planned_grads),
+                      "tied_reduced": sorted(tied.intersection(names)),
+                      "tied_reduced_close": all(torch.allclose(a, b, rtol=EAGER_RTOL, atol=EAGER_ATOL)
+                                                for n, a, b in pairs if n in tied)}
     close = all(torch.allclose(a, b, rtol=EAGER_RTOL, atol=EAGER_ATOL) for a, b in zip(mine, eager_grads))
     out["eager"] = {"close": close, "rtol": EAGER_RTOL, "atol": EAGER_ATOL,
                     "max_abs_diff_grad": _max_diff(mine, eager_grads)}

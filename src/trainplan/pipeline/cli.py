@@ -30,7 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace]
                     help="artifact JSON (default: PLAN_DIR/pipeline_run_<schedule>_m<M>.json)")
     ap.add_argument("--check", action="store_true",
                     help="compare each rank's gradients and the losses with the single-process planned step "
-                         "(bit for bit) and eager autograd (every rank then runs the whole step)")
+                         "(bit for bit; tied parameters reduced once per step within round-off) and eager autograd "
+                         "(every rank then runs the whole step)")
+    ap.add_argument("--tied-grads", choices=["step", "micro-batch"], default="step",
+                    help="a weight read by two stages (GPT-2's embedding): its partial gradient summed over the "
+                         "micro-batches and sent once per step (default), or sent in every micro-batch's carrier "
+                         "(bit-identical to the single-process step, and as many bytes forward as back)")
     ap.add_argument("--warmup", type=nonnegative_int, default=1, help="steps run before the measured ones")
     ap.add_argument("--repeats", type=positive_int, default=1, help="measured steps (medians over them)")
     ap.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank")
@@ -60,7 +65,7 @@ def _settings(args: argparse.Namespace):  # -> RunSettings (imported late: torch
     seed = args.seed if args.seed is not None else int(config.get("seed", 0))
     return data, RunSettings(Path(args.plan), name, dict(models[name]), args.schedule, args.micro_batches,
                              Path(args.output) if args.output else None, seed, args.warmup, args.threads,
-                             args.check, args.device, args.repeats)
+                             args.check, args.device, args.repeats, args.tied_grads.replace("-", "_"))
 
 
 def run(args: argparse.Namespace) -> int:

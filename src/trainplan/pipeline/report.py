@@ -16,10 +16,12 @@ PREDICTION_FORMULAS = {
     "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
     "comm_per_micro_batch_s": "stage s: measured send_recv_s of rank s / m (its carriers of one micro-batch, both "
                               "directions, sent and received alone)",
-    "step_time_with_comm_s": "(m + k - 1) * max_s (t_s + c_s), t_s the stage's scheduled time and c_s its "
+    "step_time_with_comm_s": "(m + k - 1) * max_s (t_s + c_s) + r, t_s the stage's scheduled time and c_s its "
                              "comm_per_micro_batch_s: the balance rule's step with each stage's slot paying its "
                              "transfers, which do not overlap its compute (the schedules wait for a receive before "
-                             "computing; on gloo the transfer runs on the rank's own cores)",
+                             "computing; on gloo the transfer runs on the rank's own cores); r: tied_reduce_s",
+    "tied_reduce_s": "the measured once-per-step reduction of tied parameters' partial gradients after the "
+                     "schedule: the slowest rank's tied_receive_s (0 without tied parameters across stages)",
     "busy_s": "m * the stage's scheduled time (plan stages[i].schedule.time, one micro-batch forward+backward)",
     "idle_s": "step_time_s - busy_s",
     "peak_bytes": "1F1B: " + FORMULAS["peak_1f1b_bytes"] + "; GPipe: the same with all m micro-batches in "
@@ -34,7 +36,12 @@ MEASURED = {
     "backward_half_s": "of which in its planned backward half",
     "send_recv_s": "this rank's time sending and receiving one step's carriers alone, link by link after a "
                    "barrier (transfer without waiting for a peer)",
-    "idle_s": "step_s - compute_s - send_recv_s: waiting for a peer (the bubble) and the schedule's own work",
+    "tied_send_s": "in the step, after the schedule: sending the tied parameters' partial gradients this rank summed "
+                   "over the micro-batches (from its own schedule end: waiting for the receiver included)",
+    "tied_receive_s": "in the step, after the schedule: receiving tied partial gradients and adding them, scaled "
+                      "by 1/m, into this rank's parameters' gradients",
+    "idle_s": "step_s - compute_s - send_recv_s: waiting for a peer (the bubble), the schedule's own work and the "
+              "tied reduction",
     "alone": "forward_s and backward_s of one micro-batch through this stage with no other stage computing "
              "(GPipe steps of one micro-batch after the measured steps), medians over as many steps as repeats",
     "transfer_s": "seconds per carrier on each link this rank is on, per direction (from send_recv_s's timings)",
@@ -51,8 +58,8 @@ MEASURED = {
 def rank_numbers(steps: list[dict[str, Any]], links: list[float]) -> dict[str, Any]:
     """One rank's numbers over its measured ``steps`` (measured_step's) and send/receive timings: medians, the
     largest peak, each step's time and compute calls."""
-    out: dict[str, Any] = {key: median(s[key] for s in steps)
-                           for key in ("step_s", "compute_s", "forward_half_s", "backward_half_s")}
+    out: dict[str, Any] = {key: median(s[key] for s in steps) for key in (
+        "step_s", "compute_s", "forward_half_s", "backward_half_s", "tied_send_s", "tied_receive_s")}
     out["send_recv_s"] = median(links)
     out["idle_s"] = out["step_s"] - out["compute_s"] - out["send_recv_s"]
     peaks = [s["peak_bytes"] for s in steps if s["peak_bytes"] is not None]
@@ -72,23 +79,33 @@ def transfer_medians(repeats: list[dict[str, list[float | None]]]) -> dict[str, 
 def simulated(ranks: list[dict[str, Any]], timeline: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """The schedule's step simulated (trainplan.pipeline.simulate) in the order ``timeline``'s step ran, from this
     run's costs: each stage's forward and backward alone, and per link and direction the slower endpoint's
-    seconds per carrier."""
+    seconds per carrier; plus the measured tied reduction after it."""
     def link(direction: str, s: int) -> float:
         return max(r["transfer_s"][direction][s] for r in ranks if r["transfer_s"][direction][s] is not None)
 
     k = len(ranks)
     costs = StageCosts([r["alone"]["forward_s"] for r in ranks], [r["alone"]["backward_s"] for r in ranks],
                        [link("forward", s) for s in range(k - 1)], [link("backward", s) for s in range(k - 1)])
-    return {**simulate(recorded_orders(timeline), costs), "costs": asdict(costs), "formula": FORMULA}
+    out = simulate(recorded_orders(timeline), costs)
+    reduce = tied_reduce_seconds(ranks)
+    return {**out, "step_time_s": out["step_time_s"] + reduce, "costs": {**asdict(costs), "tied_reduce_s": reduce},
+            "formula": FORMULA + "; plus tied_reduce_s after the schedule"}
 
 
-def with_communication(predicted: dict[str, Any], send_recv_s: list[float], m: int) -> dict[str, Any]:
-    """``predicted`` with each stage's measured send/receive cost per micro-batch added to its slot
-    (PREDICTION_FORMULAS['step_time_with_comm_s'])."""
+def tied_reduce_seconds(ranks: list[dict[str, Any]]) -> float:
+    """The once-per-step tied reduction's cost: the slowest receiving rank's receive-and-add time."""
+    return max(r["tied_receive_s"] for r in ranks)
+
+
+def with_communication(predicted: dict[str, Any], send_recv_s: list[float], m: int,
+                       tied_reduce_s: float = 0.0) -> dict[str, Any]:
+    """``predicted`` with each stage's measured send/receive cost per micro-batch added to its slot and the tied
+    reduction once (PREDICTION_FORMULAS['step_time_with_comm_s'])."""
     k = len(send_recv_s)
     comm = [s / m for s in send_recv_s]
     slot = [t + c for t, c in zip(predicted["stage_times_s"], comm)]
-    return {**predicted, "comm_per_micro_batch_s": comm, "step_time_with_comm_s": (m + k - 1) * max(slot)}
+    return {**predicted, "comm_per_micro_batch_s": comm, "tied_reduce_s": tied_reduce_s,
+            "step_time_with_comm_s": (m + k - 1) * max(slot) + tied_reduce_s}
 
 
 def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: int) -> dict[str, Any]:
@@ -128,7 +145,8 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
     losses = last["losses"]
     chosen, slowest = median_repeat(ranks)
     timeline = [r.pop("actions_repeats")[chosen] for r in ranks]
-    predicted = with_communication(predicted, [r["send_recv_s"] for r in ranks], settings.micro_batches)
+    predicted = with_communication(predicted, [r["send_recv_s"] for r in ranks], settings.micro_batches,
+                                   tied_reduce_seconds(ranks))
     step = median(slowest)
     simulation = simulated(ranks, timeline)
     out = {
@@ -141,6 +159,7 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
         "device": device,
         "backend": backend,
         "threads_per_rank": settings.threads,
+        "tied_grads": settings.tied_grads,
         "warmup_steps": settings.warmup,
         "repeats": settings.repeats,
         "malloc": memory,
@@ -159,5 +178,6 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
     }
     if all("check" in r for r in ranks):
         out["check"] = {"planned_bit_identical": all(r["check"]["planned"]["bit_identical"] for r in ranks),
-                        "eager_close": all(r["check"]["eager"]["close"] for r in ranks)}
+                        "eager_close": all(r["check"]["eager"]["close"] for r in ranks),
+                        "tied_reduced_close": all(r["check"]["planned"]["tied_reduced_close"] for r in ranks)}
     return out

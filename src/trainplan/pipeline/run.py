@@ -31,11 +31,15 @@ from trainplan.pipeline.errors import PipelineError
 from trainplan.pipeline.report import artifact, prediction, rank_numbers, transfer_medians
 from trainplan.pipeline.split import Flows, split_stage, stage_flows
 from trainplan.pipeline.stage import PlannedStageModule, StageRuntime, TimedStage
+from trainplan.pipeline.tied import TiedReduction, tied_partials
 from trainplan.timing import return_freed_memory
 
 log = logging.getLogger(__name__)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+#: when a tied parameter's partial gradient crosses stages: summed and sent once per step (Megatron's embedding
+#: group; round-off differs from the single-process step), or in every micro-batch's carrier (bit-identical)
+TIED_GRADS = ("step", "micro_batch")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class RunSettings:
     check: bool = False
     device: str = "cpu"  # or "cuda": one GPU per rank (NCCL)
     repeats: int = 1  # measured steps (medians), after the warm-up steps
+    tied_grads: str = "step"  # one of TIED_GRADS
 
     @property
     def artifact(self) -> Path:
@@ -84,6 +89,8 @@ def check_settings(settings: RunSettings, data: dict[str, Any], world: int | Non
         raise PipelineError(f"micro-batches must be >= 1, got {settings.micro_batches}")
     if settings.repeats < 1:
         raise PipelineError(f"repeats must be >= 1, got {settings.repeats}")
+    if settings.tied_grads not in TIED_GRADS:
+        raise PipelineError(f"tied gradients '{settings.tied_grads}' is not one of {list(TIED_GRADS)}")
     if world is not None and world != k:
         raise PipelineError(f"{settings.plan}: the plan has k={k} stages but {world} rank(s) were launched: run one "
                             f"rank per stage (torchrun --nproc-per-node {k})")
@@ -123,6 +130,7 @@ class Rank:
     module: PlannedStageModule
     schedule: Any
     stage: TimedStage
+    micro_batches: int
     batch: dict[str, torch.Tensor]  # the m micro-batches along dimension 0
     target: torch.Tensor
 
@@ -140,10 +148,13 @@ def build_rank(settings: RunSettings, data: dict[str, Any], stages: list[StagePl
     phase = dict(zip(tables.nodes.name, tables.nodes.phase))
     halves = split_stage(traced, layout, layouts, stages[rank].events, rank, flows, phase, device=device)
     k = len(stages)
-    size = dict(zip(tables.tensors.storage, tables.tensors.storage_bytes))
-    carrier_in = _carrier(flows, rank - 1, size) if rank > 0 else None
-    carrier_out = _carrier(flows, rank, size) if rank < k - 1 else None
-    rt = StageRuntime(halves, carrier_in, carrier_out, device)
+    size = {int(s): int(b) for s, b in zip(tables.tensors.storage, tables.tensors.storage_bytes)}
+    partials = tied_partials(traced, flat, layout, layouts, size) if settings.tied_grads == "step" else {}
+    reduced = frozenset(partials)
+    carrier_in = _carrier(flows, rank - 1, size, reduced) if rank > 0 else None
+    carrier_out = _carrier(flows, rank, size, reduced) if rank < k - 1 else None
+    tied = TiedReduction(rank, partials, device) if partials else None
+    rt = StageRuntime(halves, carrier_in, carrier_out, device, tied)
     n_fixed = len(traced.param_names) + len(traced.buffer_names)
     module = PlannedStageModule(rt, list(flat[:n_fixed]), traced.batch_names)
     stage, schedule = _stage(module, rank, k, device, settings.schedule, settings.micro_batches)
@@ -151,7 +162,7 @@ def build_rank(settings: RunSettings, data: dict[str, Any], stages: list[StagePl
     batch = {n: torch.cat([mb[n] for mb in mbs]) for n in traced.batch_names}
     target = torch.zeros(settings.micro_batches, device=device)
     reference = Reference(data, stages, traced, flat, tables)
-    return Rank(rank, k, device, module, schedule, stage, batch, target), built, mbs, reference
+    return Rank(rank, k, device, module, schedule, stage, settings.micro_batches, batch, target), built, mbs, reference
 
 
 def _stage(module: PlannedStageModule, rank: int, k: int, device: torch.device, schedule: str,
@@ -166,14 +177,25 @@ def _stage(module: PlannedStageModule, rank: int, k: int, device: torch.device, 
     return stage, SCHEDULES[schedule](stage, m, loss_fn=_loss_of_output)
 
 
-def _carrier(flows: Flows, sender: int, size: dict[int, int]) -> Carrier:
-    return Carrier(sender, tuple((s, int(size[s])) for s in flows.between(sender, sender + 1)),
-                   tuple((s, int(size[s])) for s in flows.between(sender + 1, sender)))
+def _carrier(flows: Flows, sender: int, size: dict[int, int], reduced: frozenset[int]) -> Carrier:
+    back = flows.between(sender + 1, sender)
+    return Carrier(sender, tuple((s, size[s]) for s in flows.between(sender, sender + 1)),
+                   tuple((s, size[s]) for s in back), reduced.intersection(back))
+
+
+def _run_schedule(r: Rank, schedule: Any, m: int, batch: dict[str, torch.Tensor], target: torch.Tensor,
+                  losses: list[torch.Tensor]) -> None:
+    """One step of ``schedule`` over ``m`` micro-batches, then the tied partial gradients reduced (every rank
+    takes part)."""
+    schedule.step(**batch, target=target if r.rank == r.k - 1 else None, losses=losses, return_outputs=False)
+    tied = r.module.rt.tied
+    if tied is not None:
+        tied.reduce(dict(enumerate(r.module.fixed)), m)
 
 
 def _step(r: Rank, losses: list[torch.Tensor]) -> None:
     r.module.zero_grad(set_to_none=True)
-    r.schedule.step(**r.batch, target=r.target if r.rank == r.k - 1 else None, losses=losses, return_outputs=False)
+    _run_schedule(r, r.schedule, r.micro_batches, r.batch, r.target, losses)
 
 
 def measured_step(r: Rank) -> tuple[dict[str, Any], list[torch.Tensor]]:
@@ -198,11 +220,13 @@ def measured_step(r: Rank) -> tuple[dict[str, Any], list[torch.Tensor]]:
         method = "VmHWM after clear_refs, above VmRSS before the step (freed memory returned)"
     else:
         step_s, peak, method = run(), None, "unavailable (no resettable high-water mark here)"
-    t = r.module.rt.times
+    t, tied = r.module.rt.times, r.module.rt.tied
     actions = [{"kind": a.kind, "micro_batch": a.micro_batch, "start_s": a.start - origin[0],
                 "end_s": a.end - origin[0]} for a in t.actions]
     return {"step_s": step_s, "compute_s": t.compute_s, "forward_half_s": t.forward_s,
-            "backward_half_s": t.backward_s, "peak_bytes": peak, "peak_method": method, "actions": actions}, losses
+            "backward_half_s": t.backward_s, "tied_send_s": tied.send_s if tied else 0.0,
+            "tied_receive_s": tied.receive_s if tied else 0.0, "peak_bytes": peak, "peak_method": method,
+            "actions": actions}, losses
 
 
 def send_recv_seconds(r: Rank, m: int) -> tuple[float, dict[str, list[float | None]]]:
@@ -240,7 +264,7 @@ def stage_alone(r: Rank, mb: dict[str, torch.Tensor], repeats: int) -> dict[str,
         r.module.rt.times.reset()
         r.module.zero_grad(set_to_none=True)
         dist.barrier()
-        schedule.step(**mb, target=target if r.rank == r.k - 1 else None, losses=[], return_outputs=False)
+        _run_schedule(r, schedule, 1, mb, target, [])
         if i:
             (f,), (b,) = ([a.end - a.start for a in stage.times.actions if a.kind == kind] for kind in "FB")
             forward.append(f)
@@ -276,6 +300,10 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
                 "events": len(stages[rank].events), "stash_values": halves.stash_values,
                 "carrier_in_bytes": r.module.rt.carrier_in.nbytes if r.module.rt.carrier_in else 0,
                 "carrier_out_bytes": r.module.rt.carrier_out.nbytes if r.module.rt.carrier_out else 0,
+                "tied_partials": [{"parameter": p.name, "storage": p.storage, "producer": p.producer,
+                                   "receiver": p.receiver} for p in sorted(
+                                       r.module.rt.tied.partials.values(), key=lambda p: p.storage)]
+                if r.module.rt.tied else [],
                 "parameters": len(halves.grads),
                 "relayed_storages": len(set(halves.received_forward) & set(halves.sent_forward))
                 + len(set(halves.received_backward) & set(halves.sent_backward)),
@@ -283,7 +311,9 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
         if settings.check:
             names = [reference.traced.param_names[i] for i in halves.grads]
             grads = {n: p.grad for n, p in zip(names, r.module.owned)}
-            mine["check"] = compare_with_references(grads, losses, built, mbs, reference, where=str(settings.plan))
+            tied = frozenset(p.name for p in r.module.rt.tied.partials.values()) if r.module.rt.tied else frozenset()
+            mine["check"] = compare_with_references(grads, losses, built, mbs, reference, where=str(settings.plan),
+                                                    tied=tied)
         mine["alone"] = stage_alone(r, {n: mbs[0][n] for n in r.batch}, settings.repeats)
         gathered: list[Any] = [None] * world if rank == 0 else []
         dist.gather_object(mine, gathered if rank == 0 else None, dst=0)

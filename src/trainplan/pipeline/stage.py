@@ -15,6 +15,7 @@ from torch.distributed.pipelining import PipelineStage
 from trainplan.pipeline.carrier import Carrier
 from trainplan.pipeline.errors import PipelineError
 from trainplan.pipeline.split import StageHalves
+from trainplan.pipeline.tied import TiedReduction
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,14 @@ class HalfTimes:
 
 @dataclass
 class StageRuntime:
-    """What the autograd Function of one stage needs: its halves, carriers in and out, and where it runs."""
+    """What the autograd Function of one stage needs: its halves, carriers in and out, where it runs, and its part
+    in reducing tied parameters' partial gradients once per step (None: they travel in the carriers)."""
 
     halves: StageHalves
     carrier_in: Carrier | None  # from the previous stage (None on the first)
     carrier_out: Carrier | None  # to the next stage (None on the last)
     device: torch.device
+    tied: TiedReduction | None = None
     times: HalfTimes = field(default_factory=HalfTimes)
 
     def clock(self) -> float:
@@ -89,11 +92,14 @@ class _PlannedHalves(torch.autograd.Function):
         if h.has_loss and not torch.equal(grad, torch.ones_like(grad)):
             raise PipelineError(f"stage {h.index}: the loss got gradient {grad.item()}; the plan seeds its backward "
                                 "with 1 (a schedule that scales the loss is not supported)")
-        received = rt.carrier_out.unpack(grad, backward=True) if rt.carrier_out is not None else []
+        zeros = rt.tied.zeros if rt.tied is not None else None
+        received = rt.carrier_out.unpack(grad, backward=True, zeros=zeros) if rt.carrier_out is not None else []
         live, ctx.stash = [*received, *ctx.stash], None
         del received
         out = list(h.backward(*ctx.flat, live))
         n = len(h.sent_backward)
+        if rt.tied is not None:
+            rt.tied.accumulate(h.sent_backward, out[:n])
         carrier_grad = rt.carrier_in.pack(out[:n], backward=True, device=rt.device) \
             if rt.carrier_in is not None and ctx.has_carrier else None
         grads: list[torch.Tensor | None] = [None] * len(ctx.flat)

@@ -1,0 +1,137 @@
+"""Tied parameters' partial gradients reduced once per step instead of once per micro-batch.
+
+A weight read by two stages (GPT-2's token embedding, read again by the LM head) gets its gradient as a sum of
+partials: the traced step adds the later stage's partial into the earlier stage's gradient, so per micro-batch
+the partial (50257 x 768 floats, 154 MB, for GPT-2 small) would travel back in the carrier, and the carrier, one
+shape both ways, would carry that many bytes forward too. A pipeline reduces such a weight once per step instead
+(Megatron's embedding group): the producing stage sums its partials over the micro-batches, the receiving stage's
+addition gets zeros, and after the schedule's step the sum is sent once and added, scaled by 1/m as
+PipelineStage scales the rest.
+
+A partial qualifies (:func:`tied_partials`) when the gradient of a parameter is ``aten.add.Tensor`` of a value on
+a storage a later stage makes, that storage is read by nothing else (views of it aside), and the value is the
+parameter's shape, contiguous from offset 0, in its dtype (so the sum is the parameter's gradient's shape).
+The gradient then equals the single-process step's up to float round-off (the micro-batches' terms are summed
+in another order); every other gradient stays bit-identical.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from trainplan.execute.layout import GraphLayout, StageLayout
+from trainplan.export.trace import TracedStep
+
+ADD = torch.ops.aten.add.Tensor
+
+
+@dataclass(frozen=True)
+class TiedPartial:
+    """The partial gradient on plan storage ``storage``: made by stage ``producer``, added into parameter
+    ``param``'s gradient (position in the traced step's inputs) by stage ``receiver`` < ``producer``."""
+
+    storage: int
+    producer: int
+    receiver: int
+    param: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _storages(layout: GraphLayout, node: torch.fx.Node) -> set[int]:
+    return {sid for _, sid in layout.slots.get(node.name, ())}
+
+
+def tied_partials(traced: TracedStep, flat: list[torch.Tensor], layout: GraphLayout, layouts: list[StageLayout],
+                  storage_bytes: dict[int, int]) -> dict[int, TiedPartial]:
+    """The partial gradients a pipeline of ``layouts`` may reduce once per step, by storage (see the module);
+    ``flat``: the traced step's inputs, parameters first."""
+    owner = {sid: s for s, st in enumerate(layouts) for op in st.ops.values() if not op.boundary for sid in op.storages}
+    stage_of = {n.name: s for s, st in enumerate(layouts) for op in st.ops.values() if not op.boundary
+                for n in op.nodes}
+    readers: dict[int, set[str]] = {}
+    for node in traced.gm.graph.nodes:
+        for a in node.all_input_nodes:
+            for sid in _storages(layout, a):
+                readers.setdefault(sid, set()).add(node.name)
+    grads = next(n for n in traced.gm.graph.nodes if n.op == "output").args[0][1:1 + len(traced.param_names)]
+    out: dict[int, TiedPartial] = {}
+    for i, grad in enumerate(grads):
+        if not isinstance(grad, torch.fx.Node) or grad.target is not ADD or grad.name not in stage_of:
+            continue
+        param = flat[i]
+        for arg in grad.args[:2]:
+            if not isinstance(arg, torch.fx.Node) or len(_storages(layout, arg)) != 1:
+                continue
+            (sid,) = _storages(layout, arg)
+            receiver, producer = stage_of[grad.name], owner.get(sid)
+            if producer is None or producer <= receiver or any(
+                    sid in _storages(layout, a) for a in grad.args if isinstance(a, torch.fx.Node) and a is not arg):
+                continue
+            views = {name for name, slots in layout.slots.items() if any(s == sid for _, s in slots)}
+            val = arg.meta.get("val")
+            if (readers.get(sid, set()) - views - {grad.name}) or val is None or tuple(val.shape) != tuple(
+                    param.shape) or val.dtype != param.dtype or not val.is_contiguous() or val.storage_offset() != 0 \
+                    or storage_bytes[sid] != param.numel() * param.element_size():
+                continue
+            out[sid] = TiedPartial(sid, producer, receiver, i, traced.param_names[i], tuple(param.shape), param.dtype)
+    return out
+
+
+@dataclass
+class TiedReduction:
+    """One rank's part in reducing ``partials`` once per step: it sums those its stage makes over the micro-batches
+    (:meth:`accumulate`), hands zeros where its stage receives one (:meth:`zeros`), and :meth:`reduce` sends or
+    adds the sums after the schedule's step. ``send_s``, ``receive_s``: the last reduce's wall time sending (from
+    the rank's own step end: waiting for the receiver included) and receiving and adding."""
+
+    rank: int
+    partials: dict[int, TiedPartial]
+    device: torch.device
+    sums: dict[int, torch.Tensor] = field(default_factory=dict)
+    _zeros: dict[int, torch.UntypedStorage] = field(default_factory=dict)
+    send_s: float = 0.0
+    receive_s: float = 0.0
+
+    def zeros(self, sid: int, nbytes: int) -> torch.UntypedStorage:
+        """A storage of zeros in place of the partial ``sid`` (one per storage, reused: only views and the
+        gradient's addition read it)."""
+        if sid not in self._zeros:
+            self._zeros[sid] = torch.zeros(nbytes, dtype=torch.uint8, device=self.device).untyped_storage()
+        return self._zeros[sid]
+
+    def accumulate(self, sids: tuple[int, ...], storages: list[torch.UntypedStorage]) -> None:
+        """Add the partials among ``storages`` (``sids``, what the backward half sends back) that this rank makes."""
+        for sid, st in zip(sids, storages, strict=True):
+            p = self.partials.get(sid)
+            if p is None or p.producer != self.rank:
+                continue
+            value = torch.empty(0, dtype=p.dtype, device=st.device).set_(st, 0, p.shape)
+            if sid in self.sums:
+                self.sums[sid].add_(value)
+            else:
+                self.sums[sid] = value.clone()
+
+    def reduce(self, params: dict[int, torch.Tensor], m: int) -> None:
+        """After the schedule's step: each producer sends its sum to the receiver, which adds sum / m into the
+        parameter's gradient (``params``: this rank's parameters by input position)."""
+        self.send_s = self.receive_s = 0.0
+        for sid, p in sorted(self.partials.items()):
+            t0 = time.perf_counter()
+            if p.producer == self.rank:
+                dist.send(self.sums.pop(sid), p.receiver)
+                self.send_s += time.perf_counter() - t0
+            elif p.receiver == self.rank:
+                total = torch.empty(p.shape, dtype=p.dtype, device=self.device)
+                dist.recv(total, p.producer)
+                param = params[p.param]
+                total.div_(m)
+                param.grad = total if param.grad is None else param.grad.add_(total)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                self.receive_s += time.perf_counter() - t0
