@@ -19,7 +19,7 @@ from trainplan.budget import Budget
 from trainplan.cli import main
 from trainplan.io import write_json, write_yaml
 from trainplan.models import build_model
-from trainplan.pipeline.report import median_repeat, rank_numbers, with_communication
+from trainplan.pipeline.report import median_repeat, memory_check, rank_numbers, with_communication
 from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
                                  pipeline_graph, plan_dict, range_tables)
 
@@ -91,9 +91,18 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
         assert r["check"]["planned"]["max_abs_diff_grad"] == 0.0 or r["check"]["planned"]["tied_reduced"]
         assert 0 < r["forward_half_s"] + r["backward_half_s"] <= r["compute_s"] <= r["step_s"]
         assert r["send_recv_s"] > 0 and r["idle_s"] == pytest.approx(r["step_s"] - r["compute_s"] - r["send_recv_s"])
-        assert r["peak_bytes"] is None or r["peak_bytes"] > 0
+        assert r["peak_bytes"] is None or r["peak_bytes"] > 0 and r["metered_step_s"] > 0
         assert 0 < r["split_event"] < r["events"] and r["stash_values"] > 0
     assert ranks[0]["carrier_out_bytes"] == ranks[1]["carrier_in_bytes"] > 0
+    # timed with the heap kept, as the profile times; the peak metered in one step with freed memory returned
+    assert run["malloc"].startswith("timed: glibc malloc keeps") and "metered: glibc malloc returns" in run["malloc"]
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    for r, mem, st in zip(ranks, run["memory"], plan["stages"]):
+        assert (mem["budget_bytes"], mem["fixed_bytes"], mem["status"]) == (st["budget_bytes"], st["fixed_bytes"],
+                                                                            st["status"])
+        if r["peak_bytes"] is not None:
+            assert mem["measured_peak_bytes"] == st["fixed_bytes"] + r["peak_bytes"]
+            assert mem["within_budget"] == (mem["measured_peak_bytes"] <= st["budget_bytes"])
     # the losses: m micro-batches (seeds 0..m-1), the step's loss their mean, as eager computes them here
     assert len(run["losses"]) == m and run["loss"] == pytest.approx(sum(run["losses"]) / m)
     with torch.no_grad():
@@ -198,3 +207,15 @@ def test_the_run_reports_the_median_step_and_its_timeline():
     assert ranks[0]["step_s"] == 2.0 and ranks[0]["send_recv_s"] == 0.2 and ranks[0]["peak_bytes"] == 300
     assert ranks[0]["idle_s"] == pytest.approx(2.0 - 1.0 - 0.2) and ranks[0]["tied_receive_s"] == 0.2
     assert median_repeat(ranks) == (2, [1.5, 3.0, 2.6])  # the slowest rank per step: median 2.6, step 2
+
+
+def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_budget():
+    data = {"stages": [{"status": "raised", "budget_bytes": 1000, "fixed_bytes": 400},
+                       {"status": "feasible", "budget_bytes": 800, "fixed_bytes": 300}]}
+    ranks = [{"peak_bytes": 700}, {"peak_bytes": 500}]  # 1100 > 1000 (a second stash in flight); 800 <= 800
+    out = memory_check(data, ranks, {"peak_bytes": [1150, 790]})
+    assert [(m["measured_peak_bytes"], m["within_budget"], m["predicted_peak_bytes"]) for m in out] == [
+        (1100, False, 1150), (800, True, 790)]
+    assert out[0]["status"] == "raised"
+    unmetered = memory_check(data, [{"peak_bytes": None}, {"peak_bytes": 1}], {"peak_bytes": None})
+    assert unmetered[0]["within_budget"] is None and unmetered[1]["predicted_peak_bytes"] is None

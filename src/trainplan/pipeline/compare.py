@@ -98,4 +98,7 @@ def comparison_row(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             "idle_ms": str([round(r["idle_s"] * 1e3, 2) for r in ranks]),
             "peak_mib": max((r["peak_bytes"] or 0) for r in ranks) / MIB,
             "predicted_peak_mib": max(pred["peak_bytes"] or [0]) / MIB,
+            "held_peak_mib": str([round((m["measured_peak_bytes"] or 0) / MIB, 1) for m in run["memory"]]),
+            "budget_mib": str([round((m["budget_bytes"] or 0) / MIB, 1) for m in run["memory"]]),
+            "over_budget_ranks": sum(m["within_budget"] is False for m in run["memory"]),
             "carrier_bytes": ranks[0]["carrier_out_bytes"]}

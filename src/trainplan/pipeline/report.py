@@ -47,8 +47,14 @@ MEASURED = {
     "transfer_s": "seconds per carrier on each link this rank is on, per direction (from send_recv_s's timings)",
     "over_simulated": "step_s / simulated.step_time_s: the schedule's own action order with this run's stage and "
                       "transfer costs",
-    "peak_bytes": "the most the rank's memory rose during a measured step above what it held before it (the "
-                  "largest over the measured steps)",
+    "peak_bytes": "the most the rank's memory rose above what it held before the step, its gradients cleared, in "
+                  "one metered step after the timed ones: on the CPU with freed memory returned to the system so "
+                  "that resident memory tracks what is held (the timed steps keep the heap's pages, as the "
+                  "profile does; the metered step's time, metered_step_s, pays a page fault per 4 KiB allocated)",
+    "memory": "per rank: the stage's budget_bytes (the cap its plan was solved at: the requested one, or the least "
+              "reachable where the status is raised), predicted_peak_bytes (prediction.peak_bytes: the schedule's "
+              "in-flight micro-batches held), measured_peak_bytes = the plan's fixed_bytes (parameters and "
+              "inputs, held before the step) + peak_bytes, and within_budget = measured <= budget",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
                 "time is the median, seconds from the rank's own step start (the ranks start together after a "
                 "barrier)",
@@ -128,6 +134,21 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
             "formulas": PREDICTION_FORMULAS}
 
 
+def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each rank's measured peak, counting what it held before the step (the plan's fixed bytes), against its
+    stage's budget and the predicted peak with the schedule's in-flight micro-batches (MEASURED['memory'])."""
+    out = []
+    for i, r in enumerate(ranks):
+        stage = data["stages"][i]
+        fixed, budget = stage.get("fixed_bytes"), stage.get("budget_bytes")
+        measured = None if r["peak_bytes"] is None or fixed is None else int(fixed) + int(r["peak_bytes"])
+        out.append({"stage": i, "status": stage.get("status"), "budget_bytes": budget, "fixed_bytes": fixed,
+                    "predicted_peak_bytes": predicted["peak_bytes"][i] if predicted["peak_bytes"] else None,
+                    "measured_peak_bytes": measured,
+                    "within_budget": None if measured is None or budget is None else measured <= int(budget)})
+    return out
+
+
 def median_repeat(ranks: list[dict[str, Any]]) -> tuple[int, list[float]]:
     """The measured step whose slowest rank's time is the median (the lower one of an even count), and each
     step's slowest time."""
@@ -175,6 +196,7 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
         "timeline": {"repeat": chosen, "step_s": slowest[chosen], "ranks": timeline},
         "prediction": predicted,
         "simulated": simulation,
+        "memory": memory_check(data, ranks, predicted),
     }
     if all("check" in r for r in ranks):
         out["check"] = {"planned_bit_identical": all(r["check"]["planned"]["bit_identical"] for r in ranks),
