@@ -117,7 +117,8 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
         "(`same_as`).", "",
     ]
     cols = ["method", "cuts", "same_as", "planned_rate", "predicted_step_s", "predicted_step_comm_s", "measured_step_s",
-            "measured_over_predicted_comm", "simulated_step_s", "measured_over_simulated", "held_peak_mib", "budget_mib", "error"]
+            "measured_over_predicted_comm", "simulated_step_s", "measured_over_simulated", "held_peak_mib", "budget_mib",
+            "error"]
     for (model, budget, schedule, m), part in frame.groupby(["model", "budget", "schedule", "m"], sort=False):
         lines += [f"## {model}, budget {budget}, {schedule}, m={m}", "",
                   part.reindex(columns=cols).astype(object).fillna("").to_markdown(index=False, floatfmt=".4g"), ""]
