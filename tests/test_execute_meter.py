@@ -112,3 +112,25 @@ def test_the_meter_counts_what_the_run_returns_only_while_it_runs():
     assert all(MIB + 7 * MIB <= r <= MIB + 8 * MIB + 2 * MIB for r in peaks.process_readings)
     assert peaks.counted(memory_model("cpu")) == ("peak_bytes_process", peaks.process)
     assert peaks.counted(memory_model("cpu", "separate")) == ("peak_bytes_allocator", peaks.allocator)
+
+
+def test_the_metered_run_keeps_the_callers_thread_count():
+    """A run on the meter thread computes with the torch thread count its caller set (a fresh thread's BLAS took
+    every core: one-thread ranks and frontier workers were timed on two). Load can only lower the CPU-to-wall
+    ratio, so it cannot make this fail."""
+    before = torch.get_num_threads()
+    a = torch.randn(1500, 1500)
+
+    def matmuls() -> tuple[float, float]:
+        import time
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(4):
+            a @ a
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    try:
+        torch.set_num_threads(1)
+        (wall, cpu), _ = process_peak_during(matmuls)
+    finally:
+        torch.set_num_threads(before)
+    assert cpu / wall < 1.25

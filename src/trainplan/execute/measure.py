@@ -158,10 +158,17 @@ def process_peak_during(run: Callable[[], Any]) -> tuple[Any, int]:
     (:class:`HighWaterMark`), ``run()`` on the meter thread (:func:`_meter_thread`). It counts everything the run
     holds: torch's allocator, numpy buffers (host copies on the CPU), BLAS workspaces, allocator rounding, the
     interpreter. It tracks live bytes only while freed memory goes back to the system
-    (``timing.return_freed_memory``), set before the meter thread's first run."""
+    (``timing.return_freed_memory``), set before the meter thread's first run. ``run()`` uses the caller's torch
+    thread count (a thread started without it ran GPT-2's matmuls on every core)."""
+    threads = torch.get_num_threads()
+
+    def on_meter_thread() -> Any:
+        torch.set_num_threads(threads)  # a new thread's BLAS and OpenMP take every core, whatever the caller set
+        return run()
+
     mark = HighWaterMark()
     mark.start()
-    out = _meter_thread().submit(run).result()
+    out = _meter_thread().submit(on_meter_thread).result()
     return out, mark.read()
 
 
