@@ -204,7 +204,7 @@ def test_the_run_reports_the_median_step_and_its_timeline():
         return rank_numbers(steps, [0.1, 0.3, 0.2])
 
     ranks = [rank([1.0, 3.0, 2.0]), rank([1.5, 2.5, 2.6])]
-    assert ranks[0]["step_s"] == 2.0 and ranks[0]["send_recv_s"] == 0.2 and ranks[0]["peak_bytes"] == 300
+    assert ranks[0]["step_s"] == 2.0 and ranks[0]["send_recv_s"] == 0.2 and "peak_bytes" not in ranks[0]
     assert ranks[0]["idle_s"] == pytest.approx(2.0 - 1.0 - 0.2) and ranks[0]["tied_receive_s"] == 0.2
     assert median_repeat(ranks) == (2, [1.5, 3.0, 2.6])  # the slowest rank per step: median 2.6, step 2
 

@@ -62,15 +62,12 @@ MEASURED = {
 
 
 def rank_numbers(steps: list[dict[str, Any]], links: list[float]) -> dict[str, Any]:
-    """One rank's numbers over its measured ``steps`` (measured_step's) and send/receive timings: medians, the
-    largest peak, each step's time and compute calls."""
+    """One rank's numbers over its timed ``steps`` (measured_step's) and send/receive timings: medians, each
+    step's time and compute calls (the peak comes from the metered step apart)."""
     out: dict[str, Any] = {key: median(s[key] for s in steps) for key in (
         "step_s", "compute_s", "forward_half_s", "backward_half_s", "tied_send_s", "tied_receive_s")}
     out["send_recv_s"] = median(links)
     out["idle_s"] = out["step_s"] - out["compute_s"] - out["send_recv_s"]
-    peaks = [s["peak_bytes"] for s in steps if s["peak_bytes"] is not None]
-    out["peak_bytes"] = max(peaks) if peaks else None
-    out["peak_method"] = steps[0]["peak_method"]
     out["step_s_repeats"] = [s["step_s"] for s in steps]
     out["actions_repeats"] = [s["actions"] for s in steps]
     return out
