@@ -30,6 +30,7 @@ from trainplan.partition import (
     range_tables,
 )
 from trainplan.partition.balance import comparison
+from trainplan.schedule.pipeline_hold import PipelineHold
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["model", "k", "b", "dp_opt_s", "dp_tmax_s", "ours_tmax_s", "tmax_ratio", "dp_rate", "ours_rate",
@@ -52,7 +53,8 @@ def run(model: str, k: int, budget: float, config: dict, time_limit_s: float, ar
     first = partition_graph(pg, tables, k, tolerance=settings.tolerance, memory=memory)
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(art / "profile" / model / config["device"] / "summary.json"),
                                budget=budget,
-                               solver=SolverSettings(time_limit_s, solver.get("workers", 2), solver.get("seed", 0)))
+                               solver=SolverSettings(time_limit_s, solver.get("workers", 2), solver.get("seed", 0)),
+                               pipeline=PipelineHold(k, settings.micro_batches))
     result = balance(pg, tables, first, scheduler, settings, memory)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     cmp = comparison(pg, result)

@@ -27,6 +27,7 @@ from trainplan.partition import (
 from trainplan.budget import Budget, BudgetError
 from trainplan.partition.balance import scaled_weights
 from trainplan.schedule import problem_from_dict, replay
+from trainplan.schedule.pipeline_hold import PipelineHold, gradient_sum_bytes, stash_bytes
 
 SOLVER = SolverSettings(time_limit_s=0.5, workers=1, seed=0)
 # where two runs must agree: a limit whose wall-clock shares (the greedy variants' 30%) no load reaches
@@ -34,13 +35,19 @@ STEADY = SolverSettings(time_limit_s=5.0, workers=1, seed=0)
 
 
 def test_pipeline_metrics_formulas():
-    m = pipeline_metrics([2.0, 4.0, 1.0], peaks=[100, 200, 300], activation_bytes=[10, 20, 30], micro_batches=2)
+    m = pipeline_metrics([2.0, 4.0, 1.0], peaks=[100, 200, 300], stash_bytes=[10, 20, 30], micro_batches=2)
     assert (m.t_max_s, m.t_min_s, m.bottleneck_stage) == (4.0, 1.0, 1)
     assert m.rate == 0.25 and m.spread == 0.75
     assert m.gpipe_step_time_s == (2 + 3 - 1) * 4.0
     # in flight: min(k - s, m) = 2, 2, 1 micro-batches: one runs, the others' stashes wait
     assert m.peak_1f1b_bytes == [110, 220, 300]
     assert pipeline_metrics([3.0], [5], [7], 8).peak_1f1b_bytes == [5]  # one stage: nothing else in flight
+    # gradients summed across micro-batches are held on top (m > 1 only)
+    sums = [1000, 2000, 3000]
+    assert pipeline_metrics([2.0, 4.0, 1.0], [100, 200, 300], [10, 20, 30], 2, sums).peak_1f1b_bytes == [
+        1110, 2220, 3300]
+    assert pipeline_metrics([2.0, 4.0, 1.0], [100, 200, 300], [10, 20, 30], 1, sums).peak_1f1b_bytes == [
+        100, 200, 300]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +73,8 @@ def test_balance_loop_records_consistent_numbers(small):
     settings = BalanceSettings(threshold=0.999, max_iterations=3, micro_batches=4, tolerance=0.02)
     memory = MemoryLimit(2**40, settings.micro_batches)
     first = partition_graph(g, t, 3, tolerance=settings.tolerance, memory=memory)
-    sched = scheduler(nodes, tensors)
+    sched = StageScheduler(nodes, tensors, bandwidth=1e6, budget=0.5, solver=SOLVER,
+                           pipeline=PipelineHold(3, settings.micro_batches))
     result = balance(g, t, first, sched, settings, memory)
     assert 1 <= len(result.iterations) <= settings.max_iterations
     assert result.iterations[0].cuts == first.cuts
@@ -87,10 +95,21 @@ def test_balance_loop_records_consistent_numbers(small):
     assert sorted(n for s in plan["stages"] for n in s["nodes"]) == sorted(nodes.name)
     for stage in plan["stages"]:
         problem = problem_from_dict(stage["problem"])
-        assert problem.budget_bytes == stage["problem"]["budget_bytes"] > 0
+        assert problem.budget_bytes == stage["problem"]["budget_bytes"] >= 0
         events = [tuple(e) for e in stage["schedule"]["events"]]
         assert replay(problem, events, stage["schedule"]["budget_bytes"]).time == pytest.approx(stage["time_s"])
-        assert stage["peak_1f1b_bytes"] == stage["peak_bytes"] + (stage["in_flight"] - 1) * stage["activation_bytes"]
+        # the rank holds its gradient sums and the other in-flight micro-batches' stashes: within its budget
+        hold = stage["problem"]["pipeline"]
+        assert stage["in_flight"] == hold["in_flight"] == min(3 - stage["index"], 4)
+        assert stage["gradient_sum_bytes"] == hold["gradient_sum_bytes"] == gradient_sum_bytes(stage["problem"])
+        assert stage["stash_bytes"] == stash_bytes(stage["problem"], events)
+        assert stage["peak_1f1b_bytes"] == stage["peak_bytes"] + stage["gradient_sum_bytes"] + (
+            stage["in_flight"] - 1) * stage["stash_bytes"]
+        assert stage["peak_1f1b_bytes"] == stage["rank_peak_bytes"] <= stage["rank_budget_bytes"]
+        assert stage["problem"]["budget_bytes"] == max(0, hold["rank_budget_bytes"] - hold["reserve_bytes"])
+        met = stage["rank_peak_bytes"] <= hold["rank_budget_bytes"]
+        assert stage["rank_status"] == ("met" if met else "raised")
+        assert stage["rank_budget_bytes"] == (hold["rank_budget_bytes"] if met else stage["rank_peak_bytes"])
     cmp = plan["balance"]["dp_comparison"]
     assert cmp["bottleneck_ratio"] == pytest.approx(result.final.metrics.t_max_s / result.dp.metrics.t_max_s)
     assert cmp["dp"]["profiled_bottleneck_s"] <= cmp["ours_profiled_bottleneck_s"] * (1 + 1e-12)
@@ -178,7 +197,7 @@ def test_balance_takes_iteration_0_from_the_schedule_rule_with_the_same_plan(sma
     fresh = plan_dict(g, balance(g, t, part, scheduler(nodes, tensors, solver=STEADY), settings), settings, None)
     reused = scheduler(nodes, tensors, solver=STEADY)
     for res in read_stage_schedules(path, stage_nodes):
-        reused.reuse(res.nodes, res.problem, res.ours)
+        reused.reuse(res.index, res.nodes, res.problem, res.ours)
     real = budgeted_stages.schedule_stage
     solved_here = []
 

@@ -22,6 +22,7 @@ from trainplan.models import build_model
 from trainplan.pipeline.report import median_repeat, memory_check, rank_numbers, with_communication
 from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
                                  pipeline_graph, plan_dict, range_tables)
+from trainplan.schedule.pipeline_hold import PipelineHold
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,8 @@ def write_plan(tiny_gpt2, path: Path, k: int) -> Path:
     graph = pipeline_graph(nodes, tables.tensors)
     ranges = range_tables(graph)
     scheduler = StageScheduler(nodes, tables.tensors, bandwidth=1e9, budget=0.5,
-                               solver=SolverSettings(time_limit_s=1.0, workers=1, seed=0), swap=False)
+                               solver=SolverSettings(time_limit_s=1.0, workers=1, seed=0), swap=False,
+                               pipeline=PipelineHold(k, 4))
     settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=4, tolerance=0.02)
     result = balance(graph, ranges, partition_graph(graph, ranges, k, tolerance=0.02), scheduler, settings)
     plan = {"model": "tiny_gpt2", "device": "cpu", "k": k, **Budget(fraction=0.5).fields(),
@@ -98,11 +100,11 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     assert run["malloc"].startswith("timed: glibc malloc keeps") and "metered: glibc malloc returns" in run["malloc"]
     plan = json.loads((plan_dir / "plan.json").read_text())
     for r, mem, st in zip(ranks, run["memory"], plan["stages"]):
-        assert (mem["budget_bytes"], mem["fixed_bytes"], mem["status"]) == (st["budget_bytes"], st["fixed_bytes"],
-                                                                            st["status"])
+        assert (mem["budget_bytes"], mem["fixed_bytes"], mem["status"]) == (st["rank_budget_bytes"],
+                                                                            st["fixed_bytes"], st["status"])
         if r["peak_bytes"] is not None:
             assert mem["measured_peak_bytes"] == st["fixed_bytes"] + r["peak_bytes"]
-            assert mem["within_budget"] == (mem["measured_peak_bytes"] <= st["budget_bytes"])
+            assert mem["within_budget"] == (mem["measured_peak_bytes"] <= st["rank_budget_bytes"])
     # the losses: m micro-batches (seeds 0..m-1), the step's loss their mean, as eager computes them here
     assert len(run["losses"]) == m and run["loss"] == pytest.approx(sum(run["losses"]) / m)
     with torch.no_grad():
@@ -111,7 +113,13 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     assert run["losses"] == pytest.approx(eager, rel=1e-5)
     pred = run["prediction"]
     assert pred["step_time_s"] == pytest.approx((m + 1) * pred["t_max_s"])
-    assert len(pred["peak_bytes"]) == 2 and all(p > 0 for p in pred["peak_bytes"])
+    # the rank's peak: its schedule's, its gradient sums (m > 1), and the stash of each other micro-batch in flight
+    n = [min(2 - s, m) for s in range(2)] if schedule == "1f1b" else [m, m]
+    assert pred["peak_bytes"] == [p + g * (m > 1) + (i - 1) * a for p, g, a, i in zip(
+        pred["schedule_peak_bytes"], pred["gradient_sum_bytes"], pred["stash_bytes"], n)]
+    assert pred["stash_bytes"] == [st["stash_bytes"] for st in plan["stages"]]
+    if schedule == "1f1b":
+        assert pred["peak_bytes"] == [st["peak_1f1b_bytes"] for st in plan["stages"]]
     assert pred["comm_per_micro_batch_s"] == pytest.approx([r["send_recv_s"] / m for r in ranks])
     assert pred["step_time_with_comm_s"] == pytest.approx(
         (m + 1) * max(t + c for t, c in zip(pred["stage_times_s"], pred["comm_per_micro_batch_s"]))
@@ -210,8 +218,8 @@ def test_the_run_reports_the_median_step_and_its_timeline():
 
 
 def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_budget():
-    data = {"stages": [{"status": "raised", "budget_bytes": 1000, "fixed_bytes": 400},
-                       {"status": "feasible", "budget_bytes": 800, "fixed_bytes": 300}]}
+    data = {"stages": [{"status": "raised", "budget_bytes": 600, "rank_budget_bytes": 1000, "fixed_bytes": 400},
+                       {"status": "feasible", "budget_bytes": 800, "fixed_bytes": 300}]}  # a plan before rank budgets
     ranks = [{"peak_bytes": 700}, {"peak_bytes": 500}]  # 1100 > 1000 (a second stash in flight); 800 <= 800
     out = memory_check(data, ranks, {"peak_bytes": [1150, 790]})
     assert [(m["measured_peak_bytes"], m["within_budget"], m["predicted_peak_bytes"]) for m in out] == [

@@ -16,6 +16,7 @@ rule schedule:
         workers=config["solver"]["workers"],
         seed=config["solver"]["seed"],
         memory_model=device_memory_model,
+        micro_batches=config["balance"]["micro_batches"],
         code=code_version("schedule"),
     threads: config["solver"]["workers"]
     conda:

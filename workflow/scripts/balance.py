@@ -22,6 +22,7 @@ from trainplan.partition import (
     range_tables,
 )
 from trainplan.schedule.budgeted_stages import read_stage_schedules
+from trainplan.schedule.pipeline_hold import PipelineHold
 
 with log_to(snakemake.log[0]) as log:
     inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards
@@ -35,9 +36,10 @@ with log_to(snakemake.log[0]) as log:
     requested = wildcard_budget(wc.budget)
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(inp.profile_summary),
-                               budget=requested, solver=solver, swap=par.memory_model["swaps"])
+                               budget=requested, solver=solver, swap=par.memory_model["swaps"],
+                               pipeline=PipelineHold(first.k, settings.micro_batches))
     for res in read_stage_schedules(inp.schedules, [stage["nodes"] for stage in partition["stages"]]):
-        scheduler.reuse(res.nodes, res.problem, res.ours)
+        scheduler.reuse(res.index, res.nodes, res.problem, res.ours)
     log.info("reused %d stage schedule(s) from %s", scheduler.reused, inp.schedules)
     result = balance(pipeline, tables, first, scheduler, settings, memory)
     head = {"model": wc.model, "device": wc.device, "k": first.k, **requested.fields(),

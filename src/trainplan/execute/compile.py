@@ -75,6 +75,11 @@ def send(t: torch.Tensor) -> torch.UntypedStorage:
     return clone_storage(t.untyped_storage(), t.device)
 
 
+def hand_over(t: torch.Tensor) -> torch.UntypedStorage:
+    """The storage under ``t`` itself, for a sender that copies it on the way (a pipeline's carrier)."""
+    return t.untyped_storage()
+
+
 @dataclass
 class Probe:
     """Live storages per stage, recorded after every event of a probed compiled run."""
@@ -190,8 +195,12 @@ class PlanCompiler:
     """Emits the code of stages' events into one fx graph (``graph``), each stage on its own values."""
 
     def __init__(self, gm: torch.fx.GraphModule, layout: GraphLayout, stages: list[StageLayout],
-                 device: torch.device, probe: bool, clocked: bool) -> None:
+                 device: torch.device, probe: bool, clocked: bool,
+                 handed_over: frozenset[int] = frozenset()) -> None:
+        """``handed_over``: storages sent as they are (:func:`hand_over`), not copied at the send (:func:`send`):
+        for code whose caller copies what it sends, so that the storage is not held twice meanwhile."""
         self.gm, self.layout, self.device, self.probe, self.clocked = gm, layout, device, probe, clocked
+        self.handed_over = handed_over
         self.segment: tuple[int, bool] | None = None
         self.graph = torch.fx.Graph()
         self.stages = [_Stage(st) for st in stages]
@@ -296,7 +305,8 @@ class PlanCompiler:
             if sid not in self.channel:
                 stage = self.stages.index(st)
                 self.enter(stage, True)
-                self.channel[sid] = self._call(send, st.env[next(s for s in self.slots_on[sid] if s in st.env)])
+                how = hand_over if sid in self.handed_over else send
+                self.channel[sid] = self._call(how, st.env[next(s for s in self.slots_on[sid] if s in st.env)])
                 self.enter(stage, op.boundary)
         st.computed.add(op_id)
 

@@ -18,6 +18,7 @@ from trainplan.partition.schedule_cache import ScheduledStage, StageScheduler
 from trainplan.partition.split import min_max_cuts
 from trainplan.partition.stages import StageStats, stage_index, stage_stats
 from trainplan.partition.tables import RangeTables
+from trainplan.schedule.pipeline_hold import stash_bytes
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,10 @@ class Evaluated:
 
 def _stage_numbers(st: StageStats, sc: ScheduledStage) -> dict[str, Any]:
     sched = sc.schedule
+    hold = sc.problem.get("pipeline") or {}
+    stash, sums = schedule_stash(sc), int(hold.get("gradient_sum_bytes", 0))
+    rank_peak = int(sched.peak_bytes + sums + (hold.get("in_flight", 1) - 1) * stash)
+    requested = int(hold.get("rank_budget_bytes", sched.budget_bytes))
     return {
         "index": st.index,
         "time_s": sched.time,
@@ -69,6 +74,13 @@ def _stage_numbers(st: StageStats, sc: ScheduledStage) -> dict[str, Any]:
         "fixed_bytes": st.fixed_bytes,
         "budget_bytes": sched.budget_bytes,
         "peak_bytes": sched.peak_bytes,
+        "stash_bytes": stash,
+        "gradient_sum_bytes": sums,
+        "rank_peak_bytes": rank_peak,
+        # the rank's budget (its in-flight stashes and gradient sums held): the requested one where the rank's
+        # peak with this schedule's own stash is within it, else raised to that peak (the least found)
+        "rank_budget_bytes": max(requested, rank_peak),
+        "rank_status": "met" if rank_peak <= requested else "raised",
         "status": sched.status,
         "note": sched.extra.get("note"),
     }
@@ -97,8 +109,14 @@ def evaluate(graph: PipelineGraph, tables: RangeTables, cuts: tuple[int, ...], s
     scheduled = [scheduler(s.index, s.nodes) for s in stages]
     metrics = pipeline_metrics([float(x.schedule.time) for x in scheduled],
                                [int(x.schedule.peak_bytes) for x in scheduled],
-                               [s.activation_bytes for s in stages], micro_batches)
+                               [schedule_stash(x) for x in scheduled], micro_batches,
+                               [int((x.problem.get("pipeline") or {}).get("gradient_sum_bytes", 0)) for x in scheduled])
     return Evaluated(cuts, stages, scheduled, metrics, total_boundary_bytes(tables, cuts))
+
+
+def schedule_stash(sc: ScheduledStage) -> int:
+    """Bytes the stage's schedule holds at its split: what each other micro-batch in flight keeps."""
+    return stash_bytes(sc.problem, sc.schedule.events)
 
 
 def scaled_weights(graph: PipelineGraph, last: Evaluated) -> np.ndarray:

@@ -7,11 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainplan.partition.tables import RangeTables
-
-
-def in_flight(stage: int, k: int, micro_batches: int) -> int:
-    """Micro-batches whose activations stage ``stage`` (0-based) of ``k`` holds at once under 1F1B."""
-    return min(k - stage, micro_batches)
+from trainplan.schedule.pipeline_hold import in_flight
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ FORMULAS = {
     "rate": "t_min / t_max over the stages' scheduled times",
     "spread": "(t_max - t_min) / t_max",
     "gpipe_step_time_s": "(m + k - 1) * t_max for m micro-batches",
-    "peak_1f1b_bytes": "stage s (0-based): schedule peak_bytes + (min(k - s, m) - 1) * activation_bytes -- "
-                       "the running micro-batch under its schedule plus the stashed activations of the "
-                       "others in flight, whose backward has not run yet",
+    "peak_1f1b_bytes": "stage s (0-based): schedule peak_bytes + gradient_sum_bytes (m > 1) + (min(k - s, m) - 1) "
+                       "* stash_bytes -- the running micro-batch under its schedule, the gradients summed across "
+                       "micro-batches, and what the schedule holds at its split for each other micro-batch in "
+                       "flight, whose backward has not run yet (trainplan.schedule.pipeline_hold)",
 }
 
 
@@ -31,10 +32,12 @@ class PipelineMetrics:
         return asdict(self)
 
 
-def pipeline_metrics(times: list[float], peaks: list[int], activation_bytes: list[int],
-                     micro_batches: int) -> PipelineMetrics:
-    """Metrics of k stages with scheduled ``times`` (s), schedule ``peaks`` and stash bytes (see FORMULAS)."""
+def pipeline_metrics(times: list[float], peaks: list[int], stash_bytes: list[int], micro_batches: int,
+                     gradient_sum_bytes: list[int] | None = None) -> PipelineMetrics:
+    """Metrics of k stages with scheduled ``times`` (s), schedule ``peaks``, the bytes each schedule holds at its
+    split and the gradients each stage sums across micro-batches (see FORMULAS)."""
     k = len(times)
+    sums = gradient_sum_bytes or [0] * k
     t_max, t_min = max(times), min(times)
     rate = t_min / t_max if t_max > 0 else 1.0
     return PipelineMetrics(
@@ -44,6 +47,6 @@ def pipeline_metrics(times: list[float], peaks: list[int], activation_bytes: lis
         spread=1.0 - rate,
         bottleneck_stage=times.index(t_max),
         gpipe_step_time_s=(micro_batches + k - 1) * t_max,
-        peak_1f1b_bytes=[int(p + (in_flight(s, k, micro_batches) - 1) * a)
-                         for s, (p, a) in enumerate(zip(peaks, activation_bytes))],
+        peak_1f1b_bytes=[int(p + (g if micro_batches > 1 else 0) + (in_flight(s, k, micro_batches) - 1) * a)
+                         for s, (p, a, g) in enumerate(zip(peaks, stash_bytes, sums))],
     )

@@ -12,6 +12,7 @@ import pandas as pd
 from trainplan.budget import Budget, parse_budget
 from trainplan.partition.errors import PartitionError
 from trainplan.schedule.budgeted_stages import SolverSettings, StageBudget, schedule_stage
+from trainplan.schedule.pipeline_hold import PipelineHold
 from trainplan.schedule.schedule_io import Schedule
 
 log = logging.getLogger(__name__)
@@ -26,31 +27,34 @@ class ScheduledStage:
 
 class StageScheduler:
     """Schedules stages of one profiled graph at one budget (bytes or a fraction: ``parse_budget``, whose
-    BudgetError names a bad one; ``swap``: whether ops may be swapped); identical stages are solved once."""
+    BudgetError names a bad one; ``swap``: whether ops may be swapped; ``pipeline``: the pipeline the stages run
+    in, whose in-flight stashes and gradient sums the budget holds); identical stages at the same position are
+    solved once."""
 
     def __init__(self, nodes: pd.DataFrame, tensors: pd.DataFrame, *, bandwidth: float,
-                 budget: Budget | str | int | float, solver: SolverSettings, swap: bool = True) -> None:
+                 budget: Budget | str | int | float, solver: SolverSettings, swap: bool = True,
+                 pipeline: PipelineHold | None = None) -> None:
         self.nodes, self.tensors = nodes, tensors
-        self.budget, self.solver = StageBudget(parse_budget(budget), bandwidth, swap), solver
-        self._cache: dict[tuple[str, ...], ScheduledStage] = {}
+        self.budget, self.solver = StageBudget(parse_budget(budget), bandwidth, swap, pipeline), solver
+        self._cache: dict[tuple[int, tuple[str, ...]], ScheduledStage] = {}
         self.reused = 0
 
     @property
     def solved(self) -> int:
         return len(self._cache) - self.reused
 
-    def reuse(self, stage_nodes: list[str], problem: dict[str, Any], schedule: Schedule) -> None:
-        """Take a stage's schedule solved elsewhere (the schedule rule) with the same settings."""
-        self._cache[tuple(stage_nodes)] = ScheduledStage(problem, schedule, 0.0)
+    def reuse(self, index: int, stage_nodes: list[str], problem: dict[str, Any], schedule: Schedule) -> None:
+        """Take stage ``index``'s schedule solved elsewhere (the schedule rule) with the same settings."""
+        self._cache[(index, tuple(stage_nodes))] = ScheduledStage(problem, schedule, 0.0)
         self.reused += 1
 
     def __call__(self, index: int, stage_nodes: list[str]) -> ScheduledStage:
         """The stage's problem and schedule; raises PartitionError naming the stage if none meets a budget."""
-        key = tuple(stage_nodes)
+        key = (index, tuple(stage_nodes))
         if key not in self._cache:
             t0 = time.perf_counter()
             problem, sched = schedule_stage(self.nodes, self.tensors, stage_nodes, budget=self.budget,
-                                            solver=self.solver)
+                                            solver=self.solver, index=index)
             self._cache[key] = ScheduledStage(problem, sched, time.perf_counter() - t0)
             log.info("stage %d: %d nodes, budget %d B, %s time %s s (%.1f s)", index, len(stage_nodes),
                      problem["budget_bytes"], sched.status, sched.time, self._cache[key].seconds)

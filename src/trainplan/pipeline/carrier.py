@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -54,18 +56,25 @@ class Carrier:
         return out
 
     def unpack(self, carrier: torch.Tensor, backward: bool,
-               zeros: Callable[[int, int], torch.UntypedStorage] | None = None) -> list[torch.UntypedStorage]:
-        """Fresh storages holding the bytes ``carrier`` packed (forward or ``backward`` direction); a ``reduced``
-        storage is ``zeros(sid, nbytes)``."""
+               zeros: Callable[[int], torch.UntypedStorage] | None = None) -> list[Any]:
+        """The storages ``carrier`` packed (forward or ``backward`` direction), fresh copies of its bytes. Backward,
+        each is a callable making it (:func:`trainplan.pipeline.split.take` calls it at the plan's receive event, so
+        that it is held from there, as the plan counts it), and a ``reduced`` storage is ``zeros(nbytes)``."""
         raw = carrier.detach().view(torch.uint8)
-        out, offset = [], 0
+        out: list[Any] = []
+        offset = 0
         for sid, nbytes in self.backward if backward else self.forward:
             if backward and sid in self.reduced:
                 if zeros is None:
                     raise PipelineError(f"stages {self.sender}/{self.sender + 1}: storage {sid} is reduced once per "
                                         "step: its stand-in zeros are needed")
-                out.append(zeros(sid, nbytes))
+                out.append(partial(zeros, nbytes))
                 continue
-            out.append(raw[offset:offset + nbytes].clone().untyped_storage())
+            part = raw[offset:offset + nbytes]
+            out.append(partial(_copy, part) if backward else _copy(part))
             offset += nbytes
         return out
+
+
+def _copy(raw: torch.Tensor) -> torch.UntypedStorage:
+    return raw.clone().untyped_storage()

@@ -18,6 +18,7 @@ from trainplan.partition.layers import Layers, model_layers
 from trainplan.partition.methods import METHODS, method_cuts
 from trainplan.pipeline.launch import launch
 from trainplan.pipeline.run import RunSettings
+from trainplan.schedule.pipeline_hold import PipelineHold
 
 OURS = "ours"
 ALL_METHODS = (*METHODS, OURS)
@@ -33,7 +34,8 @@ def method_plans(model: str, device: str, nodes: pd.DataFrame, tensors: pd.DataF
     method that cannot make k stages or whose stage meets no budget. ``ours``: the balance rule's plan."""
     graph = pipeline_graph(nodes, tensors)
     tables = range_tables(graph)
-    scheduler = StageScheduler(nodes, tensors, bandwidth=bandwidth, budget=budget, solver=solver, swap=swaps)
+    scheduler = StageScheduler(nodes, tensors, bandwidth=bandwidth, budget=budget, solver=solver, swap=swaps,
+                               pipeline=PipelineHold(k, settings.micro_batches))
     try:
         layers: Layers | str = model_layers(graph, nodes, tensors, model)
     except PartitionError as exc:  # the methods that split at layers fail, the others run

@@ -11,6 +11,7 @@ from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
 from trainplan.pipeline.simulate import FORMULA, StageCosts, recorded_orders, simulate
+from trainplan.schedule.pipeline_hold import gradient_sum_bytes, stash_bytes
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
@@ -25,7 +26,7 @@ PREDICTION_FORMULAS = {
     "busy_s": "m * the stage's scheduled time (plan stages[i].schedule.time, one micro-batch forward+backward)",
     "idle_s": "step_time_s - busy_s",
     "peak_bytes": "1F1B: " + FORMULAS["peak_1f1b_bytes"] + "; GPipe: the same with all m micro-batches in "
-                  "flight, schedule peak_bytes + (m - 1) * activation_bytes",
+                  "flight, schedule peak_bytes + gradient_sum_bytes + (m - 1) * stash_bytes",
 }
 MEASURED = {
     "step_s": "wall time of one schedule.step (after warm-up steps), this rank; the run's: the median over the "
@@ -51,10 +52,11 @@ MEASURED = {
                   "one metered step after the timed ones: on the CPU with freed memory returned to the system so "
                   "that resident memory tracks what is held (the timed steps keep the heap's pages, as the "
                   "profile does; the metered step's time, metered_step_s, pays a page fault per 4 KiB allocated)",
-    "memory": "per rank: the stage's budget_bytes (the cap its plan was solved at: the requested one, or the least "
-              "reachable where the status is raised), predicted_peak_bytes (prediction.peak_bytes: the schedule's "
-              "in-flight micro-batches held), measured_peak_bytes = the plan's fixed_bytes (parameters and "
-              "inputs, held before the step) + peak_bytes, and within_budget = measured <= budget",
+    "memory": "per rank: the stage's rank_budget_bytes (the cap of the rank, its 1F1B in-flight stashes and "
+              "gradient sums held: the requested one, or where the status is raised the least reachable; plans "
+              "made before ranks had their own budget: budget_bytes), predicted_peak_bytes (prediction.peak_bytes), "
+              "measured_peak_bytes = the plan's fixed_bytes (parameters and inputs, held before the step) + "
+              "peak_bytes, and within_budget = measured <= budget",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
                 "time is the median, seconds from the rank's own step start (the ranks start together after a "
                 "barrier)",
@@ -112,22 +114,23 @@ def with_communication(predicted: dict[str, Any], send_recv_s: list[float], m: i
 
 
 def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: int) -> dict[str, Any]:
-    """The balance rule's numbers for ``schedule`` with ``m`` micro-batches, from the plan's per-stage times."""
+    """The balance rule's numbers for ``schedule`` with ``m`` micro-batches, from the plan's per-stage times,
+    schedule peaks, the bytes each schedule holds at its split and the gradients each stage sums."""
     k = len(stages)
     times = [float(st.schedule["time"]) for st in stages]
     peaks = [int(st.schedule["peak_bytes"]) for st in stages]
-    stash = [data["stages"][i].get("activation_bytes") for i in range(k)]
-    metrics = pipeline_metrics(times, peaks, [int(a or 0) for a in stash], m)
+    problems = [data["stages"][i]["problem"] for i in range(k)]
+    stash = [stash_bytes(pr, st.schedule["events"]) for pr, st in zip(problems, stages)]
+    sums = [gradient_sum_bytes(pr) for pr in problems]
+    metrics = pipeline_metrics(times, peaks, stash, m, sums)
     step = metrics.gpipe_step_time_s
-    if None in stash:
-        peak: list[int] | None = None  # not a balance plan: no stash sizes
-    elif schedule == "gpipe":
-        peak = [p + (m - 1) * int(a) for p, a in zip(peaks, stash)]
+    if schedule == "gpipe":
+        peak = [p + (g if m > 1 else 0) + (m - 1) * a for p, a, g in zip(peaks, stash, sums)]
     else:
         peak = metrics.peak_1f1b_bytes
     return {"stage_times_s": times, "t_max_s": metrics.t_max_s, "step_time_s": step,
             "busy_s": [m * t for t in times], "idle_s": [step - m * t for t in times],
-            "schedule_peak_bytes": peaks, "activation_bytes": stash, "peak_bytes": peak,
+            "schedule_peak_bytes": peaks, "stash_bytes": stash, "gradient_sum_bytes": sums, "peak_bytes": peak,
             "formulas": PREDICTION_FORMULAS}
 
 
@@ -137,7 +140,7 @@ def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: d
     out = []
     for i, r in enumerate(ranks):
         stage = data["stages"][i]
-        fixed, budget = stage.get("fixed_bytes"), stage.get("budget_bytes")
+        fixed, budget = stage.get("fixed_bytes"), stage.get("rank_budget_bytes", stage.get("budget_bytes"))
         measured = None if r["peak_bytes"] is None or fixed is None else int(fixed) + int(r["peak_bytes"])
         out.append({"stage": i, "status": stage.get("status"), "budget_bytes": budget, "fixed_bytes": fixed,
                     "predicted_peak_bytes": predicted["peak_bytes"][i] if predicted["peak_bytes"] else None,

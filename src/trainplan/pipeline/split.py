@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from trainplan.aten_ops import is_inplace
 from trainplan.execute.compile import PlanCompiler
 from trainplan.execute.layout import GraphLayout, StageLayout
 from trainplan.export.trace import TracedStep
@@ -26,9 +27,10 @@ from trainplan.pipeline.errors import PipelineError
 
 
 def take(values: list[Any], index: int) -> Any:
-    """Hand over ``values[index]``, leaving None, so that the caller's list keeps nothing alive."""
+    """Hand over ``values[index]``, leaving None, so that the caller's list keeps nothing alive; a callable there
+    makes the value now (a storage received for the backward half is made at the plan's receive event)."""
     value, values[index] = values[index], None
-    return value
+    return value() if callable(value) else value
 
 
 def split_here() -> None:
@@ -72,7 +74,9 @@ class StageHalves:
     ``forward(*flat, live)`` -> ``(*sent_forward, [loss], *stash)``; ``backward(*flat, live)`` ->
     ``(*sent_backward, *grads)``. ``flat`` are the traced step's inputs (parameters, buffers, batch); ``live`` is
     a list the half takes its values from (:func:`take`): the storages received (forward: from the previous
-    stage; backward: from the next), then, for the backward half, the stash.
+    stage, taken at the start; backward: from the next, each taken at the plan's event receiving it), then, for
+    the backward half, the stash. The storages sent are the halves' own (the caller packs copies), except those
+    the stage writes in place, copied at the send.
     """
 
     index: int
@@ -117,7 +121,12 @@ def split_stage(traced: TracedStep, layout: GraphLayout, layouts: list[StageLayo
     send_fwd = flows.between(position, position + 1)
     send_bwd = flows.between(position, position - 1)
     cut = split_event(st, events, layout, phase, set(recv_bwd))
-    c = PlanCompiler(traced.gm, layout, [st], device, False, False)
+    # the carriers copy what a stage sends: the halves hand their storages over uncopied, but for a storage
+    # the stage writes in place (a copy at the send keeps the value the receiver reads)
+    written = {sid for op in st.ops.values() if not op.boundary for n in op.nodes if is_inplace(str(n.target))
+               for _, sid in layout.slots.get(n.name, ())}
+    handed = frozenset(send_fwd + send_bwd) - written
+    c = PlanCompiler(traced.gm, layout, [st], device, False, False, handed_over=handed)
     flat = [c.inputs[n.name] for n in traced.gm.graph.nodes if n.op == "placeholder"]
     live_fwd = c.graph.placeholder("live_forward")
     live_bwd = c.graph.placeholder("live_backward")
@@ -131,13 +140,19 @@ def split_stage(traced: TracedStep, layout: GraphLayout, layouts: list[StageLayo
         raise PipelineError(f"model '{traced.model}': the loss node '{traced.loss_node}' is in stage {position}, "
                             f"not in the last stage {k - 1}")
     loss = marker = None
+    late_index = {sid: i for i, sid in enumerate(recv_bwd)}
     for pos, (kind, oid) in enumerate(events):
         if pos == cut:
             loss = c.value(0, nodes[traced.loss_node]) if has_loss else None
             marker = c.graph.call_function(split_here)
-            for i, sid in enumerate(recv_bwd):
-                c.channel[sid] = c.graph.call_function(take, (live_bwd, i))
+        if pos >= cut and kind == "compute" and st.ops[oid].boundary:  # taken at the plan's receive event
+            for sid in st.ops[oid].storages:
+                if sid in late_index and sid not in c.channel:
+                    c.channel[sid] = c.graph.call_function(take, (live_bwd, late_index[sid]))
         c.event(0, pos, kind, oid)
+    for sid, i in late_index.items():  # received but never read by the plan: taken (and dropped) at the end
+        if sid not in c.channel:
+            c.channel[sid] = c.graph.call_function(take, (live_bwd, i))
     grads = tuple(i for i, a in enumerate(out_args[1:]) if isinstance(a, torch.fx.Node) and a.name in own)
     grad_values = [c.value(0, out_args[1 + i]) for i in grads]
     c.keep_to_end()

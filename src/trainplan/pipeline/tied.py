@@ -94,19 +94,17 @@ class TiedReduction:
     partials: dict[int, TiedPartial]
     device: torch.device
     sums: dict[int, torch.Tensor] = field(default_factory=dict)
-    _zeros: dict[int, torch.UntypedStorage] = field(default_factory=dict)
     send_s: float = 0.0
     receive_s: float = 0.0
 
-    def zeros(self, sid: int, nbytes: int) -> torch.UntypedStorage:
-        """A storage of zeros in place of the partial ``sid`` (one per storage, reused: only views and the
-        gradient's addition read it)."""
-        if sid not in self._zeros:
-            self._zeros[sid] = torch.zeros(nbytes, dtype=torch.uint8, device=self.device).untyped_storage()
-        return self._zeros[sid]
+    def zeros(self, nbytes: int) -> torch.UntypedStorage:
+        """A storage of zeros in place of a reduced partial, made where the receiving stage's plan receives it
+        (only views and the gradient's addition read it): held as long as the plan holds what it stands for."""
+        return torch.zeros(nbytes, dtype=torch.uint8, device=self.device).untyped_storage()
 
     def accumulate(self, sids: tuple[int, ...], storages: list[torch.UntypedStorage]) -> None:
-        """Add the partials among ``storages`` (``sids``, what the backward half sends back) that this rank makes."""
+        """Add the partials among ``storages`` (``sids``, what the backward half sends back: its own storages, no
+        copies) that this rank makes; the first becomes the running sum."""
         for sid, st in zip(sids, storages, strict=True):
             p = self.partials.get(sid)
             if p is None or p.producer != self.rank:
@@ -115,7 +113,7 @@ class TiedReduction:
             if sid in self.sums:
                 self.sums[sid].add_(value)
             else:
-                self.sums[sid] = value.clone()
+                self.sums[sid] = value
 
     def reduce(self, params: dict[int, torch.Tensor], m: int) -> None:
         """After the schedule's step: each producer sends its sum to the receiver, which adds sum / m into the

@@ -14,6 +14,8 @@ from tqdm import tqdm
 from trainplan.budget import Budget
 from trainplan.errors import ArtifactError
 from trainplan.io import read_json
+from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.pipeline_hold import PipelineHold, stage_hold
 from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.schedule_io import Schedule, schedule_from_dict
 from trainplan.schedule.solve import METHODS, solve
@@ -32,22 +34,39 @@ class SolverSettings:
 @dataclass(frozen=True)
 class StageBudget:
     """How a stage's problem is made: its ``requested`` budget (bytes, or a fraction of its no-recompute activation
-    peak: ``stage_problem.budget_for``), the host link's ``bandwidth`` (bytes per second), and whether ops may be
-    swapped (``swap=False``: a device whose host memory is shared, ``memory_model.memory_model``)."""
+    peak: ``stage_problem.budget_for``), the host link's ``bandwidth`` (bytes per second), whether ops may be
+    swapped (``swap=False``: a device whose host memory is shared, ``memory_model.memory_model``), and the
+    ``pipeline`` the stage runs in (None: the stage alone; else the requested budget is the rank's, its 1F1B
+    in-flight stashes and gradient sums held: :mod:`trainplan.schedule.pipeline_hold`)."""
 
     requested: Budget
     bandwidth: float
     swap: bool = True
+    pipeline: PipelineHold | None = None
 
 
 def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str],
-                           budget: StageBudget) -> dict[str, Any]:
-    """The stage's problem dict with ``budget_bytes`` at the requested budget (its ``budget_fraction`` too, None for
-    bytes)."""
+                           budget: StageBudget, index: int = 0) -> dict[str, Any]:
+    """Stage ``index``'s problem dict with ``budget_bytes`` at the requested budget (its ``budget_fraction`` too,
+    None for bytes). In a pipeline (``budget.pipeline``), the requested budget is the rank's (a fraction: the fixed
+    bytes and gradient sums + that fraction of the rest of the rank's peak without recompute), recorded with the
+    stage's hold under ``pipeline``, and
+    ``budget_bytes``, what the running micro-batch's schedule may use, is that less the hold's reserve."""
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap)
-    raw["budget_bytes"] = budget_for(raw, budget.requested)
     raw["budget_fraction"] = budget.requested.fraction
+    nr_events = no_recompute_events(problem_from_dict({**raw, "budget_bytes": 2**62}))
     raw["no_recompute_peak_bytes"] = no_recompute_peak(raw)
+    if budget.pipeline is None or budget.pipeline.k < 2:
+        raw["budget_bytes"] = budget_for(raw, budget.requested)
+        return raw
+    hold = stage_hold(raw, budget.pipeline, index, nr_events)
+    stashes = (hold.in_flight - 1) * hold.no_recompute_stash
+    # a fraction counts the gradient sums as held bytes, like the fixed ones: no schedule makes them smaller
+    rank_budget = budget_for(raw, budget.requested, peak=raw["no_recompute_peak_bytes"] + stashes) + (
+        hold.sums if budget.requested.fraction is not None else 0)
+    raw["budget_bytes"] = max(0, rank_budget - hold.reserve)  # below the reserve: infeasible, raised by our solver
+    raw["pipeline"] = {"k": budget.pipeline.k, "micro_batches": budget.pipeline.micro_batches, "schedule": "1f1b",
+                       **hold.to_dict(), "rank_budget_bytes": rank_budget}
     return raw
 
 
@@ -57,10 +76,10 @@ def solve_stage(raw: dict[str, Any], solver: SolverSettings, method: str = "ours
 
 
 def schedule_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, budget: StageBudget,
-                   solver: SolverSettings) -> tuple[dict[str, Any], Schedule]:
+                   solver: SolverSettings, index: int = 0) -> tuple[dict[str, Any], Schedule]:
     """The one place a stage is scheduled with our method, for the ``schedule`` rule and the balance loop:
     its budgeted problem and our schedule."""
-    raw = budgeted_stage_problem(nodes, tensors, stage_nodes, budget)
+    raw = budgeted_stage_problem(nodes, tensors, stage_nodes, budget, index)
     return raw, solve_stage(raw, solver)
 
 
@@ -84,7 +103,7 @@ def schedule_stages(nodes: pd.DataFrame, tensors: pd.DataFrame, stages: list[lis
     """
     out: list[StageSchedules] = []
     for index, stage_nodes in enumerate(tqdm(stages, desc="schedule stages", disable=not progress)):
-        raw, ours = schedule_stage(nodes, tensors, stage_nodes, budget=budget, solver=solver)
+        raw, ours = schedule_stage(nodes, tensors, stage_nodes, budget=budget, solver=solver, index=index)
         methods = {m: solve_stage(raw, solver, m).to_dict() for m in METHODS if m != "ours"}
         methods["ours"] = ours.to_dict()
         out.append(StageSchedules(index, list(stage_nodes), raw, ours, methods))

@@ -10,7 +10,10 @@ added to it. An op whose storage a later node changes in place may be neither re
 Storages read by the stage but produced by another stage are boundary inputs: zero-time ops, placed
 just before their first reader, that may not be recomputed (they are received, not computed). Storages the stage hands on (read by another stage, or graph outputs such as gradients and
 the loss) are `keep`.
-Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph.
+Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph, its ``phase``
+(forward or backward: of the node making its storage; for a boundary input, of the other stage's node), and is
+marked ``gradient`` when its storage is a graph output (a parameter's gradient; the loss) or a partial gradient
+another stage adds into one (a tied weight): what a pipeline sums across micro-batches.
 """
 
 from __future__ import annotations
@@ -68,10 +71,14 @@ def stage_problem(
     reads_in_backward: dict[str, set[int]] = {}  # op -> fixed storages (parameters) it reads in backward
     updated: set[int] = set()  # parameters an optimizer_step op of the stage updates
 
+    phase_of = dict(zip(nodes.name, nodes.phase)) if "phase" in nodes else {}
+
     def new_op(op_id: str, storages: list[int], *, time: float = 0.0, inputs: list[str] | None = None,
                is_boundary: bool = False) -> dict[str, Any]:
+        made_by = producer[storages[0]] if storages else None
         op = {"id": op_id, "time": time, "bytes": int(sum(size[x] for x in storages)), "inputs": inputs or [],
-              "recompute": not is_boundary, "swap": swap, "nodes": [], "storages": storages}
+              "recompute": not is_boundary, "swap": swap, "nodes": [], "storages": storages,
+              "phase": str(phase_of.get(made_by, "forward"))}
         if is_boundary:
             op["boundary"] = True
         (boundary if is_boundary else ops)[op_id] = op
@@ -141,6 +148,10 @@ def stage_problem(
     }
     outputs = set(tensors.loc[tensors.is_graph_output, "storage"])
     keep = [op_id for op_id, op in ops.items() if any(x in consumers_outside or x in outputs for x in op["storages"])]
+    summed = outputs | _partials_added_outside(nodes, storage_of, outputs, in_stage)
+    for op_id in keep:
+        if summed.intersection(ops[op_id]["storages"]):
+            ops[op_id]["gradient"] = True
     # A received storage is placed just before its first reader: a stage receives a gradient from the
     # next stage only when its backward needs it, not at its start (which would deadlock the pipeline).
     ordered: list[dict[str, Any]] = []
@@ -157,16 +168,28 @@ def stage_problem(
     }
 
 
+def _partials_added_outside(nodes: pd.DataFrame, storage_of: dict[str, int], outputs: set[int],
+                            in_stage: set[str]) -> set[int]:
+    """Storages another stage adds into a graph output (``aten.add.Tensor``): a tied weight's partial gradient,
+    which a pipeline sums across micro-batches where it is made (``trainplan.pipeline.tied``)."""
+    out: set[int] = set()
+    for row in nodes.itertuples():
+        if row.name not in in_stage and str(row.op) == "aten.add.Tensor" and any(
+                storage_of[t] in outputs for t in row.outputs):
+            out.update(storage_of[t] for t in row.inputs)
+    return out
+
+
 def no_recompute_peak(problem: dict[str, Any]) -> int:
     """Peak bytes (fixed included) of running the problem's ops in order, each freed after its last use."""
     return int(no_recompute(problem_from_dict({**problem, "budget_bytes": 2**62})).peak_bytes)
 
 
-def budget_for(problem: dict[str, Any], budget: Budget | str | int | float) -> int:
+def budget_for(problem: dict[str, Any], budget: Budget | str | int | float, peak: int | None = None) -> int:
     """The budget in bytes (:func:`trainplan.budget.parse_budget`): bytes as given, or for a fraction, the
-    fixed bytes + that fraction of the stage's no-recompute peak above them."""
+    fixed bytes + that fraction of the no-recompute peak above them (``peak``; default the stage's own)."""
     parsed = parse_budget(budget)
     if parsed.bytes is not None:
         return parsed.bytes
-    peak = no_recompute_peak(problem)
+    peak = no_recompute_peak(problem) if peak is None else peak
     return int(problem["fixed_bytes"] + parsed.fraction * (peak - problem["fixed_bytes"]))

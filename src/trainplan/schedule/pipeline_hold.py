@@ -1,0 +1,103 @@
+"""What a pipeline stage holds besides the micro-batch it runs, under 1F1B with m micro-batches.
+
+Measured on GPT-2 small's default two-stage plan (the allocator's live bytes at each rank's peak, within 1%):
+a stage s of k holds its running micro-batch as its plan says, plus
+
+- the **stashes** of the other micro-batches in flight, ``in_flight(s) - 1`` of them, each what the plan holds at
+  its split (the first backward event: :func:`split_position`), where a micro-batch's forward hands over to its
+  backward (:func:`stash_bytes`);
+- with m > 1, the **gradient running sums**: from the first micro-batch's backward on, every gradient the stage
+  makes (its parameters' gradients, and a tied weight's partial that it sums for another stage) is held while
+  the next micro-batch makes its own (:func:`gradient_sum_bytes`).
+
+So the rank's peak is the plan's peak + ``sums + (in_flight - 1) * stash``; a stage problem solved for a
+pipeline gets the rank's budget less that reserve, with the stash of the plan without recompute (what the
+plan's own stash is measured against afterwards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+def in_flight(stage: int, k: int, micro_batches: int) -> int:
+    """Micro-batches whose activations stage ``stage`` (0-based) of ``k`` holds at once under 1F1B."""
+    return min(k - stage, micro_batches)
+
+
+@dataclass(frozen=True)
+class PipelineHold:
+    """The pipeline a stage problem is solved for: ``k`` stages, ``micro_batches`` per step, 1F1B."""
+
+    k: int
+    micro_batches: int
+
+    def in_flight(self, stage: int) -> int:
+        return in_flight(stage, self.k, self.micro_batches)
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether gradients are summed across micro-batches (held while the next one runs)."""
+        return self.micro_batches > 1
+
+
+def split_position(problem: dict[str, Any], events: Sequence[Sequence[str]]) -> int:
+    """Position of the first compute of an op of the backward phase (a backward op, or the receipt of a gradient
+    from the next stage); ``len(events)`` if none (a problem without phases)."""
+    phase = {op["id"]: op.get("phase", "forward") for op in problem["ops"]}
+    return next((pos for pos, (kind, oid) in enumerate(events) if kind == "compute" and phase[oid] == "backward"),
+                len(events))
+
+
+def stash_bytes(problem: dict[str, Any], events: Sequence[Sequence[str]]) -> int:
+    """Device bytes the schedule holds just before its split (fixed bytes apart): what one micro-batch in flight
+    keeps between its forward and its backward. A swapped-out op holds none (its host copy is not device memory;
+    where host memory is shared, plans do not swap)."""
+    size = {op["id"]: int(op["bytes"]) for op in problem["ops"]}
+    resident: set[str] = set()
+    for kind, oid in events[:split_position(problem, events)]:
+        if kind in ("compute", "swap_in"):
+            resident.add(oid)
+        elif kind == "free":  # a swap-out copies; its free releases the device bytes
+            resident.discard(oid)
+    return sum(size[o] for o in resident)
+
+
+def gradient_sum_bytes(problem: dict[str, Any]) -> int:
+    """Bytes of the gradients the stage sums across micro-batches: its ops marked ``gradient`` (by
+    :func:`trainplan.schedule.stage_problem.stage_problem`)."""
+    return sum(int(op["bytes"]) for op in problem["ops"] if op.get("gradient"))
+
+
+@dataclass(frozen=True)
+class StageHold:
+    """Stage ``stage``'s hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without
+    accumulation), and the ``no_recompute_stash`` bytes (the reserve's stash)."""
+
+    stage: int
+    in_flight: int
+    sums: int
+    no_recompute_stash: int
+
+    @property
+    def reserve(self) -> int:
+        """Bytes kept from the running micro-batch's budget: the sums and the other in-flight stashes (no
+        recompute)."""
+        return self.sums + (self.in_flight - 1) * self.no_recompute_stash
+
+    def rank_peak(self, schedule_peak: int, stash: int) -> int:
+        """The rank's peak with a schedule of peak ``schedule_peak`` holding ``stash`` at its split."""
+        return int(schedule_peak + self.sums + (self.in_flight - 1) * stash)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"in_flight": self.in_flight, "gradient_sum_bytes": self.sums,
+                "no_recompute_stash_bytes": self.no_recompute_stash, "reserve_bytes": self.reserve}
+
+
+def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recompute_events: Sequence[Sequence[str]]
+               ) -> StageHold:
+    """Stage ``stage``'s hold under ``hold``, its stash taken from the schedule without recompute."""
+    sums = gradient_sum_bytes(problem) if hold.accumulates else 0
+    return StageHold(stage, hold.in_flight(stage), sums, stash_bytes(problem, no_recompute_events))

@@ -1,0 +1,93 @@
+"""What a pipeline stage holds besides its running micro-batch: the stash at its schedule's split, the gradients it
+sums across micro-batches, and the rank's budget that a stage problem keeps them from."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainplan.budget import parse_budget
+from trainplan.partition import partition_graph, pipeline_graph, range_tables
+from trainplan.partition.stages import stage_stats
+from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
+from trainplan.schedule.pipeline_hold import (PipelineHold, StageHold, gradient_sum_bytes, in_flight, split_position,
+                                              stash_bytes)
+from trainplan.schedule.problem import problem_from_dict
+
+
+def toy() -> dict:
+    ops = [{"id": "a", "time": 1.0, "bytes": 100, "phase": "forward"},
+           {"id": "b", "time": 1.0, "bytes": 10, "inputs": ["a"], "phase": "forward"},
+           {"id": "c", "time": 1.0, "bytes": 1, "inputs": ["b"], "phase": "forward"},
+           {"id": "gc", "time": 1.0, "bytes": 2, "inputs": ["c"], "phase": "backward"},
+           {"id": "gb", "time": 1.0, "bytes": 7, "inputs": ["gc", "b"], "phase": "backward", "gradient": True}]
+    return {"ops": ops, "fixed_bytes": 1000, "budget_bytes": 0, "bandwidth": 1.0, "keep": ["gb"]}
+
+
+def test_the_stash_is_what_the_schedule_holds_at_its_first_backward_event():
+    p = toy()
+    kept = [("compute", "a"), ("compute", "b"), ("compute", "c"), ("compute", "gc"), ("compute", "gb")]
+    assert split_position(p, kept) == 3
+    assert stash_bytes(p, kept) == 111  # a, b, c resident; fixed bytes apart
+    freed = [("compute", "a"), ("compute", "b"), ("free", "a"), ("compute", "c"), ("compute", "gc"),
+             ("compute", "gb")]
+    assert stash_bytes(p, freed) == 11
+    swapped = [("compute", "a"), ("compute", "b"), ("free", "a"), ("swap_out", "b"), ("free", "b"),
+               ("compute", "c"), ("compute", "gc"), ("swap_in", "b"), ("compute", "gb")]
+    assert stash_bytes(p, swapped) == 1  # b's host copy holds no device bytes
+    copied = [("compute", "a"), ("compute", "b"), ("free", "a"), ("swap_out", "b"), ("compute", "c"),
+              ("compute", "gc"), ("compute", "gb")]
+    assert stash_bytes(p, copied) == 11  # swapped out but not freed: still resident
+    no_phase = {**p, "ops": [{k: v for k, v in op.items() if k != "phase"} for op in p["ops"]]}
+    assert split_position(no_phase, kept) == 5 and stash_bytes(no_phase, kept) == 120
+
+
+def test_a_ranks_peak_adds_the_sums_and_the_other_in_flight_stashes():
+    assert [in_flight(s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight(s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
+    hold = StageHold(stage=0, in_flight=3, sums=50, no_recompute_stash=20)
+    assert hold.reserve == 50 + 2 * 20
+    assert hold.rank_peak(schedule_peak=1000, stash=5) == 1000 + 50 + 2 * 5
+    assert gradient_sum_bytes(toy()) == 7
+    assert not PipelineHold(2, 1).accumulates and PipelineHold(2, 2).accumulates
+
+
+def test_stage_problems_mark_every_gradient_once_and_the_tied_partial_where_it_is_made(tiny_gpt2):
+    built, traced, flat, tables = tiny_gpt2
+    nodes = tables.nodes.assign(time_s=1e-6)
+    graph = pipeline_graph(nodes, tables.tensors)
+    ranges = range_tables(graph)
+    stages = stage_stats(graph, partition_graph(graph, ranges, 2, tolerance=0.02).cuts)
+    budget = StageBudget(parse_budget(0.5), 1e9, False, PipelineHold(2, 4))
+    problems = [budgeted_stage_problem(nodes, tables.tensors, st.nodes, budget, st.index) for st in stages]
+    params = {id(p): p for p in built.module.parameters()}.values()  # the tied embedding once
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    wte = built.module.transformer.wte.weight
+    # every parameter's gradient, the loss (4 bytes), and the LM head's partial of the tied embedding, summed
+    # by the last stage
+    assert sum(gradient_sum_bytes(p) for p in problems) == param_bytes + 4 + wte.numel() * wte.element_size()
+    for st, raw in zip(stages, problems):
+        hold = raw["pipeline"]
+        assert hold["in_flight"] == 2 - st.index
+        assert hold["gradient_sum_bytes"] == gradient_sum_bytes(raw)
+        assert hold["no_recompute_stash_bytes"] == stash_bytes(
+            raw, no_recompute_events(problem_from_dict({**raw, "budget_bytes": 2**62})))
+        stashes = (hold["in_flight"] - 1) * hold["no_recompute_stash_bytes"]
+        # 0.5 of the rank's activation peak, above what it must hold: parameters, inputs, gradient sums
+        assert hold["rank_budget_bytes"] == int(raw["fixed_bytes"] + 0.5 * (
+            raw["no_recompute_peak_bytes"] + stashes - raw["fixed_bytes"])) + hold["gradient_sum_bytes"]
+        assert raw["budget_bytes"] == max(0, hold["rank_budget_bytes"] - hold["reserve_bytes"])
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_byte_budget_is_the_ranks_and_one_stage_has_no_hold(tiny_gpt2, k):
+    _, _, _, tables = tiny_gpt2
+    nodes = tables.nodes.assign(time_s=1e-6)
+    budget = StageBudget(parse_budget("1MB"), 1e9, False, PipelineHold(k, 4))
+    raw = budgeted_stage_problem(nodes, tables.tensors, list(nodes.name) if k == 1 else list(nodes.name[:50]),
+                                 budget, 0)
+    if k == 1:
+        assert "pipeline" not in raw and raw["budget_bytes"] == 10**6
+    else:
+        assert raw["pipeline"]["rank_budget_bytes"] == 10**6
+        assert raw["budget_bytes"] == max(0, 10**6 - raw["pipeline"]["reserve_bytes"])
