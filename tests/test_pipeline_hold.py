@@ -10,8 +10,8 @@ from trainplan.partition import partition_graph, pipeline_graph, range_tables
 from trainplan.partition.stages import stage_stats
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
-from trainplan.schedule.pipeline_hold import (PipelineHold, StageHold, gradient_sum_bytes, in_flight, split_position,
-                                              stash_bytes)
+from trainplan.schedule.pipeline_hold import (PipelineHold, StageHold, carrier_bytes, carriers_held, gradient_sum_bytes,
+                                              in_flight, split_position, stash_bytes)
 from trainplan.schedule.problem import problem_from_dict
 
 
@@ -45,9 +45,10 @@ def test_the_stash_is_what_the_schedule_holds_at_its_first_backward_event():
 def test_a_ranks_peak_adds_the_sums_and_the_other_in_flight_stashes():
     assert [in_flight(s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
     assert [in_flight(s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
-    hold = StageHold(stage=0, in_flight=3, sums=50, no_recompute_stash=20)
-    assert hold.reserve == 50 + 2 * 20
-    assert hold.rank_peak(schedule_peak=1000, stash=5) == 1000 + 50 + 2 * 5
+    hold = StageHold(stage=0, in_flight=3, sums=50, no_recompute_stash=20, carriers=7)
+    assert hold.reserve == 50 + 7 + 2 * 20
+    assert hold.rank_peak(schedule_peak=1000, stash=5) == 1000 + 50 + 7 + 2 * 5
+    assert carriers_held(3, out=8, into=4) == 4 * 8 + 4
     assert gradient_sum_bytes(toy()) == 7
     assert not PipelineHold(2, 1).accumulates and PipelineHold(2, 2).accumulates
 
@@ -66,6 +67,12 @@ def test_stage_problems_mark_every_gradient_once_and_the_tied_partial_where_it_i
     # every parameter's gradient, the loss (4 bytes), and the LM head's partial of the tied embedding, summed
     # by the last stage
     assert sum(gradient_sum_bytes(p) for p in problems) == param_bytes + 4 + wte.numel() * wte.element_size()
+    # one link: what stage 0 sends forward and receives back is what stage 1 receives and sends back; the tied
+    # partial is not in it
+    (out0, in0), (out1, in1) = (carrier_bytes(p) for p in problems)
+    assert in0 == out1 == 0 and out0 == in1 > 0
+    assert any(op.get("tied_partial") for op in problems[0]["ops"])
+    assert out0 < wte.numel() * wte.element_size()
     for st, raw in zip(stages, problems):
         hold = raw["pipeline"]
         assert hold["in_flight"] == 2 - st.index
@@ -73,9 +80,10 @@ def test_stage_problems_mark_every_gradient_once_and_the_tied_partial_where_it_i
         assert hold["no_recompute_stash_bytes"] == stash_bytes(
             raw, no_recompute_events(problem_from_dict({**raw, "budget_bytes": 2**62})))
         stashes = (hold["in_flight"] - 1) * hold["no_recompute_stash_bytes"]
-        # 0.5 of the rank's activation peak, above what it must hold: parameters, inputs, gradient sums
+        # 0.5 of the rank's activation peak, above what it must hold: parameters, inputs, gradient sums, carriers
         assert hold["rank_budget_bytes"] == int(raw["fixed_bytes"] + 0.5 * (
-            raw["no_recompute_peak_bytes"] + stashes - raw["fixed_bytes"])) + hold["gradient_sum_bytes"]
+            raw["no_recompute_peak_bytes"] + stashes - raw["fixed_bytes"])) + hold["gradient_sum_bytes"] + hold[
+            "carrier_bytes"]
         assert raw["budget_bytes"] == max(0, hold["rank_budget_bytes"] - hold["reserve_bytes"])
 
 

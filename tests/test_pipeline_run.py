@@ -115,8 +115,15 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     assert pred["step_time_s"] == pytest.approx((m + 1) * pred["t_max_s"])
     # the rank's peak: its schedule's, its gradient sums (m > 1), and the stash of each other micro-batch in flight
     n = [min(2 - s, m) for s in range(2)] if schedule == "1f1b" else [m, m]
-    assert pred["peak_bytes"] == [p + g * (m > 1) + (i - 1) * a for p, g, a, i in zip(
-        pred["schedule_peak_bytes"], pred["gradient_sum_bytes"], pred["stash_bytes"], n)]
+    assert pred["in_flight"] == n
+    assert pred["peak_bytes"] == [p + g * (m > 1) + c + (i - 1) * a for p, g, c, a, i in zip(
+        pred["schedule_peak_bytes"], pred["gradient_sum_bytes"], pred["carrier_bytes"], pred["stash_bytes"], n)]
+    # the carriers: each in-flight micro-batch's forward carrier and one more on stage 0, one gradient carrier
+    # packed at a time on stage 1
+    carrier = ranks[0]["carrier_out_bytes"]
+    assert pred["carrier_bytes"] == [(n[0] + 1) * carrier, carrier]
+    if tied == "step":  # the plan's carriers are the run's
+        assert [st["carrier_bytes"] for st in plan["stages"]] == pred["carrier_bytes"]
     assert pred["stash_bytes"] == [st["stash_bytes"] for st in plan["stages"]]
     if schedule == "1f1b":
         assert pred["peak_bytes"] == [st["peak_1f1b_bytes"] for st in plan["stages"]]

@@ -59,7 +59,8 @@ def _stage_numbers(st: StageStats, sc: ScheduledStage) -> dict[str, Any]:
     sched = sc.schedule
     hold = sc.problem.get("pipeline") or {}
     stash, sums = schedule_stash(sc), int(hold.get("gradient_sum_bytes", 0))
-    rank_peak = int(sched.peak_bytes + sums + (hold.get("in_flight", 1) - 1) * stash)
+    carriers = int(hold.get("carrier_bytes", 0))
+    rank_peak = int(sched.peak_bytes + sums + carriers + (hold.get("in_flight", 1) - 1) * stash)
     requested = int(hold.get("rank_budget_bytes", sched.budget_bytes))
     return {
         "index": st.index,
@@ -76,6 +77,7 @@ def _stage_numbers(st: StageStats, sc: ScheduledStage) -> dict[str, Any]:
         "peak_bytes": sched.peak_bytes,
         "stash_bytes": stash,
         "gradient_sum_bytes": sums,
+        "carrier_bytes": carriers,
         "rank_peak_bytes": rank_peak,
         # the rank's budget (its in-flight stashes and gradient sums held): the requested one where the rank's
         # peak with this schedule's own stash is within it, else raised to that peak (the least found)
@@ -110,7 +112,8 @@ def evaluate(graph: PipelineGraph, tables: RangeTables, cuts: tuple[int, ...], s
     metrics = pipeline_metrics([float(x.schedule.time) for x in scheduled],
                                [int(x.schedule.peak_bytes) for x in scheduled],
                                [schedule_stash(x) for x in scheduled], micro_batches,
-                               [int((x.problem.get("pipeline") or {}).get("gradient_sum_bytes", 0)) for x in scheduled])
+                               [int((x.problem.get("pipeline") or {}).get("gradient_sum_bytes", 0)) for x in scheduled],
+                               [int((x.problem.get("pipeline") or {}).get("carrier_bytes", 0)) for x in scheduled])
     return Evaluated(cuts, stages, scheduled, metrics, total_boundary_bytes(tables, cuts))
 
 

@@ -11,10 +11,11 @@ FORMULAS = {
     "rate": "t_min / t_max over the stages' scheduled times",
     "spread": "(t_max - t_min) / t_max",
     "gpipe_step_time_s": "(m + k - 1) * t_max for m micro-batches",
-    "peak_1f1b_bytes": "stage s (0-based): schedule peak_bytes + gradient_sum_bytes (m > 1) + (min(k - s, m) - 1) "
-                       "* stash_bytes -- the running micro-batch under its schedule, the gradients summed across "
-                       "micro-batches, and what the schedule holds at its split for each other micro-batch in "
-                       "flight, whose backward has not run yet (trainplan.schedule.pipeline_hold)",
+    "peak_1f1b_bytes": "stage s (0-based): schedule peak_bytes + gradient_sum_bytes (m > 1) + carrier_bytes + "
+                       "(min(k - s, m) - 1) * stash_bytes -- the running micro-batch under its schedule, the "
+                       "gradients summed across micro-batches, the carriers held, and what the schedule holds at "
+                       "its split for each other micro-batch in flight, whose backward has not run yet "
+                       "(trainplan.schedule.pipeline_hold)",
 }
 
 
@@ -33,11 +34,13 @@ class PipelineMetrics:
 
 
 def pipeline_metrics(times: list[float], peaks: list[int], stash_bytes: list[int], micro_batches: int,
-                     gradient_sum_bytes: list[int] | None = None) -> PipelineMetrics:
+                     gradient_sum_bytes: list[int] | None = None,
+                     carrier_bytes: list[int] | None = None) -> PipelineMetrics:
     """Metrics of k stages with scheduled ``times`` (s), schedule ``peaks``, the bytes each schedule holds at its
-    split and the gradients each stage sums across micro-batches (see FORMULAS)."""
+    split, the gradients each stage sums across micro-batches and the carriers it holds (see FORMULAS)."""
     k = len(times)
     sums = gradient_sum_bytes or [0] * k
+    carriers = carrier_bytes or [0] * k
     t_max, t_min = max(times), min(times)
     rate = t_min / t_max if t_max > 0 else 1.0
     return PipelineMetrics(
@@ -47,6 +50,6 @@ def pipeline_metrics(times: list[float], peaks: list[int], stash_bytes: list[int
         spread=1.0 - rate,
         bottleneck_stage=times.index(t_max),
         gpipe_step_time_s=(micro_batches + k - 1) * t_max,
-        peak_1f1b_bytes=[int(p + (g if micro_batches > 1 else 0) + (in_flight(s, k, micro_batches) - 1) * a)
-                         for s, (p, a, g) in enumerate(zip(peaks, stash_bytes, sums))],
+        peak_1f1b_bytes=[int(p + (g if micro_batches > 1 else 0) + c + (in_flight(s, k, micro_batches) - 1) * a)
+                         for s, (p, a, g, c) in enumerate(zip(peaks, stash_bytes, sums, carriers))],
     )

@@ -11,7 +11,7 @@ from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
 from trainplan.pipeline.simulate import FORMULA, StageCosts, recorded_orders, simulate
-from trainplan.schedule.pipeline_hold import gradient_sum_bytes, stash_bytes
+from trainplan.schedule.pipeline_hold import carrier_bytes, carriers_held, gradient_sum_bytes, in_flight, stash_bytes
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
@@ -26,7 +26,8 @@ PREDICTION_FORMULAS = {
     "busy_s": "m * the stage's scheduled time (plan stages[i].schedule.time, one micro-batch forward+backward)",
     "idle_s": "step_time_s - busy_s",
     "peak_bytes": "1F1B: " + FORMULAS["peak_1f1b_bytes"] + "; GPipe: the same with all m micro-batches in "
-                  "flight, schedule peak_bytes + gradient_sum_bytes + (m - 1) * stash_bytes",
+                  "flight, schedule peak_bytes + gradient_sum_bytes + carrier_bytes + (m - 1) * stash_bytes (carriers "
+                  "held for m micro-batches)",
 }
 MEASURED = {
     "step_s": "wall time of one schedule.step (after warm-up steps), this rank; the run's: the median over the "
@@ -113,24 +114,28 @@ def with_communication(predicted: dict[str, Any], send_recv_s: list[float], m: i
             "step_time_with_comm_s": (m + k - 1) * max(slot) + tied_reduce_s}
 
 
-def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: int) -> dict[str, Any]:
+def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: int,
+               links: list[tuple[int, int]] | None = None) -> dict[str, Any]:
     """The balance rule's numbers for ``schedule`` with ``m`` micro-batches, from the plan's per-stage times,
-    schedule peaks, the bytes each schedule holds at its split and the gradients each stage sums."""
+    schedule peaks, the bytes each schedule holds at its split, the gradients each stage sums, and its carriers
+    (``links``: each rank's carrier bytes out and in as run; default the plan's, tied partials sent once per
+    step)."""
     k = len(stages)
     times = [float(st.schedule["time"]) for st in stages]
     peaks = [int(st.schedule["peak_bytes"]) for st in stages]
     problems = [data["stages"][i]["problem"] for i in range(k)]
     stash = [stash_bytes(pr, st.schedule["events"]) for pr, st in zip(problems, stages)]
     sums = [gradient_sum_bytes(pr) for pr in problems]
-    metrics = pipeline_metrics(times, peaks, stash, m, sums)
+    n = [m if schedule == "gpipe" else in_flight(s, k, m) for s in range(k)]  # micro-batches in flight
+    links = links or [carrier_bytes(pr) for pr in problems]
+    carriers = [carriers_held(i, *link) for i, link in zip(n, links)]
+    metrics = pipeline_metrics(times, peaks, stash, m, sums, carriers)
     step = metrics.gpipe_step_time_s
-    if schedule == "gpipe":
-        peak = [p + (g if m > 1 else 0) + (m - 1) * a for p, a, g in zip(peaks, stash, sums)]
-    else:
-        peak = metrics.peak_1f1b_bytes
+    peak = [p + (g if m > 1 else 0) + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
     return {"stage_times_s": times, "t_max_s": metrics.t_max_s, "step_time_s": step,
             "busy_s": [m * t for t in times], "idle_s": [step - m * t for t in times],
-            "schedule_peak_bytes": peaks, "stash_bytes": stash, "gradient_sum_bytes": sums, "peak_bytes": peak,
+            "schedule_peak_bytes": peaks, "stash_bytes": stash, "gradient_sum_bytes": sums, "carrier_bytes": carriers,
+            "in_flight": n, "peak_bytes": peak,
             "formulas": PREDICTION_FORMULAS}
 
 

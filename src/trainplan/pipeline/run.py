@@ -328,7 +328,9 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
         dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
         if rank != 0:
             return None
-        out = artifact(settings, data, gathered, prediction(data, stages, settings.schedule, settings.micro_batches),
+        links = [(r["carrier_out_bytes"], r["carrier_in_bytes"]) for r in gathered]
+        out = artifact(settings, data, gathered, prediction(data, stages, settings.schedule, settings.micro_batches,
+                                                            links),
                        device=str(device), backend=dist.get_backend(),
                        memory=f"timed: {allocator}; metered: {memory}")
         write_json(settings.artifact, out)

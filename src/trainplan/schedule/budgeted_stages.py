@@ -49,7 +49,7 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
                            budget: StageBudget, index: int = 0) -> dict[str, Any]:
     """Stage ``index``'s problem dict with ``budget_bytes`` at the requested budget (its ``budget_fraction`` too,
     None for bytes). In a pipeline (``budget.pipeline``), the requested budget is the rank's (a fraction: the fixed
-    bytes and gradient sums + that fraction of the rest of the rank's peak without recompute), recorded with the
+    bytes, gradient sums and carriers + that fraction of the rest of the rank's peak without recompute), recorded with the
     stage's hold under ``pipeline``, and
     ``budget_bytes``, what the running micro-batch's schedule may use, is that less the hold's reserve."""
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap)
@@ -61,9 +61,9 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
         return raw
     hold = stage_hold(raw, budget.pipeline, index, nr_events)
     stashes = (hold.in_flight - 1) * hold.no_recompute_stash
-    # a fraction counts the gradient sums as held bytes, like the fixed ones: no schedule makes them smaller
+    # a fraction counts the gradient sums and carriers as held bytes, like the fixed ones: no schedule shrinks them
     rank_budget = budget_for(raw, budget.requested, peak=raw["no_recompute_peak_bytes"] + stashes) + (
-        hold.sums if budget.requested.fraction is not None else 0)
+        hold.sums + hold.carriers if budget.requested.fraction is not None else 0)
     raw["budget_bytes"] = max(0, rank_budget - hold.reserve)  # below the reserve: infeasible, raised by our solver
     raw["pipeline"] = {"k": budget.pipeline.k, "micro_batches": budget.pipeline.micro_batches, "schedule": "1f1b",
                        **hold.to_dict(), "rank_budget_bytes": rank_budget}

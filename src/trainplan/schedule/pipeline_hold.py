@@ -10,9 +10,12 @@ a stage s of k holds its running micro-batch as its plan says, plus
   makes (its parameters' gradients, and a tied weight's partial that it sums for another stage) is held while
   the next micro-batch makes its own (:func:`gradient_sum_bytes`).
 
-So the rank's peak is the plan's peak + ``sums + (in_flight - 1) * stash``; a stage problem solved for a
-pipeline gets the rank's budget less that reserve, with the stash of the plan without recompute (what the
-plan's own stash is measured against afterwards).
+- the **carriers** (:func:`carriers_held`): the tensors neighbouring stages exchange, packed copies of what
+  crosses a link, held per micro-batch in flight.
+
+So the rank's peak is the plan's peak + ``sums + carriers + (in_flight - 1) * stash``; a stage problem solved
+for a pipeline gets the rank's budget less that reserve, with the stash of the plan without recompute (what
+the plan's own stash is measured against afterwards).
 """
 
 from __future__ import annotations
@@ -65,34 +68,60 @@ def stash_bytes(problem: dict[str, Any], events: Sequence[Sequence[str]]) -> int
     return sum(size[o] for o in resident)
 
 
+def carrier_bytes(problem: dict[str, Any]) -> tuple[int, int]:
+    """Bytes of the carrier on the stage's link to the next stage and on its link from the previous one (0: no
+    link): each carries the storages crossing it both ways in one float32 tensor the size of the larger
+    direction (``trainplan.pipeline.carrier``); tied partials are sent once per step instead. A storage read
+    two or more stages away is relayed by the stages between, whose problems do not list it: not counted."""
+    keep = set(problem.get("keep", ()))
+
+    def total(ops: list[dict[str, Any]], phase: str) -> int:
+        return sum(int(op["bytes"]) for op in ops if op.get("phase", "forward") == phase)
+
+    sent = [op for op in problem["ops"] if op["id"] in keep and not op.get("gradient") and not op.get("boundary")]
+    received = [op for op in problem["ops"] if op.get("boundary") and not op.get("tied_partial")]
+    out = max(total(sent, "forward"), total(received, "backward"))
+    into = max(total(received, "forward"), total(sent, "backward"))
+    return (4 * -(-out // 4), 4 * -(-into // 4))
+
+
 def gradient_sum_bytes(problem: dict[str, Any]) -> int:
     """Bytes of the gradients the stage sums across micro-batches: its ops marked ``gradient`` (by
     :func:`trainplan.schedule.stage_problem.stage_problem`)."""
     return sum(int(op["bytes"]) for op in problem["ops"] if op.get("gradient"))
 
 
+def carriers_held(in_flight: int, out: int, into: int) -> int:
+    """Carrier bytes a rank holds at its peak: the sender keeps each in-flight micro-batch's forward carrier
+    until that micro-batch's backward (PipelineStage's cache), and one more whose send the 1F1B schedule has not
+    waited on yet; the receiver packs one gradient carrier at a time. (Counted on GPT-2 small, k = 2, m = 4:
+    stage 0 held three 4.5 MiB carriers at its peak, stage 1 one.)"""
+    return (in_flight + 1) * out + into
+
+
 @dataclass(frozen=True)
 class StageHold:
     """Stage ``stage``'s hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without
-    accumulation), and the ``no_recompute_stash`` bytes (the reserve's stash)."""
+    accumulation), the ``carriers`` it holds and the ``no_recompute_stash`` bytes (the reserve's stash)."""
 
     stage: int
     in_flight: int
     sums: int
     no_recompute_stash: int
+    carriers: int = 0
 
     @property
     def reserve(self) -> int:
-        """Bytes kept from the running micro-batch's budget: the sums and the other in-flight stashes (no
-        recompute)."""
-        return self.sums + (self.in_flight - 1) * self.no_recompute_stash
+        """Bytes kept from the running micro-batch's budget: the sums, the carriers and the other in-flight
+        stashes (no recompute)."""
+        return self.sums + self.carriers + (self.in_flight - 1) * self.no_recompute_stash
 
     def rank_peak(self, schedule_peak: int, stash: int) -> int:
         """The rank's peak with a schedule of peak ``schedule_peak`` holding ``stash`` at its split."""
-        return int(schedule_peak + self.sums + (self.in_flight - 1) * stash)
+        return int(schedule_peak + self.sums + self.carriers + (self.in_flight - 1) * stash)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"in_flight": self.in_flight, "gradient_sum_bytes": self.sums,
+        return {"in_flight": self.in_flight, "gradient_sum_bytes": self.sums, "carrier_bytes": self.carriers,
                 "no_recompute_stash_bytes": self.no_recompute_stash, "reserve_bytes": self.reserve}
 
 
@@ -100,4 +129,6 @@ def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recom
                ) -> StageHold:
     """Stage ``stage``'s hold under ``hold``, its stash taken from the schedule without recompute."""
     sums = gradient_sum_bytes(problem) if hold.accumulates else 0
-    return StageHold(stage, hold.in_flight(stage), sums, stash_bytes(problem, no_recompute_events))
+    n = hold.in_flight(stage)
+    return StageHold(stage, n, sums, stash_bytes(problem, no_recompute_events),
+                     carriers_held(n, *carrier_bytes(problem)))

@@ -13,7 +13,8 @@ the loss) are `keep`.
 Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph, its ``phase``
 (forward or backward: of the node making its storage; for a boundary input, of the other stage's node), and is
 marked ``gradient`` when its storage is a graph output (a parameter's gradient; the loss) or a partial gradient
-another stage adds into one (a tied weight): what a pipeline sums across micro-batches.
+another stage adds into one (a tied weight): what a pipeline sums across micro-batches; a boundary input that
+is such a partial is marked ``tied_partial`` (a pipeline sends it once per step, not with each micro-batch).
 """
 
 from __future__ import annotations
@@ -148,9 +149,9 @@ def stage_problem(
     }
     outputs = set(tensors.loc[tensors.is_graph_output, "storage"])
     keep = [op_id for op_id, op in ops.items() if any(x in consumers_outside or x in outputs for x in op["storages"])]
-    summed = outputs | _partials_added_outside(nodes, storage_of, outputs, in_stage)
+    partials = _added_into_outputs(nodes, storage_of, outputs)
     for op_id in keep:
-        if summed.intersection(ops[op_id]["storages"]):
+        if (outputs | partials).intersection(ops[op_id]["storages"]):
             ops[op_id]["gradient"] = True
     # A received storage is placed just before its first reader: a stage receives a gradient from the
     # next stage only when its backward needs it, not at its start (which would deadlock the pipeline).
@@ -159,6 +160,9 @@ def stage_problem(
         ordered += [boundary.pop(src) for src in op["inputs"] if src in boundary]
         ordered.append(op)
     ordered += list(boundary.values())  # received but only viewed, never read by a compute op
+    for op in ordered:
+        if op.get("boundary") and partials.intersection(op["storages"]):
+            op["tied_partial"] = True
     return {
         "ops": ordered,
         "fixed_bytes": int(sum(size[s] for s in fixed_used)),
@@ -168,14 +172,13 @@ def stage_problem(
     }
 
 
-def _partials_added_outside(nodes: pd.DataFrame, storage_of: dict[str, int], outputs: set[int],
-                            in_stage: set[str]) -> set[int]:
-    """Storages another stage adds into a graph output (``aten.add.Tensor``): a tied weight's partial gradient,
-    which a pipeline sums across micro-batches where it is made (``trainplan.pipeline.tied``)."""
+def _added_into_outputs(nodes: pd.DataFrame, storage_of: dict[str, int], outputs: set[int]) -> set[int]:
+    """Storages an ``aten.add.Tensor`` adds into a graph output: where one is made by another stage than the
+    addition's, a tied weight's partial gradient, which a pipeline sums across micro-batches where it is made
+    and does not send per micro-batch (``trainplan.pipeline.tied``)."""
     out: set[int] = set()
     for row in nodes.itertuples():
-        if row.name not in in_stage and str(row.op) == "aten.add.Tensor" and any(
-                storage_of[t] in outputs for t in row.outputs):
+        if str(row.op) == "aten.add.Tensor" and any(storage_of[t] in outputs for t in row.outputs):
             out.update(storage_of[t] for t in row.inputs)
     return out
 
