@@ -101,7 +101,10 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     plan = json.loads((plan_dir / "plan.json").read_text())
     for r, mem, st in zip(ranks, run["memory"], plan["stages"]):
         assert (mem["budget_bytes"], mem["fixed_bytes"], mem["status"]) == (st["rank_budget_bytes"],
-                                                                            st["fixed_bytes"], st["status"])
+                                                                            st["fixed_bytes"], st["rank_status"])
+        assert mem["measured_tensor_peak_bytes"] == st["fixed_bytes"] + r["tensor_peak_bytes"]
+        if schedule == "1f1b" and tied == "step":  # the plan's accounting: the tensors held within 5% of it
+            assert mem["measured_tensor_peak_bytes"] == pytest.approx(mem["predicted_peak_bytes"], rel=0.05)
         if r["peak_bytes"] is not None:
             assert mem["measured_peak_bytes"] == st["fixed_bytes"] + r["peak_bytes"]
             assert mem["within_budget"] == (mem["measured_peak_bytes"] <= st["rank_budget_bytes"])

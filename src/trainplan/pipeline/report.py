@@ -57,7 +57,11 @@ MEASURED = {
               "gradient sums held: the requested one, or where the status is raised the least reachable; plans "
               "made before ranks had their own budget: budget_bytes), predicted_peak_bytes (prediction.peak_bytes), "
               "measured_peak_bytes = the plan's fixed_bytes (parameters and inputs, held before the step) + "
-              "peak_bytes, and within_budget = measured <= budget",
+              "peak_bytes (everything the process holds), measured_tensor_peak_bytes the same with "
+              "tensor_peak_bytes (torch's allocator: what the plan accounts for), status the rank's (met, or "
+              "raised to its predicted peak), within_budget = measured <= budget and tensors_within_budget",
+    "tensor_peak_bytes": "the most torch's allocator held above the step's start in one more metered step (on the "
+                         "CPU from the profiler's memory events; on CUDA peak_bytes itself)",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
                 "time is the median, seconds from the rank's own step start (the ranks start together after a "
                 "barrier)",
@@ -147,10 +151,14 @@ def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: d
         stage = data["stages"][i]
         fixed, budget = stage.get("fixed_bytes"), stage.get("rank_budget_bytes", stage.get("budget_bytes"))
         measured = None if r["peak_bytes"] is None or fixed is None else int(fixed) + int(r["peak_bytes"])
-        out.append({"stage": i, "status": stage.get("status"), "budget_bytes": budget, "fixed_bytes": fixed,
+        tensors = None if r.get("tensor_peak_bytes") is None or fixed is None else int(fixed) + int(
+            r["tensor_peak_bytes"])
+        out.append({"stage": i, "status": stage.get("rank_status", stage.get("status")), "budget_bytes": budget,
+                    "fixed_bytes": fixed,
                     "predicted_peak_bytes": predicted["peak_bytes"][i] if predicted["peak_bytes"] else None,
-                    "measured_peak_bytes": measured,
-                    "within_budget": None if measured is None or budget is None else measured <= int(budget)})
+                    "measured_peak_bytes": measured, "measured_tensor_peak_bytes": tensors,
+                    "within_budget": None if measured is None or budget is None else measured <= int(budget),
+                    "tensors_within_budget": None if tensors is None or budget is None else tensors <= int(budget)})
     return out
 
 

@@ -198,10 +198,11 @@ def _step(r: Rank, losses: list[torch.Tensor]) -> None:
     _run_schedule(r, r.schedule, r.micro_batches, r.batch, r.target, losses)
 
 
-def measured_step(r: Rank, *, meter: bool) -> tuple[dict[str, Any], list[torch.Tensor]]:
+def measured_step(r: Rank, *, meter: str | None) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """One timed step: step, compute (PipelineStage's compute calls) and half times, each compute call's start and
     end (seconds from the step's start), and with ``meter`` the peak bytes above what the rank held before it,
-    its gradients cleared (the process's resident memory on the CPU, the allocator's on CUDA)."""
+    its gradients cleared: ``"process"``, the process's resident memory on the CPU (the allocator's on CUDA);
+    ``"allocator"``, torch's allocator's (on the CPU from the profiler's memory events: tensors only)."""
     losses: list[torch.Tensor] = []
     r.module.rt.times.reset()
     r.module.zero_grad(set_to_none=True)  # the last step's gradients are not part of what the rank holds before
@@ -215,6 +216,9 @@ def measured_step(r: Rank, *, meter: bool) -> tuple[dict[str, Any], list[torch.T
 
     if not meter:
         step_s, peak, method = run(), None, "not metered (a timed step)"
+    elif meter == "allocator" and r.device.type == "cpu":
+        step_s, peak = peak_during(run, r.device)
+        method = "torch.profiler memory events: the most allocated above the step's start (tensors only)"
     elif r.device.type == "cuda":
         step_s, peak = peak_during(run, r.device)
         method = "torch.cuda.max_memory_allocated above the allocated bytes before the step"
@@ -294,7 +298,7 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
             _step(r, [])
         steps, losses = [], []
         for _ in range(settings.repeats):
-            numbers, losses = measured_step(r, meter=False)
+            numbers, losses = measured_step(r, meter=None)
             steps.append(numbers)
         links = [send_recv_seconds(r, settings.micro_batches) for _ in range(settings.repeats)]
         halves = r.module.rt.halves
@@ -321,9 +325,12 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
         # The peak from one more step with freed memory returned to the system, so that resident memory tracks
         # what the rank holds (a step pays a page fault per 4 KiB it allocates then: ~20% of GPT-2's time).
         memory = return_freed_memory()
-        metered, _ = measured_step(r, meter=True)
+        metered, _ = measured_step(r, meter="process")
         mine.update(peak_bytes=metered["peak_bytes"], peak_method=metered["peak_method"],
                     metered_step_s=metered["step_s"])
+        # and the tensors alone, to set against the plan's accounting (on CUDA the metered step's is that already)
+        tensors = measured_step(r, meter="allocator")[0] if device.type == "cpu" else metered
+        mine.update(tensor_peak_bytes=tensors["peak_bytes"], tensor_peak_method=tensors["peak_method"])
         gathered: list[Any] = [None] * world if rank == 0 else []
         dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
         if rank != 0:
