@@ -11,7 +11,8 @@ a stage s of k holds its running micro-batch as its plan says, plus
   the next micro-batch makes its own (:func:`gradient_sum_bytes`).
 
 - the **carriers** (:func:`carriers_held`): the tensors neighbouring stages exchange, packed copies of what
-  crosses a link, held per micro-batch in flight.
+  crosses a link, held per micro-batch in flight, and each in-flight micro-batch's copy of its inputs
+  (:func:`inputs_held`).
 
 So the rank's peak is the plan's peak + ``sums + carriers + (in_flight - 1) * stash``; a stage problem solved
 for a pipeline gets the rank's budget less that reserve, with the stash of the plan without recompute (what
@@ -91,6 +92,12 @@ def gradient_sum_bytes(problem: dict[str, Any]) -> int:
     return sum(int(op["bytes"]) for op in problem["ops"] if op.get("gradient"))
 
 
+def inputs_held(in_flight: int, input_bytes: int) -> int:
+    """Bytes of the micro-batch inputs a rank holds besides the batch its fixed bytes count: a copy per micro-batch
+    in flight (the stage's module copies its slice of the step's batch, kept for its backward)."""
+    return in_flight * input_bytes
+
+
 def carriers_held(in_flight: int, out: int, into: int) -> int:
     """Carrier bytes a rank holds at its peak: the sender keeps each in-flight micro-batch's forward carrier
     until that micro-batch's backward (PipelineStage's cache), and one more whose send the 1F1B schedule has not
@@ -102,7 +109,8 @@ def carriers_held(in_flight: int, out: int, into: int) -> int:
 @dataclass(frozen=True)
 class StageHold:
     """Stage ``stage``'s hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without
-    accumulation), the ``carriers`` it holds and the ``no_recompute_stash`` bytes (the reserve's stash)."""
+    accumulation), the ``carriers`` it holds (with its micro-batch input copies) and the ``no_recompute_stash``
+    bytes (the reserve's stash)."""
 
     stage: int
     in_flight: int
@@ -131,4 +139,4 @@ def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recom
     sums = gradient_sum_bytes(problem) if hold.accumulates else 0
     n = hold.in_flight(stage)
     return StageHold(stage, n, sums, stash_bytes(problem, no_recompute_events),
-                     carriers_held(n, *carrier_bytes(problem)))
+                     carriers_held(n, *carrier_bytes(problem)) + inputs_held(n, problem.get("input_bytes", 0)))

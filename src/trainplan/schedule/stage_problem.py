@@ -59,6 +59,7 @@ def stage_problem(
     ``swap=False``: no op may be swapped (where the host is the same memory, as on a CPU, a swap frees none).
     """
     storage_of, fixed, size = _storage_tables(tensors)
+    batch = set(tensors.loc[tensors.kind == "input", "storage"])
     in_stage = set(stage_nodes)
     rows = nodes.set_index("name")
     producer: dict[int, str] = {}  # storage -> fx node that allocates it
@@ -166,6 +167,7 @@ def stage_problem(
     return {
         "ops": ordered,
         "fixed_bytes": int(sum(size[s] for s in fixed_used)),
+        "input_bytes": int(sum(size[s] for s in fixed_used & batch)),  # of which the batch's inputs
         "budget_bytes": int(budget_bytes),
         "bandwidth": float(bandwidth),
         "keep": keep,
