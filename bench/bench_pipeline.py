@@ -114,11 +114,14 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
         "send/recv per micro-batch, r the measured once-per-step tied reduction (docs/pipeline_run.md); "
         "simulated: the schedule's own action order with each stage's forward and backward measured alone, the "
         "measured transfers and r (trainplan.pipeline.simulate). Methods with the same cuts ran once "
-        "(`same_as`).", "",
+        "(`same_as`). Memory per rank: its status against the rank's budget (`met`, or `raised` to its predicted "
+        "peak), the predicted peak (schedule peak + gradient sums + carriers + the other in-flight stashes), the "
+        "tensors metered (torch's allocator), what the process held (fixed bytes + its resident memory's rise) "
+        "and the budget.", "",
     ]
     cols = ["method", "cuts", "same_as", "planned_rate", "predicted_step_s", "predicted_step_comm_s", "measured_step_s",
-            "measured_over_predicted_comm", "simulated_step_s", "measured_over_simulated", "held_peak_mib", "budget_mib",
-            "error"]
+            "measured_over_predicted_comm", "simulated_step_s", "measured_over_simulated", "rank_status",
+            "rank_predicted_mib", "tensor_peak_mib", "held_peak_mib", "budget_mib", "error"]
     for (model, budget, schedule, m), part in frame.groupby(["model", "budget", "schedule", "m"], sort=False):
         lines += [f"## {model}, budget {budget}, {schedule}, m={m}", "",
                   part.reindex(columns=cols).astype(object).fillna("").to_markdown(index=False, floatfmt=".4g"), ""]

@@ -86,7 +86,8 @@ def comparison_row(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
         return {"error": plan["error"]}
     out: dict[str, Any] = {"cuts": str(plan["cuts"]), "same_as": plan["same_as"], "planned_rate": plan["rate"],
                            "planned_t_max_s": plan["t_max_s"], "boundary_bytes": plan["boundary_bytes"],
-                           "stage_status": ",".join(st["status"] for st in plan["stages"])}
+                           "stage_status": ",".join(st["status"] for st in plan["stages"]),
+                           "rank_status": ",".join(st.get("rank_status", "") for st in plan["stages"])}
     if "error" in run:
         return {**out, "error": run["error"]}
     pred, ranks = run["prediction"], run["ranks"]
@@ -101,6 +102,8 @@ def comparison_row(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             "peak_mib": max((r["peak_bytes"] or 0) for r in ranks) / MIB,
             "predicted_peak_mib": max(pred["peak_bytes"] or [0]) / MIB,
             "held_peak_mib": str([round((m["measured_peak_bytes"] or 0) / MIB, 1) for m in run["memory"]]),
+            "tensor_peak_mib": str([round((m.get("measured_tensor_peak_bytes") or 0) / MIB, 1) for m in run["memory"]]),
+            "rank_predicted_mib": str([round((m["predicted_peak_bytes"] or 0) / MIB, 1) for m in run["memory"]]),
             "budget_mib": str([round((m["budget_bytes"] or 0) / MIB, 1) for m in run["memory"]]),
             "over_budget_ranks": sum(m["within_budget"] is False for m in run["memory"]),
             "carrier_bytes": ranks[0]["carrier_out_bytes"]}

@@ -93,8 +93,9 @@ def gradient_sum_bytes(problem: dict[str, Any]) -> int:
 
 
 def inputs_held(in_flight: int, input_bytes: int) -> int:
-    """Bytes of the micro-batch inputs a rank holds besides the batch its fixed bytes count: a copy per micro-batch
-    in flight (the stage's module copies its slice of the step's batch, kept for its backward)."""
+    """Bytes of the micro-batch inputs a rank holds besides its fixed bytes: a copy of every batch input per
+    micro-batch in flight (the stage's module copies its slice of the step's batch, all inputs, read by the stage or
+    not, and keeps them for its backward)."""
     return in_flight * input_bytes
 
 

@@ -167,7 +167,7 @@ def stage_problem(
     return {
         "ops": ordered,
         "fixed_bytes": int(sum(size[s] for s in fixed_used)),
-        "input_bytes": int(sum(size[s] for s in fixed_used & batch)),  # of which the batch's inputs
+        "input_bytes": int(sum(size[s] for s in batch)),  # the batch's inputs, read here or not
         "budget_bytes": int(budget_bytes),
         "bandwidth": float(bandwidth),
         "keep": keep,
