@@ -11,7 +11,7 @@ from trainplan.partition.stages import stage_stats
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
 from trainplan.schedule.pipeline_hold import (PipelineHold, StageHold, carrier_bytes, carriers_held, gradient_sum_bytes,
-                                              in_flight, split_position, stash_bytes)
+                                              in_flight, loss_bytes, split_position, stash_bytes)
 from trainplan.schedule.problem import problem_from_dict
 
 
@@ -64,9 +64,9 @@ def test_stage_problems_mark_every_gradient_once_and_the_tied_partial_where_it_i
     params = {id(p): p for p in built.module.parameters()}.values()  # the tied embedding once
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     wte = built.module.transformer.wte.weight
-    # every parameter's gradient, the loss (4 bytes), and the LM head's partial of the tied embedding, summed
-    # by the last stage
-    assert sum(gradient_sum_bytes(p) for p in problems) == param_bytes + 4 + wte.numel() * wte.element_size()
+    # every parameter's gradient and the LM head's partial of the tied embedding, summed by the last stage
+    assert sum(gradient_sum_bytes(p) for p in problems) == param_bytes + wte.numel() * wte.element_size()
+    assert [loss_bytes(p) for p in problems] == [0, 4]  # the loss: a float32 scalar, on the last stage
     # one link: what stage 0 sends forward and receives back is what stage 1 receives and sends back; the tied
     # partial is not in it
     (out0, in0), (out1, in1) = (carrier_bytes(p) for p in problems)

@@ -126,7 +126,7 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     carrier = ranks[0]["carrier_out_bytes"]
     inputs = [st["problem"]["input_bytes"] for st in plan["stages"]]
     assert inputs[0] > 0
-    assert pred["carrier_bytes"] == [(n[0] + 1) * carrier + n[0] * inputs[0], carrier + n[1] * inputs[1]]
+    assert pred["carrier_bytes"] == [(n[0] + 1) * carrier + n[0] * inputs[0], carrier + n[1] * inputs[1] + m * 4]
     if tied == "step":  # the plan's carriers are the run's
         assert [st["carrier_bytes"] for st in plan["stages"]] == pred["carrier_bytes"]
     assert pred["stash_bytes"] == [st["stash_bytes"] for st in plan["stages"]]

@@ -11,8 +11,8 @@ a stage s of k holds its running micro-batch as its plan says, plus
   the next micro-batch makes its own (:func:`gradient_sum_bytes`).
 
 - the **carriers** (:func:`carriers_held`): the tensors neighbouring stages exchange, packed copies of what
-  crosses a link, held per micro-batch in flight, and each in-flight micro-batch's copy of its inputs
-  (:func:`inputs_held`).
+  crosses a link, held per micro-batch in flight, each in-flight micro-batch's copy of its inputs
+  (:func:`inputs_held`), and on the last stage every micro-batch's loss (:func:`loss_bytes`).
 
 So the rank's peak is the plan's peak + ``sums + carriers + (in_flight - 1) * stash``; a stage problem solved
 for a pipeline gets the rank's budget less that reserve, with the stash of the plan without recompute (what
@@ -79,7 +79,8 @@ def carrier_bytes(problem: dict[str, Any]) -> tuple[int, int]:
     def total(ops: list[dict[str, Any]], phase: str) -> int:
         return sum(int(op["bytes"]) for op in ops if op.get("phase", "forward") == phase)
 
-    sent = [op for op in problem["ops"] if op["id"] in keep and not op.get("gradient") and not op.get("boundary")]
+    sent = [op for op in problem["ops"] if op["id"] in keep and not (op.get("gradient") or op.get("loss") or
+                                                                     op.get("boundary"))]
     received = [op for op in problem["ops"] if op.get("boundary") and not op.get("tied_partial")]
     out = max(total(sent, "forward"), total(received, "backward"))
     into = max(total(received, "forward"), total(sent, "backward"))
@@ -90,6 +91,11 @@ def gradient_sum_bytes(problem: dict[str, Any]) -> int:
     """Bytes of the gradients the stage sums across micro-batches: its ops marked ``gradient`` (by
     :func:`trainplan.schedule.stage_problem.stage_problem`)."""
     return sum(int(op["bytes"]) for op in problem["ops"] if op.get("gradient"))
+
+
+def loss_bytes(problem: dict[str, Any]) -> int:
+    """Bytes of the loss the stage makes (0 but on the last stage): the schedule keeps one per micro-batch."""
+    return sum(int(op["bytes"]) for op in problem["ops"] if op.get("loss"))
 
 
 def inputs_held(in_flight: int, input_bytes: int) -> int:
@@ -140,4 +146,5 @@ def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recom
     sums = gradient_sum_bytes(problem) if hold.accumulates else 0
     n = hold.in_flight(stage)
     return StageHold(stage, n, sums, stash_bytes(problem, no_recompute_events),
-                     carriers_held(n, *carrier_bytes(problem)) + inputs_held(n, problem.get("input_bytes", 0)))
+                     carriers_held(n, *carrier_bytes(problem)) + inputs_held(n, problem.get("input_bytes", 0))
+                     + hold.micro_batches * loss_bytes(problem))

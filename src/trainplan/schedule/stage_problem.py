@@ -12,8 +12,9 @@ just before their first reader, that may not be recomputed (they are received, n
 the loss) are `keep`.
 Each op lists its member fx nodes under ``nodes`` so a plan can be executed on the real graph, its ``phase``
 (forward or backward: of the node making its storage; for a boundary input, of the other stage's node), and is
-marked ``gradient`` when its storage is a graph output (a parameter's gradient; the loss) or a partial gradient
-another stage adds into one (a tied weight): what a pipeline sums across micro-batches; a boundary input that
+marked ``gradient`` when its storage is a graph output made in backward (a parameter's gradient) or a partial
+gradient another stage adds into one (a tied weight): what a pipeline sums across micro-batches (``loss``: the
+forward one, the loss, which a pipeline keeps per micro-batch); a boundary input that
 is such a partial is marked ``tied_partial`` (a pipeline sends it once per step, not with each micro-batch).
 """
 
@@ -153,7 +154,8 @@ def stage_problem(
     partials = _added_into_outputs(nodes, storage_of, outputs)
     for op_id in keep:
         if (outputs | partials).intersection(ops[op_id]["storages"]):
-            ops[op_id]["gradient"] = True
+            # a forward graph output is the loss; the backward ones are gradients
+            ops[op_id]["gradient" if ops[op_id]["phase"] == "backward" else "loss"] = True
     # A received storage is placed just before its first reader: a stage receives a gradient from the
     # next stage only when its backward needs it, not at its start (which would deadlock the pipeline).
     ordered: list[dict[str, Any]] = []
