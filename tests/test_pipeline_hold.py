@@ -45,9 +45,8 @@ def test_the_stash_is_what_the_schedule_holds_at_its_first_backward_event():
 def test_a_ranks_peak_adds_the_sums_and_the_other_in_flight_stashes():
     assert [in_flight(s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
     assert [in_flight(s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
-    hold = StageHold(stage=0, in_flight=3, sums=50, no_recompute_stash=20, carriers=7)
+    hold = StageHold(in_flight=3, sums=50, no_recompute_stash=20, carriers=7)
     assert hold.reserve == 50 + 7 + 2 * 20
-    assert hold.rank_peak(schedule_peak=1000, stash=5) == 1000 + 50 + 7 + 2 * 5
     assert carriers_held(3, out=8, into=4) == 4 * 8 + 4
     assert gradient_sum_bytes(toy()) == 7
     assert not PipelineHold(2, 1).accumulates and PipelineHold(2, 2).accumulates

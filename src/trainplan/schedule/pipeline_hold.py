@@ -1,15 +1,15 @@
 """What a pipeline stage holds besides the micro-batch it runs, under 1F1B with m micro-batches.
 
-Measured on GPT-2 small's default two-stage plan (the allocator's live bytes at each rank's peak, within 1%):
-a stage s of k holds its running micro-batch as its plan says, plus
+Counted on GPT-2 small's default two-stage plan (the allocator's live tensors at each rank's peak; the sum below
+matches each rank's metered tensor peak to a few bytes), a stage s of k holds its running micro-batch as its plan
+says, plus
 
 - the **stashes** of the other micro-batches in flight, ``in_flight(s) - 1`` of them, each what the plan holds at
   its split (the first backward event: :func:`split_position`), where a micro-batch's forward hands over to its
   backward (:func:`stash_bytes`);
 - with m > 1, the **gradient running sums**: from the first micro-batch's backward on, every gradient the stage
   makes (its parameters' gradients, and a tied weight's partial that it sums for another stage) is held while
-  the next micro-batch makes its own (:func:`gradient_sum_bytes`).
-
+  the next micro-batch makes its own (:func:`gradient_sum_bytes`);
 - the **carriers** (:func:`carriers_held`): the tensors neighbouring stages exchange, packed copies of what
   crosses a link, held per micro-batch in flight, each in-flight micro-batch's copy of its inputs
   (:func:`inputs_held`), and on the last stage every micro-batch's loss (:func:`loss_bytes`).
@@ -115,11 +115,11 @@ def carriers_held(in_flight: int, out: int, into: int) -> int:
 
 @dataclass(frozen=True)
 class StageHold:
-    """Stage ``stage``'s hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without
-    accumulation), the ``carriers`` it holds (with its micro-batch input copies) and the ``no_recompute_stash``
-    bytes (the reserve's stash)."""
+    """A stage's hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without accumulation),
+    the ``carriers`` it holds (with its micro-batch input copies and losses) and the ``no_recompute_stash`` bytes
+    (the reserve's stash). The rank's peak with a schedule is its peak + sums + carriers + (in_flight - 1) x that
+    schedule's own stash (``partition.balance``'s ``rank_peak_bytes``)."""
 
-    stage: int
     in_flight: int
     sums: int
     no_recompute_stash: int
@@ -131,10 +131,6 @@ class StageHold:
         stashes (no recompute)."""
         return self.sums + self.carriers + (self.in_flight - 1) * self.no_recompute_stash
 
-    def rank_peak(self, schedule_peak: int, stash: int) -> int:
-        """The rank's peak with a schedule of peak ``schedule_peak`` holding ``stash`` at its split."""
-        return int(schedule_peak + self.sums + self.carriers + (self.in_flight - 1) * stash)
-
     def to_dict(self) -> dict[str, Any]:
         return {"in_flight": self.in_flight, "gradient_sum_bytes": self.sums, "carrier_bytes": self.carriers,
                 "no_recompute_stash_bytes": self.no_recompute_stash, "reserve_bytes": self.reserve}
@@ -145,6 +141,6 @@ def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recom
     """Stage ``stage``'s hold under ``hold``, its stash taken from the schedule without recompute."""
     sums = gradient_sum_bytes(problem) if hold.accumulates else 0
     n = hold.in_flight(stage)
-    return StageHold(stage, n, sums, stash_bytes(problem, no_recompute_events),
+    return StageHold(n, sums, stash_bytes(problem, no_recompute_events),
                      carriers_held(n, *carrier_bytes(problem)) + inputs_held(n, problem.get("input_bytes", 0))
                      + hold.micro_batches * loss_bytes(problem))
