@@ -104,8 +104,8 @@ def test_balance_loop_records_consistent_numbers(small):
         assert stage["gradient_sum_bytes"] == hold["gradient_sum_bytes"] == gradient_sum_bytes(stage["problem"])
         assert stage["stash_bytes"] == stash_bytes(stage["problem"], events)
         assert stage["carrier_bytes"] == hold["carrier_bytes"]
-        assert stage["peak_1f1b_bytes"] == stage["peak_bytes"] + stage["gradient_sum_bytes"] + stage["carrier_bytes"] + (
-            stage["in_flight"] - 1) * stage["stash_bytes"]
+        assert stage["peak_1f1b_bytes"] == stage["peak_bytes"] + stage["gradient_sum_bytes"] + (
+            stage["carrier_bytes"] + (stage["in_flight"] - 1) * stage["stash_bytes"])
         assert stage["peak_1f1b_bytes"] == stage["rank_peak_bytes"] <= stage["rank_budget_bytes"]
         assert stage["problem"]["budget_bytes"] == max(0, hold["rank_budget_bytes"] - hold["reserve_bytes"])
         met = stage["rank_peak_bytes"] <= hold["rank_budget_bytes"]

@@ -49,9 +49,9 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
                            budget: StageBudget, index: int = 0) -> dict[str, Any]:
     """Stage ``index``'s problem dict with ``budget_bytes`` at the requested budget (its ``budget_fraction`` too,
     None for bytes). In a pipeline (``budget.pipeline``), the requested budget is the rank's (a fraction: the fixed
-    bytes, gradient sums and carriers + that fraction of the rest of the rank's peak without recompute), recorded with the
-    stage's hold under ``pipeline``, and
-    ``budget_bytes``, what the running micro-batch's schedule may use, is that less the hold's reserve."""
+    bytes, gradient sums and carriers + that fraction of the rest of the rank's peak without recompute), recorded
+    with the stage's hold under ``pipeline``, and ``budget_bytes``, what the running micro-batch's schedule may use,
+    is that less the hold's reserve."""
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap)
     raw["budget_fraction"] = budget.requested.fraction
     nr_events = no_recompute_events(problem_from_dict({**raw, "budget_bytes": 2**62}))
