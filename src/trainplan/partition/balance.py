@@ -51,16 +51,15 @@ class Evaluated:
             "cuts": list(self.cuts),
             "boundary_bytes": self.boundary_bytes,
             **self.metrics.to_dict(),
-            "stages": [{**_stage_numbers(st, sc), "nodes": st.nodes} for st, sc in zip(self.stages, self.scheduled)],
+            "stages": [{**_stage_numbers(st, sc, peak), "nodes": st.nodes}
+                       for st, sc, peak in zip(self.stages, self.scheduled, self.metrics.peak_1f1b_bytes)],
         }
 
 
-def _stage_numbers(st: StageStats, sc: ScheduledStage) -> dict[str, Any]:
+def _stage_numbers(st: StageStats, sc: ScheduledStage, rank_peak: int) -> dict[str, Any]:
+    """A stage's numbers; ``rank_peak``: its rank's 1F1B peak (``PipelineMetrics.peak_1f1b_bytes``)."""
     sched = sc.schedule
     hold = sc.problem.get("pipeline") or {}
-    stash, sums = schedule_stash(sc), int(hold.get("gradient_sum_bytes", 0))
-    carriers = int(hold.get("carrier_bytes", 0))
-    rank_peak = int(sched.peak_bytes + sums + carriers + (hold.get("in_flight", 1) - 1) * stash)
     requested = int(hold.get("rank_budget_bytes", sched.budget_bytes))
     return {
         "index": st.index,
@@ -75,10 +74,9 @@ def _stage_numbers(st: StageStats, sc: ScheduledStage) -> dict[str, Any]:
         "fixed_bytes": st.fixed_bytes,
         "budget_bytes": sched.budget_bytes,
         "peak_bytes": sched.peak_bytes,
-        "stash_bytes": stash,
-        "gradient_sum_bytes": sums,
-        "carrier_bytes": carriers,
-        "rank_peak_bytes": rank_peak,
+        "stash_bytes": schedule_stash(sc),
+        "gradient_sum_bytes": int(hold.get("gradient_sum_bytes", 0)),
+        "carrier_bytes": int(hold.get("carrier_bytes", 0)),
         # the rank's budget (its in-flight stashes and gradient sums held): the requested one where the rank's
         # peak with this schedule's own stash is within it, else raised to that peak (the least found)
         "rank_budget_bytes": max(requested, rank_peak),
@@ -109,11 +107,12 @@ def evaluate(graph: PipelineGraph, tables: RangeTables, cuts: tuple[int, ...], s
     """Schedule every stage of ``cuts`` and compute the pipeline metrics."""
     stages = stage_stats(graph, cuts)
     scheduled = [scheduler(s.index, s.nodes) for s in stages]
+    holds = [x.problem.get("pipeline") or {} for x in scheduled]
     metrics = pipeline_metrics([float(x.schedule.time) for x in scheduled],
                                [int(x.schedule.peak_bytes) for x in scheduled],
                                [schedule_stash(x) for x in scheduled], micro_batches,
-                               [int((x.problem.get("pipeline") or {}).get("gradient_sum_bytes", 0)) for x in scheduled],
-                               [int((x.problem.get("pipeline") or {}).get("carrier_bytes", 0)) for x in scheduled])
+                               [int(h.get("gradient_sum_bytes", 0)) for h in holds],
+                               [int(h.get("carrier_bytes", 0)) for h in holds])
     return Evaluated(cuts, stages, scheduled, metrics, total_boundary_bytes(tables, cuts))
 
 
@@ -194,7 +193,7 @@ def partition_plan(evaluated: Evaluated, micro_batches: int) -> dict[str, Any]:
     k = len(evaluated.stages)
     stages = []
     for st, sc, peak in zip(evaluated.stages, evaluated.scheduled, evaluated.metrics.peak_1f1b_bytes):
-        stages.append({**_stage_numbers(st, sc), "nodes": st.nodes,
+        stages.append({**_stage_numbers(st, sc, peak), "nodes": st.nodes,
                        "in_flight": in_flight(st.index, k, micro_batches), "peak_1f1b_bytes": peak,
                        "problem": sc.problem, "schedule": sc.schedule.to_dict()})
     return {"cuts": list(evaluated.cuts), "boundary_bytes": evaluated.boundary_bytes, "stages": stages}

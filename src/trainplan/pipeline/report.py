@@ -11,8 +11,7 @@ from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
 from trainplan.pipeline.simulate import FORMULA, StageCosts, recorded_orders, simulate
-from trainplan.schedule.pipeline_hold import (carrier_bytes, carriers_held, gradient_sum_bytes, in_flight,
-                                              inputs_held, loss_bytes, stash_bytes)
+from trainplan.schedule.pipeline_hold import copies_held, gradient_sum_bytes, in_flight, stash_bytes
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
@@ -132,9 +131,7 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
     stash = [stash_bytes(pr, st.schedule["events"]) for pr, st in zip(problems, stages)]
     sums = [gradient_sum_bytes(pr) for pr in problems]
     n = [m if schedule == "gpipe" else in_flight(s, k, m) for s in range(k)]  # micro-batches in flight
-    links = links or [carrier_bytes(pr) for pr in problems]
-    carriers = [carriers_held(i, *link) + inputs_held(i, pr.get("input_bytes", 0)) + m * loss_bytes(pr)
-                for i, link, pr in zip(n, links, problems)]
+    carriers = [copies_held(pr, i, m, link) for pr, i, link in zip(problems, n, links or [None] * k)]
     metrics = pipeline_metrics(times, peaks, stash, m, sums, carriers)
     step = metrics.gpipe_step_time_s
     peak = [p + (g if m > 1 else 0) + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]

@@ -14,12 +14,12 @@ from tqdm import tqdm
 from trainplan.budget import Budget
 from trainplan.errors import ArtifactError
 from trainplan.io import read_json
-from trainplan.schedule.baselines import no_recompute_events
+from trainplan.schedule.baselines import no_recompute
 from trainplan.schedule.pipeline_hold import PipelineHold, stage_hold
 from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.schedule_io import Schedule, schedule_from_dict
 from trainplan.schedule.solve import METHODS, solve
-from trainplan.schedule.stage_problem import budget_for, no_recompute_peak, stage_problem
+from trainplan.schedule.stage_problem import budget_for, stage_problem
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,12 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
     is that less the hold's reserve."""
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap)
     raw["budget_fraction"] = budget.requested.fraction
-    nr_events = no_recompute_events(problem_from_dict({**raw, "budget_bytes": 2**62}))
-    raw["no_recompute_peak_bytes"] = no_recompute_peak(raw)
+    plain = no_recompute(problem_from_dict({**raw, "budget_bytes": 2**62}))
+    raw["no_recompute_peak_bytes"] = int(plain.peak_bytes)
     if budget.pipeline is None or budget.pipeline.k < 2:
-        raw["budget_bytes"] = budget_for(raw, budget.requested)
+        raw["budget_bytes"] = budget_for(raw, budget.requested, peak=raw["no_recompute_peak_bytes"])
         return raw
-    hold = stage_hold(raw, budget.pipeline, index, nr_events)
+    hold = stage_hold(raw, budget.pipeline, index, plain.events)
     stashes = (hold.in_flight - 1) * hold.no_recompute_stash
     # a fraction counts the gradient sums and carriers as held bytes, like the fixed ones: no schedule shrinks them
     rank_budget = budget_for(raw, budget.requested, peak=raw["no_recompute_peak_bytes"] + stashes) + (

@@ -113,12 +113,20 @@ def carriers_held(in_flight: int, out: int, into: int) -> int:
     return (in_flight + 1) * out + into
 
 
+def copies_held(problem: dict[str, Any], in_flight: int, micro_batches: int,
+                link: tuple[int, int] | None = None) -> int:
+    """What a rank holds whatever its schedule, gradient sums apart: its carriers (``link``: its carrier bytes out
+    and in, default the problem's), its micro-batch input copies and its losses."""
+    return (carriers_held(in_flight, *(link or carrier_bytes(problem)))
+            + inputs_held(in_flight, problem.get("input_bytes", 0)) + micro_batches * loss_bytes(problem))
+
+
 @dataclass(frozen=True)
 class StageHold:
     """A stage's hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without accumulation),
     the ``carriers`` it holds (with its micro-batch input copies and losses) and the ``no_recompute_stash`` bytes
     (the reserve's stash). The rank's peak with a schedule is its peak + sums + carriers + (in_flight - 1) x that
-    schedule's own stash (``partition.balance``'s ``rank_peak_bytes``)."""
+    schedule's own stash (``PipelineMetrics.peak_1f1b_bytes``)."""
 
     in_flight: int
     sums: int
@@ -141,6 +149,4 @@ def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recom
     """Stage ``stage``'s hold under ``hold``, its stash taken from the schedule without recompute."""
     sums = gradient_sum_bytes(problem) if hold.accumulates else 0
     n = hold.in_flight(stage)
-    return StageHold(n, sums, stash_bytes(problem, no_recompute_events),
-                     carriers_held(n, *carrier_bytes(problem)) + inputs_held(n, problem.get("input_bytes", 0))
-                     + hold.micro_batches * loss_bytes(problem))
+    return StageHold(n, sums, stash_bytes(problem, no_recompute_events), copies_held(problem, n, hold.micro_batches))
