@@ -75,6 +75,11 @@ def send(t: torch.Tensor) -> torch.UntypedStorage:
     return clone_storage(t.untyped_storage(), t.device)
 
 
+def zeros_broadcast(dtype: torch.dtype, size: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Zeros of ``size`` held as one broadcast element: a stand-in read in place of a storage never sent."""
+    return torch.zeros((), dtype=dtype, device=device).expand(size)
+
+
 def hand_over(t: torch.Tensor) -> torch.UntypedStorage:
     """The storage under ``t`` itself, for a sender that copies it on the way (a pipeline's carrier)."""
     return t.untyped_storage()
@@ -196,11 +201,13 @@ class PlanCompiler:
 
     def __init__(self, gm: torch.fx.GraphModule, layout: GraphLayout, stages: list[StageLayout],
                  device: torch.device, probe: bool, clocked: bool,
-                 handed_over: frozenset[int] = frozenset()) -> None:
+                 handed_over: frozenset[int] = frozenset(), zero_stand_ins: frozenset[int] = frozenset()) -> None:
         """``handed_over``: storages sent as they are (:func:`hand_over`), not copied at the send (:func:`send`):
-        for code whose caller copies what it sends, so that the storage is not held twice meanwhile."""
+        for code whose caller copies what it sends, so that the storage is not held twice meanwhile.
+        ``zero_stand_ins``: storages received as zeros (:func:`zeros_broadcast`, each of its values), not on a
+        channel: a tied weight's partial gradient that a pipeline adds once per step instead."""
         self.gm, self.layout, self.device, self.probe, self.clocked = gm, layout, device, probe, clocked
-        self.handed_over = handed_over
+        self.handed_over, self.zero_stand_ins = handed_over, zero_stand_ins
         self.segment: tuple[int, bool] | None = None
         self.graph = torch.fx.Graph()
         self.stages = [_Stage(st) for st in stages]
@@ -291,10 +298,13 @@ class PlanCompiler:
         if op.boundary:
             own = {n.name for o in st.layout.ops.values() if not o.boundary for n in o.nodes}
             for sid in op.storages:  # viewed as every node of another stage on it (this stage reads some)
-                storage = self.channel[sid]
                 for slot in self.slots_on[sid]:
-                    if slot[0] not in own:
-                        self._hold(st, slot, self._call(view, storage, *slot_meta(self.layout.nodes[slot[0]], slot[1])))
+                    if slot[0] in own:
+                        continue
+                    dtype, offset, size, stride = slot_meta(self.layout.nodes[slot[0]], slot[1])
+                    value = self._call(zeros_broadcast, dtype, size, self.device) if sid in self.zero_stand_ins \
+                        else self._call(view, self.channel[sid], dtype, offset, size, stride)
+                    self._hold(st, slot, value)
         again = op_id in st.computed
         for node in op.nodes:
             self._emit(st, node, op_id, op.storages, again)
@@ -321,6 +331,16 @@ class PlanCompiler:
         st.resident -= dropped
         for sid in dropped:
             st.pending.pop(sid, None)
+
+    def held(self, stage: int, node: torch.fx.Node) -> torch.fx.Node | None:
+        """The graph value of tensor node ``node`` if the stage at position ``stage`` holds it now, else None."""
+        return self.stages[stage].env.get((node.name, -1))
+
+    def drop(self, stage: int, sids: set[int]) -> None:
+        """Drop the values the stage at position ``stage`` holds on ``sids`` now, outside the plan's events
+        (a caller that took them: a gradient added into its sum where made)."""
+        st = self.stages[stage]
+        self._call(free, *dict.fromkeys(st.env.pop(s) for s in self._on(st, sids)))
 
     def _save(self, st: _Stage, sid: int) -> None:
         source = next((s for s in self._on(st, {sid}) if s[0] == self.layout.producer[sid]), None) \

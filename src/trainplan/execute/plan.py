@@ -17,6 +17,7 @@ from trainplan.budget import Budget
 from trainplan.errors import ArtifactError
 from trainplan.io import read_json
 from trainplan.schedule import Problem, ProblemError, ScheduleError, problem_from_dict, replay, solve
+from trainplan.schedule.grad_accumulation import held_alone
 from trainplan.schedule.stage_problem import budget_for, stage_problem
 
 
@@ -26,7 +27,8 @@ class PlanError(ValueError):
 
 @dataclass
 class StagePlan:
-    """One stage of a plan: the fx nodes its ops run, raw problem dict, validated problem and schedule dict."""
+    """One stage of a plan: the fx nodes its ops run, raw problem dict, validated problem and schedule dict; the
+    problem as the stage runs alone (:func:`trainplan.schedule.grad_accumulation.held_alone`)."""
 
     index: int
     nodes: list[str]
@@ -53,15 +55,17 @@ def _stage(pos: int, raw: Any, where: str) -> StagePlan:
     if raw.get("index", pos) != pos:
         raise PlanError(f"{where}: stages[{pos}] has index {raw['index']!r}; stages must be listed in order 0..k-1")
     try:
-        problem = problem_from_dict(raw["problem"])
+        problem_from_dict(raw["problem"])
+        alone = held_alone(raw["problem"])  # a pipeline's gradients, added into sums where made, held to the end
+        problem = problem_from_dict(alone)
     except ProblemError as exc:
         raise PlanError(f"{where}: stages[{pos}].problem: {exc}") from exc
-    for op in raw["problem"]["ops"]:
+    for op in alone["ops"]:
         if not isinstance(op.get("nodes"), list) or not isinstance(op.get("storages"), list):
             raise PlanError(f"{where}: stages[{pos}] op '{op['id']}' lacks 'nodes'/'storages' (not a stage_problem plan)")
     # the fx nodes its ops run
     nodes = list(dict.fromkeys(n for op in raw["problem"]["ops"] for n in op["nodes"]))
-    stage = StagePlan(pos, nodes, raw["problem"], problem, raw["schedule"])
+    stage = StagePlan(pos, nodes, alone, problem, raw["schedule"])
     if stage.executable:
         for key in ("time", "peak_bytes", "budget_bytes"):
             if not isinstance(stage.schedule.get(key), (int, float)) or isinstance(stage.schedule.get(key), bool):

@@ -12,7 +12,8 @@ FORMULAS = {
     "spread": "(t_max - t_min) / t_max",
     "gpipe_step_time_s": "(m + k - 1) * t_max for m micro-batches",
     "peak_1f1b_bytes": "stage s (0-based): schedule peak_bytes + gradient_sum_bytes (m > 1) + carrier_bytes + "
-                       "(min(k - s, m) - 1) * stash_bytes -- the running micro-batch under its schedule, the "
+                       "(min(k - s, m) - 1) * stash_bytes -- the running micro-batch under its schedule (each "
+                       "gradient counted while it is made, then added into its sum), the "
                        "gradients summed across micro-batches, the carriers held, and what the schedule holds at "
                        "its split for each other micro-batch in flight, whose backward has not run yet "
                        "(trainplan.schedule.pipeline_hold)",

@@ -5,7 +5,7 @@ gradients reduced once per step (:mod:`trainplan.pipeline.tied`) cross the link 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -55,20 +55,17 @@ class Carrier:
             offset += nbytes
         return out
 
-    def unpack(self, carrier: torch.Tensor, backward: bool,
-               zeros: Callable[[int], torch.UntypedStorage] | None = None) -> list[Any]:
+    def unpack(self, carrier: torch.Tensor, backward: bool) -> list[Any]:
         """The storages ``carrier`` packed (forward or ``backward`` direction), fresh copies of its bytes. Backward,
         each is a callable making it (:func:`trainplan.pipeline.split.take` calls it at the plan's receive event, so
-        that it is held from there, as the plan counts it), and a ``reduced`` storage is ``zeros(nbytes)``."""
+        that it is held from there, as the plan counts it), and a ``reduced`` storage None (the receiving stage reads
+        zeros in its place: ``PlanCompiler``'s ``zero_stand_ins``)."""
         raw = carrier.detach().view(torch.uint8)
         out: list[Any] = []
         offset = 0
         for sid, nbytes in self.backward if backward else self.forward:
             if backward and sid in self.reduced:
-                if zeros is None:
-                    raise PipelineError(f"stages {self.sender}/{self.sender + 1}: storage {sid} is reduced once per "
-                                        "step: its stand-in zeros are needed")
-                out.append(partial(zeros, nbytes))
+                out.append(None)
                 continue
             part = raw[offset:offset + nbytes]
             out.append(partial(_copy, part) if backward else _copy(part))

@@ -11,7 +11,7 @@ from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
 from trainplan.pipeline.simulate import FORMULA, StageCosts, recorded_orders, simulate
-from trainplan.schedule.pipeline_hold import copies_held, gradient_sum_bytes, in_flight, stash_bytes
+from trainplan.schedule.pipeline_hold import copies_held, held_gradient_bytes, in_flight, stash_bytes
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
@@ -129,12 +129,12 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
     peaks = [int(st.schedule["peak_bytes"]) for st in stages]
     problems = [data["stages"][i]["problem"] for i in range(k)]
     stash = [stash_bytes(pr, st.schedule["events"]) for pr, st in zip(problems, stages)]
-    sums = [gradient_sum_bytes(pr) for pr in problems]
+    sums = [held_gradient_bytes(pr, m) for pr in problems]
     n = [m if schedule == "gpipe" else in_flight(s, k, m) for s in range(k)]  # micro-batches in flight
     carriers = [copies_held(pr, i, m, link) for pr, i, link in zip(problems, n, links or [None] * k)]
     metrics = pipeline_metrics(times, peaks, stash, m, sums, carriers)
     step = metrics.gpipe_step_time_s
-    peak = [p + (g if m > 1 else 0) + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
+    peak = [p + g + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
     return {"stage_times_s": times, "t_max_s": metrics.t_max_s, "step_time_s": step,
             "busy_s": [m * t for t in times], "idle_s": [step - m * t for t in times],
             "schedule_peak_bytes": peaks, "stash_bytes": stash, "gradient_sum_bytes": sums, "carrier_bytes": carriers,

@@ -32,6 +32,7 @@ from trainplan.pipeline.report import artifact, prediction, rank_numbers, transf
 from trainplan.pipeline.split import Flows, split_stage, stage_flows
 from trainplan.pipeline.stage import PlannedStageModule, StageRuntime, TimedStage
 from trainplan.pipeline.tied import TiedReduction, tied_partials
+from trainplan.schedule.grad_accumulation import accumulated_storages
 from trainplan.timing import keep_freed_memory, return_freed_memory
 
 log = logging.getLogger(__name__)
@@ -146,10 +147,16 @@ def build_rank(settings: RunSettings, data: dict[str, Any], stages: list[StagePl
     layout, layouts = plan_layouts(stages, traced, flat, tables, where=where)
     flows = stage_flows(layouts, layout, settings.model)
     phase = dict(zip(tables.nodes.name, tables.nodes.phase))
-    halves = split_stage(traced, layout, layouts, stages[rank].events, rank, flows, phase, device=device)
     k = len(stages)
     size = {int(s): int(b) for s, b in zip(tables.tensors.storage, tables.tensors.storage_bytes)}
     partials = tied_partials(traced, flat, layout, layouts, size) if settings.tied_grads == "step" else {}
+    # gradients the plan adds into their sums where made; a tied partial only where it is reduced once per step
+    # (else it travels back in every micro-batch's carrier)
+    sent_back = set(flows.between(rank, rank - 1)) - {s for s, p in partials.items() if p.producer == rank}
+    summed = accumulated_storages(data["stages"][rank]["problem"]) - sent_back
+    stand_ins = frozenset(s for s, p in partials.items() if p.receiver == rank)
+    halves = split_stage(traced, layout, layouts, stages[rank].events, rank, flows, phase, device=device,
+                         summed=summed, zero_stand_ins=stand_ins)
     reduced = frozenset(partials)
     carrier_in = _carrier(flows, rank - 1, size, reduced) if rank > 0 else None
     carrier_out = _carrier(flows, rank, size, reduced) if rank < k - 1 else None

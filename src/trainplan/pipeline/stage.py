@@ -5,7 +5,7 @@ stash the forward half left; PipelineStage and the schedules run it unchanged.""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,35 @@ class StageRuntime:
         return time.perf_counter()
 
 
+def add_into_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Add ``value`` into ``param.grad`` as autograd's AccumulateGrad does: the first one becomes ``.grad`` (a copy
+    where it is a view into a larger or differently laid-out storage), the next ones are added in place."""
+    if param.grad is not None:
+        param.grad.add_(value)
+    elif value.is_contiguous() and value.storage_offset() == 0 and \
+            value.untyped_storage().nbytes() == value.numel() * value.element_size():
+        param.grad = value.detach()
+    else:
+        param.grad = value.detach().clone(memory_format=torch.contiguous_format)
+
+
+@dataclass
+class StageSink:
+    """Where a stage's backward half adds the gradients it sums where made: ``params``, the step's inputs (a
+    parameter's gradient goes into its ``.grad``), and ``tied``, the rank's running sums of tied partials."""
+
+    params: Sequence[torch.Tensor]
+    tied: TiedReduction | None
+
+    def add_param(self, position: int, value: torch.Tensor) -> None:
+        add_into_grad(self.params[position], value)
+
+    def add_partial(self, sid: int, storage: torch.UntypedStorage) -> None:
+        if self.tied is None:
+            raise PipelineError(f"tied partial on storage {sid} summed where made, but no tied reduction runs")
+        self.tied.add(sid, storage)
+
+
 class _PlannedHalves(torch.autograd.Function):
     """forward: the stage's forward half on the received carrier and the step's flat inputs; backward: its backward
     half on the stash, returning the carrier's gradient (the storages sent back) and the parameters' gradients."""
@@ -92,18 +121,17 @@ class _PlannedHalves(torch.autograd.Function):
         if h.has_loss and not torch.equal(grad, torch.ones_like(grad)):
             raise PipelineError(f"stage {h.index}: the loss got gradient {grad.item()}; the plan seeds its backward "
                                 "with 1 (a schedule that scales the loss is not supported)")
-        zeros = rt.tied.zeros if rt.tied is not None else None
-        received = rt.carrier_out.unpack(grad, backward=True, zeros=zeros) if rt.carrier_out is not None else []
+        received = rt.carrier_out.unpack(grad, backward=True) if rt.carrier_out is not None else []
         live, ctx.stash = [*received, *ctx.stash], None
         del received
-        out = list(h.backward(*ctx.flat, live))
+        out = list(h.backward(*ctx.flat, live, StageSink(ctx.flat, rt.tied)))
         n = len(h.sent_backward)
-        if rt.tied is not None:
+        if rt.tied is not None:  # the partials not summed where made (None in the list)
             rt.tied.accumulate(h.sent_backward, out[:n])
         carrier_grad = rt.carrier_in.pack(out[:n], backward=True, device=rt.device) \
             if rt.carrier_in is not None and ctx.has_carrier else None
         grads: list[torch.Tensor | None] = [None] * len(ctx.flat)
-        for i, g in zip(h.grads, out[n:], strict=True):
+        for i, g in zip(h.returned, out[n:], strict=True):
             grads[i] = g
         del out
         rt.times.backward_s += rt.clock() - t0

@@ -5,7 +5,7 @@ partials: the traced step adds the later stage's partial into the earlier stage'
 the partial (50257 x 768 floats, 154 MB, for GPT-2 small) would travel back in the carrier, and the carrier, one
 shape both ways, would carry that many bytes forward too. A pipeline reduces such a weight once per step instead
 (Megatron's embedding group): the producing stage sums its partials over the micro-batches, the receiving stage's
-addition gets zeros, and after the schedule's step the sum is sent once and added, scaled by 1/m as
+addition reads zeros (one zero broadcast to the partial's shape, no storage of its size), and after the schedule's step the sum is sent once and added, scaled by 1/m as
 PipelineStage scales the rest.
 
 A partial qualifies (:func:`tied_partials`) when the gradient of a parameter is ``aten.add.Tensor`` of a value on
@@ -86,7 +86,7 @@ def tied_partials(traced: TracedStep, flat: list[torch.Tensor], layout: GraphLay
 @dataclass
 class TiedReduction:
     """One rank's part in reducing ``partials`` once per step: it sums those its stage makes over the micro-batches
-    (:meth:`accumulate`), hands zeros where its stage receives one (:meth:`zeros`), and :meth:`reduce` sends or
+    (:meth:`accumulate`, :meth:`add`), and :meth:`reduce` sends or
     adds the sums after the schedule's step. ``send_s``, ``receive_s``: the last reduce's wall time sending (from
     the rank's own step end: waiting for the receiver included) and receiving and adding."""
 
@@ -97,23 +97,23 @@ class TiedReduction:
     send_s: float = 0.0
     receive_s: float = 0.0
 
-    def zeros(self, nbytes: int) -> torch.UntypedStorage:
-        """A storage of zeros in place of a reduced partial, made where the receiving stage's plan receives it
-        (only views and the gradient's addition read it): held as long as the plan holds what it stands for."""
-        return torch.zeros(nbytes, dtype=torch.uint8, device=self.device).untyped_storage()
-
-    def accumulate(self, sids: tuple[int, ...], storages: list[torch.UntypedStorage]) -> None:
+    def accumulate(self, sids: tuple[int, ...], storages: list[torch.UntypedStorage | None]) -> None:
         """Add the partials among ``storages`` (``sids``, what the backward half sends back: its own storages, no
-        copies) that this rank makes; the first becomes the running sum."""
+        copies; None for one it summed where made) that this rank makes."""
         for sid, st in zip(sids, storages, strict=True):
             p = self.partials.get(sid)
-            if p is None or p.producer != self.rank:
-                continue
-            value = torch.empty(0, dtype=p.dtype, device=st.device).set_(st, 0, p.shape)
-            if sid in self.sums:
-                self.sums[sid].add_(value)
-            else:
-                self.sums[sid] = value
+            if p is not None and p.producer == self.rank and st is not None:
+                self.add(sid, st)
+
+    def add(self, sid: int, storage: torch.UntypedStorage) -> None:
+        """Add the partial on ``storage`` (plan storage ``sid``, made by this rank) into its running sum; the first
+        becomes the sum."""
+        p = self.partials[sid]
+        value = torch.empty(0, dtype=p.dtype, device=storage.device).set_(storage, 0, p.shape)
+        if sid in self.sums:
+            self.sums[sid].add_(value)
+        else:
+            self.sums[sid] = value
 
     def reduce(self, params: dict[int, torch.Tensor], m: int) -> None:
         """After the schedule's step: each producer sends its sum to the receiver, which adds sum / m into the

@@ -15,6 +15,7 @@ from trainplan.budget import Budget
 from trainplan.errors import ArtifactError
 from trainplan.io import read_json
 from trainplan.schedule.baselines import no_recompute
+from trainplan.schedule.grad_accumulation import accumulate_where_made, tied_partials_as_zeros
 from trainplan.schedule.pipeline_hold import PipelineHold, stage_hold
 from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.schedule_io import Schedule, schedule_from_dict
@@ -51,8 +52,13 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
     None for bytes). In a pipeline (``budget.pipeline``), the requested budget is the rank's (a fraction: the fixed
     bytes, gradient sums and carriers + that fraction of the rest of the rank's peak without recompute), recorded
     with the stage's hold under ``pipeline``, and ``budget_bytes``, what the running micro-batch's schedule may use,
-    is that less the hold's reserve."""
+    is that less the hold's reserve; a tied partial it receives is zeros, and with m > 1 its gradients are added
+    into their sums where made (:mod:`trainplan.schedule.grad_accumulation`)."""
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap)
+    if budget.pipeline is not None and budget.pipeline.k >= 2:
+        raw = tied_partials_as_zeros(raw)
+        if budget.pipeline.accumulates:
+            raw = accumulate_where_made(raw)
     raw["budget_fraction"] = budget.requested.fraction
     plain = no_recompute(problem_from_dict({**raw, "budget_bytes": 2**62}))
     raw["no_recompute_peak_bytes"] = int(plain.peak_bytes)

@@ -9,7 +9,8 @@ says, plus
   backward (:func:`stash_bytes`);
 - with m > 1, the **gradient running sums**: from the first micro-batch's backward on, every gradient the stage
   makes (its parameters' gradients, and a tied weight's partial that it sums for another stage) is held while
-  the next micro-batch makes its own (:func:`gradient_sum_bytes`);
+  the next micro-batch makes its own (:func:`gradient_sum_bytes`); each new gradient is added into its sum where
+  it is made (:mod:`trainplan.schedule.grad_accumulation`), so the stage's schedule counts it only while made;
 - the **carriers** (:func:`carriers_held`): the tensors neighbouring stages exchange, packed copies of what
   crosses a link, held per micro-batch in flight, each in-flight micro-batch's copy of its inputs
   (:func:`inputs_held`), and on the last stage every micro-batch's loss (:func:`loss_bytes`).
@@ -24,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from trainplan.schedule.grad_accumulation import accumulates
 
 
 def in_flight(stage: int, k: int, micro_batches: int) -> int:
@@ -89,8 +92,15 @@ def carrier_bytes(problem: dict[str, Any]) -> tuple[int, int]:
 
 def gradient_sum_bytes(problem: dict[str, Any]) -> int:
     """Bytes of the gradients the stage sums across micro-batches: its ops marked ``gradient`` (by
-    :func:`trainplan.schedule.stage_problem.stage_problem`)."""
-    return sum(int(op["bytes"]) for op in problem["ops"] if op.get("gradient"))
+    :func:`trainplan.schedule.stage_problem.stage_problem`), those added into their sums where made
+    (:mod:`trainplan.schedule.grad_accumulation`) included."""
+    return sum(int(op["bytes"]) + int(op.get("accumulated_bytes", 0)) for op in problem["ops"] if op.get("gradient"))
+
+
+def held_gradient_bytes(problem: dict[str, Any], micro_batches: int) -> int:
+    """Gradient bytes a rank holds besides its schedule's peak: the sums with m > 1, and with any m where the
+    problem's gradients are added into their sums where made (the schedule counts them only while made)."""
+    return gradient_sum_bytes(problem) if micro_batches > 1 or accumulates(problem) else 0
 
 
 def loss_bytes(problem: dict[str, Any]) -> int:
