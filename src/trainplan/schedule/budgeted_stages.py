@@ -4,6 +4,7 @@ iteration 0 reads the ``schedule`` rule's ``schedules.json``)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.schedule_io import Schedule, schedule_from_dict
 from trainplan.schedule.solve import METHODS, solve
 from trainplan.schedule.stage_problem import budget_for, stage_problem
+from trainplan.schedule.stash_cap import smaller_stash
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,14 @@ def solve_stage(raw: dict[str, Any], solver: SolverSettings, method: str = "ours
 def schedule_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, budget: StageBudget,
                    solver: SolverSettings, index: int = 0) -> tuple[dict[str, Any], Schedule]:
     """The one place a stage is scheduled with our method, for the ``schedule`` rule and the balance loop:
-    its budgeted problem and our schedule."""
+    its budgeted problem and our schedule. A pipeline stage whose rank peak is over the rank's budget is solved
+    again with its stash held smaller, in the time its first solve left (:mod:`trainplan.schedule.stash_cap`)."""
     raw = budgeted_stage_problem(nodes, tensors, stage_nodes, budget, index)
-    return raw, solve_stage(raw, solver)
+    t0 = time.perf_counter()
+    first = solve_stage(raw, solver)
+    left = solver.time_limit_s - (time.perf_counter() - t0)
+    return smaller_stash(raw, first, lambda problem, seconds: solve(problem_from_dict(problem), seconds,
+                                                                     solver.workers, solver.seed), left)
 
 
 @dataclass
