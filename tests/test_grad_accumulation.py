@@ -79,6 +79,11 @@ def test_pipeline_stage_problems_sum_their_gradients_where_made_and_plans_read_t
     for st in stages:
         raw = budgeted_stage_problem(nodes, tables.tensors, st.nodes, budget, st.index)
         moved = sum(op.get("accumulated_bytes", 0) for op in raw["ops"])
+        # the embedding's gradient plus the zeros standing in for the LM head's partial: that gradient itself
+        zeros = {op["id"] for op in raw["ops"] if "stand_in_bytes" in op}
+        adds = [op for op in raw["ops"] if zeros.intersection(op.get("inputs", ()))]
+        assert len(adds) == len(zeros) == (st.index == 0)
+        assert all(op["alias"] and op["bytes"] == op.get("workspace", 0) == 0 for op in adds)
         # every gradient the stage makes and no op of it reads (here: all of them, the tied partial too)
         assert moved == gradient_sum_bytes(raw) > 0
         events = no_recompute_events(problem_from_dict({**raw, "budget_bytes": 2**62}))

@@ -205,9 +205,11 @@ class PlanCompiler:
         """``handed_over``: storages sent as they are (:func:`hand_over`), not copied at the send (:func:`send`):
         for code whose caller copies what it sends, so that the storage is not held twice meanwhile.
         ``zero_stand_ins``: storages received as zeros (:func:`zeros_broadcast`, each of its values), not on a
-        channel: a tied weight's partial gradient that a pipeline adds once per step instead."""
+        channel: a tied weight's partial gradient that a pipeline adds once per step instead; an addition of
+        such zeros to a value of the result's shape is that value (no storage of its own)."""
         self.gm, self.layout, self.device, self.probe, self.clocked = gm, layout, device, probe, clocked
         self.handed_over, self.zero_stand_ins = handed_over, zero_stand_ins
+        self._zeros: set[torch.fx.Node] = set()  # values of zero stand-ins
         self.segment: tuple[int, bool] | None = None
         self.graph = torch.fx.Graph()
         self.stages = [_Stage(st) for st in stages]
@@ -275,6 +277,10 @@ class PlanCompiler:
             return
         if how is not None:
             args = tuple(self._call(torch.clone, a) if i in how.copies else a for i, a in enumerate(args))
+        other = self._plus_zeros(node, args, kwargs)
+        if other is not None and slots and slots[0][0] < 0:  # x + zeros is x: held as its value, no new storage
+            self._hold(st, (node.name, -1), other)
+            return
         out = self.graph.call_function(node.target, args, kwargs)
         out.meta = dict(node.meta)
         if not slots:
@@ -292,6 +298,19 @@ class PlanCompiler:
                 if own and sid not in op_storages and sid not in self.layout.fixed:
                     st.pending[sid] = op_id
 
+    def _plus_zeros(self, node: torch.fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """For ``aten.add.Tensor(x, z)`` (either order, no alpha) with ``z`` a zero stand-in and ``x`` of the
+        result's shape and dtype: the value of ``x``; else None."""
+        if node.target is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2:
+            return None
+        val = node.meta.get("val")
+        for x, z, source in ((args[0], args[1], node.args[0]), (args[1], args[0], node.args[1])):
+            meta = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+            if z in self._zeros and meta is not None and val is not None and meta.shape == val.shape \
+                    and meta.dtype == val.dtype:
+                return x
+        return None
+
     # --- events -----------------------------------------------------------------------------------
     def compute(self, st: _Stage, op_id: str) -> None:
         op = st.layout.ops[op_id]
@@ -302,8 +321,11 @@ class PlanCompiler:
                     if slot[0] in own:
                         continue
                     dtype, offset, size, stride = slot_meta(self.layout.nodes[slot[0]], slot[1])
-                    value = self._call(zeros_broadcast, dtype, size, self.device) if sid in self.zero_stand_ins \
-                        else self._call(view, self.channel[sid], dtype, offset, size, stride)
+                    if sid in self.zero_stand_ins:
+                        value = self._call(zeros_broadcast, dtype, size, self.device)
+                        self._zeros.add(value)
+                    else:
+                        value = self._call(view, self.channel[sid], dtype, offset, size, stride)
                     self._hold(st, slot, value)
         again = op_id in st.computed
         for node in op.nodes:

@@ -12,7 +12,8 @@ further output is already in its kernel's workspace) and records them as ``accum
 
 A tied weight's partial gradient that another stage makes is added once per step (``trainplan.pipeline.tied``):
 per micro-batch the receiving stage reads zeros in its place, one broadcast element; :func:`tied_partials_as_zeros`
-makes that boundary input hold no bytes (recorded as ``stand_in_bytes``).
+makes that boundary input hold no bytes (recorded as ``stand_in_bytes``), and the gradient adding them is its other
+input, held as it is (``alias``).
 
 Run alone, one micro-batch, the gradients are held to the end of the step and the partial is received: :func:`held_alone`
 gives that problem back, its budget raised by the gradients' bytes (which the rank's budget counts as the sums).
@@ -32,11 +33,16 @@ def accumulated_ops(problem: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def accumulate_where_made(problem: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``problem`` in which each of :func:`accumulated_ops` holds its bytes only while it runs."""
+    """A copy of ``problem`` in which each of :func:`accumulated_ops` holds its bytes only while it runs; one that
+    adds a tied partial received as zeros (:func:`tied_partials_as_zeros`) is its other input (``alias``: the
+    run holds that value as its result) and holds none."""
     out = copy.deepcopy(problem)
+    zeros = {op["id"] for op in out["ops"] if op.get("tied_partial") and "stand_in_bytes" in op}
     for op in accumulated_ops(out):
         op["accumulated_bytes"] = int(op["bytes"])
-        if op.get("of") is None:  # a further output's bytes are in its kernel's workspace already
+        if zeros.intersection(op.get("inputs", ())):
+            op["alias"] = True
+        elif op.get("of") is None:  # a further output's bytes are in its kernel's workspace already
             op["workspace"] = int(op.get("workspace", 0)) + int(op["bytes"])
         op.update(bytes=0, recompute=False, swap=False)
     return out
@@ -76,7 +82,7 @@ def held_alone(problem: dict[str, Any]) -> dict[str, Any]:
         nbytes = op.pop("accumulated_bytes", None)
         if nbytes is None:
             continue
-        if op.get("of") is None:
+        if op.get("of") is None and not op.pop("alias", False):
             op["workspace"] = int(op["workspace"]) - nbytes
         op["bytes"] = nbytes
         total += nbytes
