@@ -87,8 +87,9 @@ def smaller_stash(problem: dict[str, Any], schedule: Schedule, solve: Callable[[
     best = (problem, schedule, peak)
     for f in CAP_FRACTIONS:
         cap = min(hold["no_recompute_stash_bytes"], int(f * largest))
-        found = solve(capped(problem, cap), seconds / len(CAP_FRACTIONS))
-        plain = uncapped(capped(problem, cap))
+        held_to_cap = capped(problem, cap)
+        found = solve(held_to_cap, seconds / len(CAP_FRACTIONS))
+        plain = uncapped(held_to_cap)
         if not found.ok:
             continue
         found.peak_bytes = replay(problem_from_dict(plain), found.events).peak_bytes
