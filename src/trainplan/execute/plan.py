@@ -55,9 +55,10 @@ def _stage(pos: int, raw: Any, where: str) -> StagePlan:
     if raw.get("index", pos) != pos:
         raise PlanError(f"{where}: stages[{pos}] has index {raw['index']!r}; stages must be listed in order 0..k-1")
     try:
-        problem_from_dict(raw["problem"])
+        problem = problem_from_dict(raw["problem"])
         alone = held_alone(raw["problem"])  # a pipeline's gradients, added into sums where made, held to the end
-        problem = problem_from_dict(alone)
+        if alone is not raw["problem"]:
+            problem = problem_from_dict(alone)
     except ProblemError as exc:
         raise PlanError(f"{where}: stages[{pos}].problem: {exc}") from exc
     for op in alone["ops"]:

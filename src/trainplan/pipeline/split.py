@@ -15,7 +15,7 @@ forward half going forward, in its backward half going back).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -31,16 +31,6 @@ def take(values: list[Any], index: int) -> Any:
     makes the value now (a storage received for the backward half is made at the plan's receive event)."""
     value, values[index] = values[index], None
     return value() if callable(value) else value
-
-
-def add_param_gradient(sink: GradientSink, position: int, value: torch.Tensor) -> None:
-    """Add a parameter's gradient (the step's input at ``position``) into its ``.grad`` where it is made."""
-    sink.add_param(position, value)
-
-
-def add_partial(sink: GradientSink, sid: int, storage: torch.UntypedStorage) -> None:
-    """Add a tied weight's partial gradient (plan storage ``sid``) into its running sum where it is made."""
-    sink.add_partial(sid, storage)
 
 
 def split_here() -> None:
@@ -77,14 +67,6 @@ def stage_flows(layouts: list[StageLayout], layout: GraphLayout, model: str) -> 
     return Flows({pair: tuple(sorted(sids)) for pair, sids in flows.items()})
 
 
-class GradientSink(Protocol):
-    """Where the backward half adds the gradients its plan sums where made."""
-
-    def add_param(self, position: int, value: torch.Tensor) -> None: ...
-
-    def add_partial(self, sid: int, storage: torch.UntypedStorage) -> None: ...
-
-
 @dataclass
 class StageHalves:
     """A stage's code in two halves.
@@ -96,7 +78,8 @@ class StageHalves:
     receiving it), then, for the backward half, the stash. The storages sent are the halves' own (the caller
     packs copies), except those the stage writes in place, copied at the send. The gradients in ``summed``
     (parameter positions) and the tied partials in ``summed_partials`` (storages; None in their place among
-    those sent back) are added into ``sink`` as soon as they are made, not returned.
+    those sent back) are added into ``sink`` as soon as they are made (``sink.add_param(position, value)``,
+    ``sink.add_partial(sid, storage)``: :class:`trainplan.pipeline.stage.StageSink`), not returned.
     """
 
     index: int
@@ -220,11 +203,11 @@ def _sum_made(c: PlanCompiler, sink: torch.fx.Node, params: dict[int, torch.fx.N
     for i, node in list(params.items()):
         value = c.held(0, node)
         if value is not None:
-            c.graph.call_function(add_param_gradient, (sink, i, value))
+            c.graph.call_method("add_param", (sink, i, value))
             c.drop(0, {c.layout.storage[(node.name, -1)]})
             del params[i]
     for sid in [s for s in partials if s in c.channel]:
-        c.graph.call_function(add_partial, (sink, sid, c.channel.pop(sid)))
+        c.graph.call_method("add_partial", (sink, sid, c.channel.pop(sid)))
         c.drop(0, {sid})
         partials.discard(sid)
 

@@ -5,8 +5,8 @@ partials: the traced step adds the later stage's partial into the earlier stage'
 the partial (50257 x 768 floats, 154 MB, for GPT-2 small) would travel back in the carrier, and the carrier, one
 shape both ways, would carry that many bytes forward too. A pipeline reduces such a weight once per step instead
 (Megatron's embedding group): the producing stage sums its partials over the micro-batches, the receiving stage's
-addition reads zeros (one zero broadcast to the partial's shape, no storage of its size), and after the schedule's step the sum is sent once and added, scaled by 1/m as
-PipelineStage scales the rest.
+addition reads zeros (one zero broadcast to the partial's shape, no storage of its size), and after the
+schedule's step the sum is sent once and added, scaled by 1/m as PipelineStage scales the rest.
 
 A partial qualifies (:func:`tied_partials`) when the gradient of a parameter is ``aten.add.Tensor`` of a value on
 a storage a later stage makes, that storage is read by nothing else (views of it aside), and the value is the

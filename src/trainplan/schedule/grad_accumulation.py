@@ -15,8 +15,9 @@ per micro-batch the receiving stage reads zeros in its place, one broadcast elem
 makes that boundary input hold no bytes (recorded as ``stand_in_bytes``), and the gradient adding them is its other
 input, held as it is (``alias``).
 
-Run alone, one micro-batch, the gradients are held to the end of the step and the partial is received: :func:`held_alone`
-gives that problem back, its budget raised by the gradients' bytes (which the rank's budget counts as the sums).
+Run alone, one micro-batch, the gradients are held to the end of the step and the partial is received:
+:func:`held_alone` gives that problem back, its budget raised by the gradients' bytes (which the rank's budget
+counts as the sums).
 """
 
 from __future__ import annotations
