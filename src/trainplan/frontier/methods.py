@@ -4,10 +4,11 @@ A method is ``kind`` or ``kind@value``: ``eager``; ``hf_checkpointing`` (Hugging
 ``gradient_checkpointing_enable()``); ``compile@B`` (``torch.compile`` with
 ``activation_memory_budget = B``); ``compile+exact@B`` (the same, its knapsack solved exactly by
 :class:`trainplan.loop.knapsack.ExactKnapsack`); ``trainplan@F`` (``trainplan.plan`` at budget F: a fraction
-or bytes); ``trainplan+opt@F`` (the optimizer in the plan); ``trainplan+fused@F`` (the plan made on the
-model whose forward groups run as Inductor-compiled fused ops, :mod:`trainplan.fuse.fused_ops`); ``sac@F`` and
-``sac+compile@F`` (the plan of ``trainplan@F`` exported as selective activation checkpointing, eager or under
-``torch.compile``).
+or bytes); ``trainplan+opt@F`` (the optimizer in the plan); ``trainplan+cce@F`` and ``trainplan+opt+cce@F``
+(the same with the loss head chunked: ``loss_chunk=LOSS_CHUNK``, :mod:`trainplan.export.loss_head`);
+``trainplan+fused@F`` (the plan made on the model whose forward groups run as Inductor-compiled fused ops,
+:mod:`trainplan.fuse.fused_ops`); ``sac@F`` and ``sac+compile@F`` (the plan of ``trainplan@F`` exported as
+selective activation checkpointing, eager or under ``torch.compile``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,15 @@ from trainplan.budget import parse_budget
 from trainplan.models import BuiltModel
 
 #: kinds taking a value after ``@``, and those without
-VALUED = ("compile", "compile+exact", "trainplan", "trainplan+opt", "trainplan+fused", "sac", "sac+compile")
+VALUED = ("compile", "compile+exact", "trainplan", "trainplan+opt", "trainplan+cce", "trainplan+opt+cce",
+          "trainplan+fused", "sac", "sac+compile")
 PLAIN = ("eager", "hf_checkpointing")
 #: kinds that are trainplan's (a plan, an export of one, or our solver inside torch.compile)
-OURS = ("trainplan", "trainplan+opt", "trainplan+fused", "compile+exact", "sac", "sac+compile")
+OURS = ("trainplan", "trainplan+opt", "trainplan+cce", "trainplan+opt+cce", "trainplan+fused", "compile+exact", "sac",
+        "sac+compile")
+#: the logits chunk of the ``+cce`` methods: smaller holds less, but each chunk adds one pass over the head's
+#: weight gradient (GPT-2 at 4 x 512: 7 chunks of 326 rows, each adding into the 147 MiB gradient)
+LOSS_CHUNK = "64MiB"
 
 
 class MethodError(ValueError):
@@ -115,7 +121,8 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
         if method.kind == "trainplan+fused":
             module, facts = _fused(built)
         planned = trainplan.plan(module, batch, method.value, on_infeasible="raise_budget",
-                                 optimizer=optimizer if method.kind == "trainplan+opt" else None,
+                                 optimizer=optimizer if "+opt" in method.kind else None,
+                                 loss_chunk=LOSS_CHUNK if method.kind.endswith("+cce") else None,
                                  time_limit_s=time_limit_s, cache_dir=cache, progress=False)
         report = planned.report
         facts |= {"planned_budget_bytes": report.planned_budget_bytes, "predicted_peak_bytes": report.predicted_peak_bytes,

@@ -20,7 +20,8 @@ def plan(model: torch.nn.Module, example_batch: Mapping[str, torch.Tensor], budg
          loss_fn: Callable[[Any], torch.Tensor] = default_loss, time_limit_s: float = 10.0,
          on_infeasible: str = "raise", on_new_shape: str = "replan", cache_dir: str | os.PathLike[str] | None = None,
          progress: bool = True, swap: bool | None = None, workers: int = 1, seed: int = 0,
-         profile_repeats: int = 3, optimizer: torch.optim.Optimizer | None = None) -> PlannedModule:
+         profile_repeats: int = 3, optimizer: torch.optim.Optimizer | None = None,
+         loss_chunk: str | int | None = None) -> PlannedModule:
     """``model`` planned to train on batches like ``example_batch`` (keyword inputs of ``model``) within
     ``budget``: bytes (``"2GiB"``, ``"1500MB"``, an int) or a fraction in (0, 1] of the step's no-recompute
     peak (:mod:`trainplan.budget`). ``loss_fn`` turns the model's output into the loss (default: its
@@ -33,9 +34,15 @@ def plan(model: torch.nn.Module, example_batch: Mapping[str, torch.Tensor], budg
     solving. ``optimizer`` (over the model's parameters): its updates run inside the planned step, each
     parameter's as soon as its gradient is complete, and the gradient is freed (below the peak that holding
     every gradient sets); the call ``planned(batch)`` then trains the step, ``optimizer.step()`` finds no
-    gradient and does nothing, and a scaled loss's backward (gradient accumulation) raises."""
+    gradient and does nothing, and a scaled loss's backward (gradient accumulation) raises. ``loss_chunk``
+    (bytes: ``"64MiB"``): the language-model loss head (logits matmul + cross-entropy, and its backward) runs as
+    one op over row chunks whose logits hold at most that (:mod:`trainplan.export.loss_head`), below the three
+    full logits-sized tensors the head holds otherwise; a step without that head raises LossHeadError."""
     if on_infeasible not in ON_INFEASIBLE:
         raise ValueError(f"on_infeasible={on_infeasible!r}: choose one of {ON_INFEASIBLE}")
+    chunk = None if loss_chunk is None else parse_budget(loss_chunk).bytes
+    if loss_chunk is not None and not chunk:
+        raise ValueError(f"loss_chunk={loss_chunk!r}: give the logits chunk's bytes ('64MiB', an integer > 0)")
     settings = PlanSettings(parse_budget(budget), loss_fn, float(time_limit_s), workers, seed, swap, profile_repeats,
-                            on_infeasible, resolve_cache_dir(cache_dir), progress, optimizer)
+                            on_infeasible, resolve_cache_dir(cache_dir), progress, optimizer, chunk)
     return PlannedModule(model, example_batch, settings, on_new_shape)

@@ -18,6 +18,7 @@ import torch
 from trainplan.budget import Budget, format_bytes
 from trainplan.execute.plan import parse_plan, plan_stage
 from trainplan.execute.step import PlannedStep, compile_step
+from trainplan.export.loss_head import chunk_loss_head
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.io import write_json
@@ -56,6 +57,7 @@ class PlanSettings:
     cache_dir: Path
     progress: bool
     optimizer: torch.optim.Optimizer | None = None  # in the plan: each update runs in backward (loop.updates)
+    loss_chunk_bytes: int | None = None  # the loss head chunked to logits of at most this (export.loss_head)
 
     def swaps_on(self, device: torch.device) -> bool:
         return self.swap if self.swap is not None else memory_model(device.type).swaps
@@ -183,6 +185,9 @@ def plan_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], setting
     device = model_device(model)
     with phase_bar(f"trace {type(model).__name__}", settings.progress):
         step_fx, flat, tables = trace(model, batch, settings.loss_fn)
+        if settings.loss_chunk_bytes is not None:
+            step_fx = chunk_loss_head(step_fx, settings.loss_chunk_bytes)
+            tables = graph_tables(step_fx)
         if updates is not None:
             step_fx = with_updates(step_fx, tables)
             tables = graph_tables(step_fx)

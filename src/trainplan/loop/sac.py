@@ -9,7 +9,8 @@ each with a policy that saves what the plan keeps and recomputes what the plan r
 What SAC cannot say and the export therefore loses (``SacExport.lost``): a region's recomputation runs all at
 once when backward first needs one of its tensors, and reruns every op the policy does not save up to the last
 one needed (the plan reruns only the ops it chose, each when it is needed); a region's inputs are always kept;
-ops outside every region are saved as autograd saves them; the optimizer-in-backward updates are not exported.
+ops outside every region are saved as autograd saves them (a chunked loss head too: the model computes its own);
+the optimizer-in-backward updates are not exported.
 ``torch.utils.checkpoint`` treats ``CPU_OFFLOAD`` as recompute in eager mode (only ``torch.compile``'s
 partitioner offloads), so a plan's swaps are exported as ``MUST_CPU_OFFLOAD`` and take effect under
 ``torch.compile`` alone.
@@ -32,6 +33,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from trainplan.export.loss_head_op import linear_cross_entropy
 from trainplan.export.trace import TracedStep, module_path
 from trainplan.loop.module import PlannedModule
 
@@ -232,6 +234,8 @@ def sac_policy(planned: PlannedModule, regions: list[str] | None = None, *,
         policy = policies.get(node.name, CheckpointPolicy.PREFER_RECOMPUTE)
         region = _in_region(module_path(node), chosen)
         if region is None:
+            if node.target is linear_cross_entropy._opoverload:
+                lost["chunked loss head (the model computes its own)"].append(node.name)
             if policy in (CheckpointPolicy.MUST_RECOMPUTE, swap_policy):
                 lost[f"{policy.name.lower()} outside every region"].append(node.name)
             continue
