@@ -14,6 +14,8 @@ backward, ``optimizer.step()``, ``zero_grad()``), in a fresh Python process per 
 - ``trainplan@F``: ``trainplan.plan(model, batch, F)`` (F a fraction of the step's no-recompute peak; where no
   schedule meets it, the least budget found: ``planned_budget_bytes`` says which), gradients to ``.grad``;
 - ``trainplan+opt@F``: the same with the optimizer in the plan (``optimizer=``): each update in backward;
+- ``trainplan+cce@F``, ``trainplan+opt+cce@F``: those two with the loss head chunked (``loss_chunk=``, language
+  models);
 - ``sac@F``: the plan of ``trainplan@F`` exported as selective activation checkpointing of each block
   (``trainplan.loop.sac``), the model run eagerly under it;
 - ``sac+compile@F``: the same export under ``torch.compile`` (its partitioner honours the policy's MUST_*).
@@ -60,9 +62,12 @@ PLAN_TIME_LIMIT_S = 60.0
 
 
 def methods(model: str) -> list[str]:
-    hf = [] if model.startswith("resnet") else ["hf_checkpointing"]  # transformers' ResNet has no checkpointing
+    lm = not model.startswith("resnet")
+    hf = ["hf_checkpointing"] if lm else []  # transformers' ResNet has no checkpointing
+    cce = ["trainplan+cce", "trainplan+opt+cce"] if lm else []  # the chunked loss head: language models only
     return (["eager", *hf, *(f"compile@{b}" for b in COMPILE_BUDGETS), *(f"compile+exact@{b}" for b in COMPILE_BUDGETS[1:]),
-             *(f"{kind}@{f}" for kind in ("trainplan", "trainplan+opt", "sac", "sac+compile") for f in PLAN_FRACTIONS)])
+             *(f"{kind}@{f}" for kind in ("trainplan", "trainplan+opt", *cce, "sac", "sac+compile")
+               for f in PLAN_FRACTIONS)])
 
 
 def write(rows: list[dict[str, Any]], header: str, name: str) -> None:
