@@ -49,7 +49,8 @@ def main() -> None:
 
     budget = args.budget or eager_budget(model, batch, args.share)[0]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    planned = trainplan.plan(model, batch, budget, optimizer=optimizer, time_limit_s=args.time_limit)
+    planned = trainplan.plan(model, batch, budget, optimizer=optimizer, time_limit_s=args.time_limit,
+                             loss_chunk=args.loss_chunk)
     print(planned.report)
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(

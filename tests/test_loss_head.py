@@ -17,7 +17,8 @@ from trainplan.execute.measure import peak_during
 from trainplan.export.loss_head import LossHeadError, chunk_loss_head
 from trainplan.export.loss_head_op import MEAN, SUM, linear_cross_entropy
 from trainplan.export.trace import trace_training_step
-from trainplan.models import BuiltModel, build_model
+from trainplan.errors import ModelSpecError
+from trainplan.models import BuiltModel, build_model, check_spec, on_device
 
 TINY_LLAMA = {"source": "transformers", "architecture": "LlamaForCausalLM",
               "config": {"num_hidden_layers": 1, "hidden_size": 48, "intermediate_size": 96, "num_attention_heads": 2,
@@ -121,3 +122,16 @@ def test_a_chunk_that_is_not_bytes_is_refused(tmp_path):
     built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
     with pytest.raises(ValueError, match=r"loss_chunk=0.5: give the logits chunk's bytes"):
         trainplan.plan(built.module, built.batch, 1.0, cache_dir=tmp_path, loss_chunk=0.5, **FAST)
+
+
+def test_a_model_entry_with_loss_chunk_is_traced_chunked_everywhere_it_is_built():
+    """``models.<name>.loss_chunk`` (the workflow's config): every rule's trace of the model has the op; a
+    fraction or a bad unit is refused at the start-up check, naming the model."""
+    built = build_model("tiny_gpt2", {**TINY_GPT2, "loss_chunk": "4KiB"}, seed=0)
+    assert built.loss_chunk_bytes == 4096
+    traced, _ = trace_training_step(on_device(built, "cpu"))
+    head = [n for n in traced.gm.graph.nodes if n.target is linear_cross_entropy._opoverload]
+    assert len(head) == 1 and head[0].args[-1] == 4096 // (512 * 4)
+    for bad in ("0.5", "4 parsecs"):
+        with pytest.raises(ModelSpecError, match="model 'tiny_gpt2': loss_chunk"):
+            check_spec("tiny_gpt2", {**TINY_GPT2, "loss_chunk": bad})

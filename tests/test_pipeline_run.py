@@ -17,6 +17,9 @@ import torch
 from tests.conftest import TINY_GPT2
 from trainplan.budget import Budget
 from trainplan.cli import main
+from trainplan.export.loss_head_op import linear_cross_entropy
+from trainplan.export.tables import graph_tables
+from trainplan.export.trace import trace_training_step
 from trainplan.io import write_json, write_yaml
 from trainplan.models import build_model
 from trainplan.pipeline.report import median_repeat, memory_check, rank_numbers, with_communication
@@ -27,9 +30,9 @@ from trainplan.schedule.pipeline_hold import PipelineHold
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_plan(tiny_gpt2, path: Path, k: int) -> Path:
-    """A balance plan of tiny GPT-2 in ``k`` stages, each at 0.5 of its peak (recomputes planned), with a stand-in
-    profile (time proportional to FLOPs), and a config naming the model, in ``path``."""
+def write_plan(tiny_gpt2, path: Path, k: int, spec: dict = TINY_GPT2) -> Path:
+    """A balance plan of tiny GPT-2 (traced as ``spec`` says) in ``k`` stages, each at 0.5 of its peak (recomputes
+    planned), with a stand-in profile (time proportional to FLOPs), and a config naming the model, in ``path``."""
     _, _, _, tables = tiny_gpt2
     nodes = tables.nodes.assign(time_s=1e-6 + tables.nodes["flops"] * 1e-12)
     graph = pipeline_graph(nodes, tables.tensors)
@@ -43,7 +46,7 @@ def write_plan(tiny_gpt2, path: Path, k: int) -> Path:
             **plan_dict(graph, result, settings, None)}
     assert any(st["schedule"]["recomputes"] > 0 for st in plan["stages"])
     write_json(path / "plan.json", plan)
-    write_yaml(path / "config.yaml", {"seed": 0, "models": {"tiny_gpt2": TINY_GPT2}})
+    write_yaml(path / "config.yaml", {"seed": 0, "models": {"tiny_gpt2": spec}})
     return path
 
 
@@ -179,6 +182,26 @@ def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):
     assert tied == [(WTE, 2, 0)]
     assert [r["relayed_storages"] for r in run["ranks"]][0] == 0 and run["ranks"][1]["relayed_storages"] > 0
     assert run["ranks"][2]["relayed_storages"] == 0
+
+
+def test_a_plan_with_the_chunked_loss_head_runs_as_a_pipeline(tmp_path):
+    """``loss_chunk`` in the model's entry: the plan made on the chunked trace; the last stage's forward half
+    computes the loss and both head gradients in one op; the numbers are the single-process step's, the tied
+    embedding's partial reduced once per step, and each rank holds the tensors its plan counts."""
+    spec = {**TINY_GPT2, "loss_chunk": "8KiB"}
+    built = build_model("tiny_gpt2", spec, seed=0)
+    traced, flat = trace_training_step(built)
+    assert any(n.target is linear_cross_entropy._opoverload for n in traced.gm.graph.nodes)
+    plan_dir = write_plan((built, traced, flat, graph_tables(traced)), tmp_path / "k2", 2, spec)
+    out = tmp_path / "run.json"
+    done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", "1f1b", "-m", "4",
+                        "--check", "-o", str(out), "--repeats", "1")
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = json.loads(out.read_text())
+    assert run["check"] == {"planned_bit_identical": True, "eager_close": True, "tied_reduced_close": True}
+    assert [(p["parameter"], p["producer"], p["receiver"]) for p in run["ranks"][1]["tied_partials"]] == [(WTE, 1, 0)]
+    for mem in run["memory"]:
+        assert mem["measured_tensor_peak_bytes"] == pytest.approx(mem["predicted_peak_bytes"], rel=0.05)
 
 
 def test_a_missing_plan_dir_is_named(tmp_path, capsys):

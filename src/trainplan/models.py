@@ -11,17 +11,20 @@ from typing import Any, Callable
 
 import torch
 
+from trainplan.budget import BudgetError, parse_budget
 from trainplan.errors import ModelSpecError
 
 
 @dataclass
 class BuiltModel:
-    """A model in training mode with one batch of keyword inputs and a loss function."""
+    """A model in training mode with one batch of keyword inputs and a loss function; ``loss_chunk_bytes``: its
+    traced step's language-model loss head chunked to logits of at most that (``trainplan.export.loss_head``)."""
 
     name: str
     module: torch.nn.Module
     batch: dict[str, torch.Tensor]
     loss_fn: Callable[[Any], torch.Tensor]
+    loss_chunk_bytes: int | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -160,11 +163,27 @@ def _source(name: str, spec: dict[str, Any]) -> str:
 
 def check_spec(name: str, spec: dict[str, Any]) -> None:
     """What build_model refuses, checked without building the model (the workflow's start-up check): the
-    source, the architecture and its config keys, or the callable and its kwargs; ModelSpecError names them."""
+    source, the architecture and its config keys, or the callable and its kwargs, and ``loss_chunk``;
+    ModelSpecError names them."""
     if _source(name, spec) == "transformers":
         transformers_config(name, spec)
     else:
         model_factory(name, spec)
+    loss_chunk_bytes(name, spec)
+
+
+def loss_chunk_bytes(name: str, spec: dict[str, Any]) -> int | None:
+    """The entry's ``loss_chunk`` in bytes (``"64MiB"``), or None; anything but a byte count raises ModelSpecError."""
+    value = spec.get("loss_chunk")
+    if value is None:
+        return None
+    try:
+        chunk = parse_budget(value).bytes
+    except BudgetError as exc:
+        raise ModelSpecError(f"model '{name}': loss_chunk: {exc}") from exc
+    if not chunk:
+        raise ModelSpecError(f"model '{name}': loss_chunk {value!r} must be bytes > 0 ('64MiB'), not a fraction")
+    return chunk
 
 
 def build_model(name: str, spec: dict[str, Any], seed: int = 0) -> BuiltModel:
@@ -176,6 +195,7 @@ def build_model(name: str, spec: dict[str, Any], seed: int = 0) -> BuiltModel:
     else:
         built = _build_callable(name, spec)
     built.module.train()
+    built.loss_chunk_bytes = loss_chunk_bytes(name, spec)
     return built
 
 
@@ -185,4 +205,4 @@ def on_device(built: BuiltModel, device: str | torch.device) -> BuiltModel:
     flash-attention op, say) and factory devices (``arange(..., device='cpu')``) into the graph."""
     dev = torch.device(device)
     batch = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in built.batch.items()}
-    return BuiltModel(built.name, built.module.to(dev), batch, built.loss_fn)
+    return BuiltModel(built.name, built.module.to(dev), batch, built.loss_fn, built.loss_chunk_bytes)

@@ -34,16 +34,30 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         rows = slice(start, start + chunk_rows)
         h, keep = hidden[rows], valid[rows]
         picked = target[rows].where(keep, 0)[:, None]
-        logits = torch.mm(h, weight.t())
-        lse = torch.logsumexp(logits, 1, keepdim=True)
-        total += ((lse - logits.gather(1, picked)).squeeze(1) * keep).sum(dtype=torch.float64)
-        grad = logits.sub_(lse).exp_()  # softmax, in the logits' memory
+        grad = torch.mm(h, weight.t())  # the logits: the one chunk-sized buffer (workspace_bytes)
+        top = grad.amax(1, keepdim=True)
+        chosen = grad.gather(1, picked)
+        sums = grad.sub_(top).exp_().sum(1, keepdim=True)
+        total += ((sums.log() + top - chosen).squeeze(1) * keep).sum(dtype=torch.float64)  # log-sum-exp - logit
+        grad.div_(sums)  # softmax
         grad.scatter_add_(1, picked, torch.full_like(picked, -1, dtype=grad.dtype))
         grad.mul_(keep[:, None].to(grad.dtype) * scale)
         torch.mm(grad, weight, out=grad_hidden[rows])
         grad_weight.addmm_(grad.t(), h)
     loss = total / count if reduction == MEAN else total  # no valid row: nan, as nll_loss's mean
     return loss.to(hidden.dtype), grad_hidden, grad_weight
+
+
+def flops(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, reduction: int, ignore_index: int,
+          chunk_rows: int) -> float:
+    """The three matmuls' FLOPs (logits, the hidden state's gradient, the weight's), as the head's unchunked ops."""
+    return 6.0 * hidden.shape[0] * hidden.shape[1] * weight.shape[0]
+
+
+def workspace_bytes(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, reduction: int,
+                    ignore_index: int, chunk_rows: int) -> int:
+    """What a call holds besides its outputs: one chunk of logits (the per-row vectors are not counted)."""
+    return min(chunk_rows, hidden.shape[0]) * weight.shape[0] * hidden.element_size()
 
 
 @linear_cross_entropy.register_fake

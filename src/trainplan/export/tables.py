@@ -11,10 +11,14 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import flop_registry
 
+from trainplan.export import loss_head_op
 from trainplan.export.memory import memory_profile
 from trainplan.export.trace import TracedStep, backward_seq_nr, module_path
 
 FORWARD, BACKWARD = "forward", "backward"
+#: trainplan's own ops: their FLOPs and the bytes a call holds besides its outputs (``workspace_bytes``), from
+#: the fake values of their arguments
+_OWN_OPS = {loss_head_op.linear_cross_entropy._opoverload: (loss_head_op.flops, loss_head_op.workspace_bytes)}
 
 
 @dataclass
@@ -40,10 +44,21 @@ def _flops(node: torch.fx.Node, aliases_input: bool) -> float:
         return 0.0
     packet = getattr(node.target, "overloadpacket", None)
     val = node.meta.get("val")
+    if node.target in _OWN_OPS:
+        return _OWN_OPS[node.target][0](*_arg_values(node))
     if packet in flop_registry:
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
         return float(flop_registry[packet](*args, **kwargs, out_val=val))
     return float(sum(t.numel() for t in _tensor_values(val) if t is not None))
+
+
+def _arg_values(node: torch.fx.Node) -> tuple:
+    return torch.fx.node.map_arg(node.args, lambda n: n.meta.get("val"))
+
+
+def _workspace(node: torch.fx.Node) -> int:
+    """Bytes a call of one of trainplan's own ops holds besides its outputs; 0 for others (not measured)."""
+    return int(_OWN_OPS[node.target][1](*_arg_values(node))) if node.target in _OWN_OPS else 0
 
 
 def _input_tensors(node: torch.fx.Node, tensor_of: dict[str, list[str]]) -> list[str]:
@@ -142,6 +157,7 @@ def graph_tables(traced: TracedStep) -> GraphTables:
                 "alloc_bytes": new_bytes,
                 "is_view": aliases and new_bytes == 0,
                 "flops": _flops(node, aliases and new_bytes == 0),
+                "workspace_bytes": _workspace(node),
             }
         )
         if node.name == traced.loss_node:

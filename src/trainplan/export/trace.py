@@ -165,7 +165,8 @@ def make_step_fn(built: BuiltModel, param_names: list[str], buffer_names: list[s
 
 
 def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tensor]]:
-    """Trace ``built``'s training step with fake tensors; return the graph and the real flat inputs."""
+    """Trace ``built``'s training step with fake tensors; return the graph and the real flat inputs. With
+    ``built.loss_chunk_bytes``, the graph's loss head is chunked (``export.loss_head.chunk_loss_head``)."""
     param_names, buffer_names, batch_names, flat = flat_inputs(built)
     for p in built.module.parameters():
         p.requires_grad_(True)
@@ -180,4 +181,9 @@ def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tenso
     loss_node = output.args[0][0]
     if not isinstance(loss_node, torch.fx.Node):
         raise TraceError(f"model '{built.name}': the loss is not computed from the inputs (constant loss)")
-    return TracedStep(built.name, gm, param_names, buffer_names, batch_names, loss_node.name), flat
+    traced = TracedStep(built.name, gm, param_names, buffer_names, batch_names, loss_node.name)
+    if built.loss_chunk_bytes is not None:
+        from trainplan.export.loss_head import chunk_loss_head  # it builds on this module's TracedStep
+
+        traced = chunk_loss_head(traced, built.loss_chunk_bytes)
+    return traced, flat

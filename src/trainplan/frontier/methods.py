@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from trainplan.budget import parse_budget
+from trainplan.loop.updates import state_bytes
 from trainplan.models import BuiltModel
 
 #: kinds taking a value after ``@``, and those without
@@ -74,12 +75,14 @@ class Method:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One training step of a method, facts about it (the plan's budget and status, the export's summary) and
-    its setup seconds (compiling, or tracing, profiling and solving)."""
+    """One training step of a method, facts about it (the plan's budget and status, the export's summary), its
+    setup seconds (compiling, or tracing, profiling and solving) and the bytes held outside the step (``held()``:
+    parameters, buffers, batch and the optimizer's state, which a plan's budget counts)."""
 
     step: Callable[[], float]
     facts: dict[str, Any]
     setup_s: float
+    held: Callable[[], int]
 
 
 def _fused(built: BuiltModel) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -141,6 +144,10 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
 
+    def held() -> int:
+        tensors = [*module.parameters(), *module.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor))]
+        return sum(t.numel() * t.element_size() for t in tensors) + state_bytes(optimizer)
+
     if "compile" in method.kind:
         step()  # compiles: part of the setup
-    return Prepared(step, facts, time.perf_counter() - start)
+    return Prepared(step, facts, time.perf_counter() - start, held)

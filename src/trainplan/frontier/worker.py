@@ -42,7 +42,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         peaks.append(peak)
         losses.append(loss)
     return {"model": spec["model"], "method": str(method), "setup_s": prepared.setup_s, "step_s": times,
-            "peak_bytes": peaks, "losses": losses, **prepared.facts}
+            "peak_bytes": peaks, "losses": losses, "held_bytes": prepared.held(), **prepared.facts}
 
 
 if __name__ == "__main__":

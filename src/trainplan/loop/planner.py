@@ -18,7 +18,6 @@ import torch
 from trainplan.budget import Budget, format_bytes
 from trainplan.execute.plan import parse_plan, plan_stage
 from trainplan.execute.step import PlannedStep, compile_step
-from trainplan.export.loss_head import chunk_loss_head
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.io import write_json
@@ -86,11 +85,13 @@ def _training_trace_mode(model: torch.nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def trace(model: torch.nn.Module, batch: Mapping[str, torch.Tensor],
-          loss_fn: Callable[[Any], torch.Tensor]) -> tuple[TracedStep, list[torch.Tensor], GraphTables]:
-    """The model's training step on ``batch`` traced in training mode, its real flat inputs and its tables."""
+def trace(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], loss_fn: Callable[[Any], torch.Tensor],
+          loss_chunk_bytes: int | None = None) -> tuple[TracedStep, list[torch.Tensor], GraphTables]:
+    """The model's training step on ``batch`` traced in training mode (its loss head chunked with
+    ``loss_chunk_bytes``), its real flat inputs and its tables."""
     with _training_trace_mode(model):
-        traced, flat = trace_training_step(BuiltModel(type(model).__name__, model, dict(batch), loss_fn))
+        built = BuiltModel(type(model).__name__, model, dict(batch), loss_fn, loss_chunk_bytes)
+        traced, flat = trace_training_step(built)
     return traced, flat, graph_tables(traced)
 
 
@@ -105,14 +106,14 @@ class Traced:
 
 
 def _profiled_nodes(traced: Traced, settings: PlanSettings, updates: ParamUpdates | None) -> tuple[pd.DataFrame, int]:
-    """The op table with each op's profiled ``time_s`` and ``workspace_bytes`` (an update's temporaries), and
-    the bytes of the optimizer's state (0 without updates). The profile runs the step on copies of the
-    model's buffers (batch norm's running statistics stay as they are), with updates on copies of the
-    parameters and the optimizer (the model and the optimizer stay as they are), on a forked random
-    generator (the user's random stream stays as it is)."""
+    """The op table with each op's profiled ``time_s`` and ``workspace_bytes`` (the tables' own ops', and an
+    update's temporaries), and the bytes of the optimizer's state (0 without updates). The profile runs the
+    step on copies of the model's buffers (batch norm's running statistics stay as they are), with updates on
+    copies of the parameters and the optimizer (the model and the optimizer stay as they are), on a forked
+    random generator (the user's random stream stays as it is)."""
     n_p, n_b = len(traced.step.param_names), len(traced.step.buffer_names)
     inputs = [t.detach().clone() if n_p <= i < n_p + n_b else t for i, t in enumerate(traced.flat)]
-    nodes = traced.tables.nodes.assign(workspace_bytes=0)
+    nodes = traced.tables.nodes.copy()
     scratch = scratch_updates(updates) if updates is not None else None
     if scratch is not None:
         inputs[:n_p] = [p.detach() for p in scratch.params]
@@ -184,10 +185,7 @@ def plan_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], setting
     start = time.perf_counter()
     device = model_device(model)
     with phase_bar(f"trace {type(model).__name__}", settings.progress):
-        step_fx, flat, tables = trace(model, batch, settings.loss_fn)
-        if settings.loss_chunk_bytes is not None:
-            step_fx = chunk_loss_head(step_fx, settings.loss_chunk_bytes)
-            tables = graph_tables(step_fx)
+        step_fx, flat, tables = trace(model, batch, settings.loss_fn, settings.loss_chunk_bytes)
         if updates is not None:
             step_fx = with_updates(step_fx, tables)
             tables = graph_tables(step_fx)
