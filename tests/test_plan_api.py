@@ -283,3 +283,18 @@ def test_byte_budgets_a_byte_apart_key_different_plans(tiny_gpt2):
                                                  dataclasses.replace(base, budget=parse_budget(b))))[0]
             for b in (1_000_000, 1_000_001, "1000000", 0.5)}
     assert len(keys) == 3  # 1000000 and "1000000" are the same budget
+
+
+def test_plans_made_by_other_trainplan_code_are_keyed_apart(tiny_gpt2, monkeypatch):
+    """The key holds a digest of the package's source: an edit of it (a new planner) keys a new plan, so a
+    cached plan is never reused by code that would make another; the same code keys the same plan."""
+    built, traced, _, _ = tiny_gpt2
+    settings = planner.PlanSettings(parse_budget(0.5), built.loss_fn, 1.0, 1, 0, None, 1, "raise", Path("."), False)
+
+    def key() -> str:
+        return planner.plan_key(planner._key_fields(traced, built.batch, torch.device("cpu"), settings))[0]
+
+    first = key()
+    assert key() == first and len(planner.package_digest()) == 16
+    monkeypatch.setattr(planner, "package_digest", lambda: "0" * 16)
+    assert key() != first

@@ -1,5 +1,6 @@
 """Plans on disk, keyed by what they were made for: the traced graph, the batch, the device, the budget, the
-loss function, the solver settings that change the result and the torch version.
+loss function, the solver settings that change the result, the torch version and trainplan's own code (a
+digest of the package's source: a plan made by other code is made again).
 
 A record is ``{"key": {the fields hashed, with the record FORMAT}, "stages": [a plan stage (execute.plan_stage)]}``
 at ``<cache dir>/<sha256 of key, 32 hex digits>.json``, written atomically.
@@ -7,6 +8,7 @@ at ``<cache dir>/<sha256 of key, 32 hex digits>.json``, written atomically.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -33,6 +35,18 @@ def cache_dir(given: str | os.PathLike[str] | None = None) -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     return Path("~/.cache/trainplan/plans").expanduser()
+
+
+@functools.cache
+def package_digest() -> str:
+    """Short sha256 of every ``.py`` file of the installed trainplan package (paths and bytes), read once."""
+    root = Path(__file__).resolve().parents[1]
+    sha = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        data = path.read_bytes()
+        sha.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        sha.update(data)
+    return sha.hexdigest()[:16]
 
 
 def _value_signature(value: Any) -> str:

@@ -21,7 +21,8 @@ from trainplan.execute.step import PlannedStep, compile_step
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.io import write_json
-from trainplan.loop.cache import batch_signature, graph_digest, new_record, plan_key, qualified_name, read_record
+from trainplan.loop.cache import (batch_signature, graph_digest, new_record, package_digest, plan_key, qualified_name,
+                                  read_record)
 from trainplan.loop.errors import InfeasibleBudgetError
 from trainplan.loop.progress import phase_bar
 from trainplan.loop.report import PlanReport
@@ -150,7 +151,8 @@ def _key_fields(traced: TracedStep, batch: Mapping[str, torch.Tensor], device: t
             "budget": {"bytes": settings.budget.bytes, "fraction": settings.budget.fraction}, "loss_fn": qualified_name(settings.loss_fn),
             "solver": {"time_limit_s": settings.time_limit_s, "workers": settings.workers, "seed": settings.seed,
                        "swap": settings.swaps_on(device), "profile_repeats": settings.profile_repeats},
-            "optimizer": _optimizer_signature(settings.optimizer), "torch": torch.__version__}
+            "optimizer": _optimizer_signature(settings.optimizer), "torch": torch.__version__,
+            "trainplan_code": package_digest()}
 
 
 def _optimizer_signature(optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
