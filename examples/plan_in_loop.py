@@ -8,9 +8,8 @@ It first trains a copy of the model eagerly for two steps and measures the secon
 process held before it (the parameters, the batch and AdamW's state): one meter for both, the process's
 resident memory (``trainplan.execute.measure.process_peak_during``). The budget is the plan's fixed bytes (those
 same tensors) plus ``--share`` of that peak. Each planned step then prints its loss and measured peak (the
-first one's includes making AdamW's state, which the plan counts as held throughout). The loss head runs as
-one op over chunks of the logits (``--loss-chunk``, docs/plan_api.md): the three logits-sized tensors it holds
-otherwise are above half of eager's peak here.
+first one's includes making AdamW's state, which the plan counts as held throughout). ``--loss-chunk 16MiB``
+runs the loss head as one op over chunks of the logits (docs/plan_api.md, "The chunked loss head").
 The first run profiles and solves the step (a few minutes for GPT-2 small on a CPU); later runs read the plan
 from the cache (``~/.cache/trainplan/plans``, or ``$TRAINPLAN_PLAN_CACHE``) in seconds.
 """
@@ -62,8 +61,8 @@ def options(description: str) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer GPT-2, batch 2 x 16")
     parser.add_argument("--budget", help="bytes ('2GiB') or a fraction of the no-recompute peak, instead of --share")
     parser.add_argument("--time-limit", type=float, default=60.0, help="the solver's, in seconds")
-    parser.add_argument("--loss-chunk", default="16MiB", type=lambda v: None if v == "none" else v,
-                        help="the loss head as one op over logits chunks of at most this ('none': as traced)")
+    parser.add_argument("--loss-chunk", help="bytes ('16MiB'): the loss head as one op over logits chunks of at most "
+                        "this (default: as traced)")
     return parser.parse_args()
 
 
