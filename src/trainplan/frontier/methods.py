@@ -33,7 +33,7 @@ PLAIN = ("eager", "hf_checkpointing")
 OURS = ("trainplan", "trainplan+opt", "trainplan+cce", "trainplan+opt+cce", "trainplan+fused", "compile+exact", "sac",
         "sac+compile")
 #: the logits chunk of the ``+cce`` methods: smaller holds less, but each chunk adds one pass over the head's
-#: weight gradient (GPT-2 at 4 x 512: 7 chunks of 326 rows, each adding into the 147 MiB gradient)
+#: weight gradient (GPT-2 at 4 x 512: 7 chunks of up to 333 rows, each adding into the 147 MiB gradient)
 LOSS_CHUNK = "64MiB"
 
 
