@@ -9,7 +9,6 @@ from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.budget import wildcard_budget
 from trainplan.io import read_json, write_json
 from trainplan.logs import log_to
-from trainplan.models import loss_chunk_bytes
 from trainplan.partition import (
     BalanceSettings,
     MemoryLimit,
@@ -45,7 +44,7 @@ with log_to(snakemake.log[0]) as log:
     result = balance(pipeline, tables, first, scheduler, settings, memory)
     head = {"model": wc.model, "device": wc.device, "k": first.k, **requested.fields(),
             "memory_model": dict(par.memory_model),
-            "loss_chunk_bytes": loss_chunk_bytes(wc.model, graph.summary["spec"])}  # how load_step retraces
+            "loss_chunk": graph.summary["spec"].get("loss_chunk")}  # the model entry's: how load_step retraces
     log.info("chosen iteration %d of %d (%s); %d stage schedules solved here", result.chosen,
              len(result.iterations), result.stop_reason, scheduler.solved)
     write_json(snakemake.output.iterations, {**head, **iterations_dict(result)})

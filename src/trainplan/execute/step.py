@@ -18,7 +18,7 @@ from trainplan.execute.layout import GraphLayout, StageLayout, stage_layouts
 from trainplan.execute.plan import PlanError, StagePlan, load_plan
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
-from trainplan.models import BuiltModel, default_loss
+from trainplan.models import BuiltModel, default_loss, loss_chunk_bytes
 
 
 @dataclass
@@ -69,13 +69,13 @@ def load_step(plan: str | Path, model: torch.nn.Module, batch: Mapping[str, torc
     """The training step of ``model`` on batches shaped like ``batch``, compiled under the plan in ``plan``
     (a balance output directory holding ``plan.json``, or the file). ``loss_fn`` turns the model's output
     into the loss (default: its ``.loss``, as the workflow's models). The step is traced again here, on the
-    device ``model`` is on, its loss head chunked as the plan's model was (``loss_chunk_bytes``); a plan made
-    for another graph raises PlanError naming the plan and the node."""
+    device ``model`` is on, its loss head chunked as the plan's model was (``loss_chunk``); a plan made for
+    another graph raises PlanError naming the plan and the node."""
     path = plan_file(plan)
     data, stages = load_plan(path)
     built = BuiltModel(name or str(data.get("model", "model")), model,
                        {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}, loss_fn,
-                       data.get("loss_chunk_bytes"))
+                       loss_chunk_bytes(str(path), data))
     traced, flat = trace_training_step(built)
     return compile_step(data, stages, traced, flat, graph_tables(traced), where=str(path))
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import torch
 
 from trainplan.export.loss_head_op import MEAN, SUM, linear_cross_entropy
-from trainplan.export.trace import TracedStep
+from trainplan.export.traced_step import TracedStep
 
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)

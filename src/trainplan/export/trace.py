@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -11,34 +10,13 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
+from trainplan.export.loss_head import chunk_loss_head
+from trainplan.export.traced_step import TracedStep
 from trainplan.models import BuiltModel
 
 
 class TraceError(RuntimeError):
     """A model's training step cannot be traced; the message names the model and the op."""
-
-
-@dataclass
-class TracedStep:
-    """An fx graph of one training step taking ``params + buffers + batch`` tensors as flat inputs.
-
-    The graph returns ``(loss, *grads)``; a parameter that gets no gradient returns zeros.
-    """
-
-    model: str
-    gm: torch.fx.GraphModule
-    param_names: list[str]
-    buffer_names: list[str]
-    batch_names: list[str]
-    loss_node: str
-
-    def placeholder_kinds(self) -> list[str]:
-        """Kind of each flat input, in placeholder order."""
-        return (
-            ["parameter"] * len(self.param_names)
-            + ["buffer"] * len(self.buffer_names)
-            + ["input"] * len(self.batch_names)
-        )
 
 
 #: Attribute reads and metadata queries: not the op a user would look for when tracing fails.
@@ -183,7 +161,5 @@ def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tenso
         raise TraceError(f"model '{built.name}': the loss is not computed from the inputs (constant loss)")
     traced = TracedStep(built.name, gm, param_names, buffer_names, batch_names, loss_node.name)
     if built.loss_chunk_bytes is not None:
-        from trainplan.export.loss_head import chunk_loss_head  # it builds on this module's TracedStep
-
         traced = chunk_loss_head(traced, built.loss_chunk_bytes)
     return traced, flat
