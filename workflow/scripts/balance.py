@@ -44,7 +44,7 @@ with log_to(snakemake.log[0]) as log:
     result = balance(pipeline, tables, first, scheduler, settings, memory)
     head = {"model": wc.model, "device": wc.device, "k": first.k, **requested.fields(),
             "memory_model": dict(par.memory_model),
-            "loss_chunk": graph.summary["spec"].get("loss_chunk")}  # the model entry's: how load_step retraces
+            "loss_chunk": graph.summary.get("spec", {}).get("loss_chunk")}  # how load_step retraces the model
     log.info("chosen iteration %d of %d (%s); %d stage schedules solved here", result.chosen,
              len(result.iterations), result.stop_reason, scheduler.solved)
     write_json(snakemake.output.iterations, {**head, **iterations_dict(result)})
