@@ -120,7 +120,7 @@ def test_a_plan_with_the_chunked_head_trains_as_eager_below_the_unchunked_peak(t
 
 def test_a_chunk_that_is_not_bytes_is_refused(tmp_path):
     built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
-    with pytest.raises(ValueError, match=r"loss_chunk=0.5: give the logits chunk's bytes"):
+    with pytest.raises(ValueError, match=r"loss_chunk=0.5: give bytes > 0"):
         trainplan.plan(built.module, built.batch, 1.0, cache_dir=tmp_path, loss_chunk=0.5, **FAST)
 
 

@@ -94,6 +94,18 @@ def parse_budget(value: Budget | str | int | float) -> Budget:
     return Budget(bytes=int(Fraction(number) * UNITS[(unit or "b").lower()]))
 
 
+def parse_bytes(value: str | int, what: str) -> int:
+    """A byte count > 0 (``"64MiB"``, ``4096``) for the setting ``what``; a fraction, zero or anything else raises
+    BudgetError naming it."""
+    try:
+        budget = parse_budget(value)
+    except BudgetError as exc:
+        raise BudgetError(f"{what}: {exc}") from exc
+    if not budget.bytes:
+        raise BudgetError(f"{what}={value!r}: give bytes > 0 ('64MiB', an integer), not a fraction")
+    return budget.bytes
+
+
 def _fraction(number: float, value: object) -> Budget:
     if not (math.isfinite(number) and 0 < number <= 1):
         raise BudgetError(f"budget {value!r}: a fraction must be in (0, 1]; give bytes with a unit ('2GiB') instead")

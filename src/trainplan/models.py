@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainplan.budget import BudgetError, parse_budget
+from trainplan.budget import BudgetError, parse_bytes
 from trainplan.errors import ModelSpecError
 
 
@@ -175,15 +175,10 @@ def check_spec(name: str, spec: dict[str, Any]) -> None:
 def loss_chunk_bytes(name: str, spec: dict[str, Any]) -> int | None:
     """The entry's ``loss_chunk`` in bytes (``"64MiB"``), or None; anything but a byte count raises ModelSpecError."""
     value = spec.get("loss_chunk")
-    if value is None:
-        return None
     try:
-        chunk = parse_budget(value).bytes
+        return None if value is None else parse_bytes(value, "loss_chunk")
     except BudgetError as exc:
-        raise ModelSpecError(f"model '{name}': loss_chunk: {exc}") from exc
-    if not chunk:
-        raise ModelSpecError(f"model '{name}': loss_chunk {value!r} must be bytes > 0 ('64MiB'), not a fraction")
-    return chunk
+        raise ModelSpecError(f"model '{name}': {exc}") from exc
 
 
 def build_model(name: str, spec: dict[str, Any], seed: int = 0) -> BuiltModel:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainplan.budget import parse_budget
+from trainplan.budget import parse_budget, parse_bytes
 from trainplan.loop.cache import cache_dir as resolve_cache_dir
 from trainplan.loop.module import PlannedModule
 from trainplan.loop.planner import ON_INFEASIBLE, PlanSettings
@@ -40,9 +40,7 @@ def plan(model: torch.nn.Module, example_batch: Mapping[str, torch.Tensor], budg
     full logits-sized tensors the head holds otherwise; a step without that head raises LossHeadError."""
     if on_infeasible not in ON_INFEASIBLE:
         raise ValueError(f"on_infeasible={on_infeasible!r}: choose one of {ON_INFEASIBLE}")
-    chunk = None if loss_chunk is None else parse_budget(loss_chunk).bytes
-    if loss_chunk is not None and not chunk:
-        raise ValueError(f"loss_chunk={loss_chunk!r}: give the logits chunk's bytes ('64MiB', an integer > 0)")
+    chunk = None if loss_chunk is None else parse_bytes(loss_chunk, "loss_chunk")
     settings = PlanSettings(parse_budget(budget), loss_fn, float(time_limit_s), workers, seed, swap, profile_repeats,
                             on_infeasible, resolve_cache_dir(cache_dir), progress, optimizer, chunk)
     return PlannedModule(model, example_batch, settings, on_new_shape)
