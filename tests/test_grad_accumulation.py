@@ -94,10 +94,13 @@ def test_pipeline_stage_problems_sum_their_gradients_where_made_and_plans_read_t
         summed_peak = replay(problem_from_dict({**raw, "budget_bytes": 2**62}), events).peak_bytes
         alone = held_alone(copy.deepcopy(raw))
         alone_peak = replay(problem_from_dict({**alone, "budget_bytes": 2**62}), events).peak_bytes
-        assert summed_peak < alone_peak <= summed_peak + moved
+        stand_in = sum(op.get("stand_in_bytes", 0) for op in raw["ops"])
+        assert summed_peak < alone_peak <= summed_peak + moved + stand_in
+        assert alone["budget_bytes"] == raw["budget_bytes"] + moved + stand_in
     parsed = parse_plan({"stages": plan_stages})
     for st, raw in zip(parsed, plan_stages):  # a plan's stages are read as they run alone: the partial received
         assert not accumulates(st.raw) and st.problem.budget_bytes == raw["problem"]["budget_bytes"] + sum(
-            op.get("accumulated_bytes", 0) for op in raw["problem"]["ops"])
+            op.get("accumulated_bytes", 0) + op.get("stand_in_bytes", 0) for op in raw["problem"]["ops"])
+        assert st.held_bytes == st.problem.budget_bytes - raw["problem"]["budget_bytes"]
         assert all("stand_in_bytes" not in op for op in st.raw["ops"])
     assert [op["bytes"] for op in parsed[0].raw["ops"] if op.get("tied_partial")] == [wte.numel() * wte.element_size()]

@@ -12,10 +12,13 @@ import torch.nn.functional as F
 
 import trainplan
 from tests.conftest import TINY_GPT2
+from tests.test_execute import plan_for, reference, swap_and_recompute
+from tests.test_execute_compile import assert_same_run, both
 from tests.test_plan_api import FAST, token_batches
 from trainplan.execute.measure import peak_during
 from trainplan.export.loss_head import LossHeadError, chunk_loss_head
 from trainplan.export.loss_head_op import MEAN, SUM, linear_cross_entropy
+from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.errors import ModelSpecError
 from trainplan.models import BuiltModel, build_model, check_spec, on_device
@@ -135,3 +138,23 @@ def test_a_model_entry_with_loss_chunk_is_traced_chunked_everywhere_it_is_built(
     for bad in ("0.5", "4 parsecs"):
         with pytest.raises(ModelSpecError, match="model 'tiny_gpt2': loss_chunk"):
             check_spec("tiny_gpt2", {**TINY_GPT2, "loss_chunk": bad})
+
+
+@pytest.mark.parametrize("spec", [TINY_GPT2, TINY_LLAMA], ids=["gpt2_tied", "llama_untied"])
+def test_views_of_the_ops_gradients_alias_them_and_a_compiled_plan_runs_as_the_interpreter(spec):
+    """The rewrite's fake values are propagated again: the transposes and views reading the op's gradient
+    outputs are views in the tables (they allocated a storage of their own before, so the interpreter and the
+    compiled plan held the weight gradient at different events), and a plan with swaps and recomputes on the
+    chunked step runs compiled exactly as the interpreter runs it."""
+    built = build_model("tiny", {**spec, "loss_chunk": "4KiB"}, seed=0)
+    traced, flat = trace_training_step(built)
+    tables = graph_tables(traced)
+    head = next(n for n in traced.gm.graph.nodes if n.target is linear_cross_entropy._opoverload)
+    readers = [u for g in head.users for u in g.users if u.target in (torch.ops.aten.t.default,
+                                                                        torch.ops.aten.view.default)]
+    assert readers
+    views = tables.nodes.set_index("name").loc[[r.name for r in readers]]
+    assert views.is_view.all() and (views.alloc_bytes == 0).all(), views[["op", "is_view", "alloc_bytes"]]
+    plan = plan_for(tables, [tables.nodes.name.tolist()], swap_and_recompute)
+    interpreted, _, outputs, probe = both(traced, flat, tables, plan)
+    assert_same_run(interpreted, outputs, probe, reference(traced, flat))

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainplan.execute.plan import StagePlan
-from trainplan.execute.predict import Predicted
+from trainplan.execute.predict import Predicted, predict
 from trainplan.execute.runner import EventRecord
 
 
@@ -69,9 +69,9 @@ def _budget_fields(stage: StagePlan) -> dict[str, Any]:
     """The stage's schedule status (``raised`` where the requested budget was not met: docs/schedule.md), the
     budget it meets, the requested one and what is known about that (``budget_status``)."""
     sched = stage.schedule
-    return {"schedule_status": sched.get("status"), "budget_bytes": int(sched["budget_bytes"]),
-            "requested_budget_bytes": int(stage.raw.get("budget_bytes", sched["budget_bytes"])),
-            "budget_status": sched.get("budget_status")}
+    return {"schedule_status": sched.get("status"), "budget_bytes": stage.budget_bytes,
+            "requested_budget_bytes": stage.requested_budget_bytes, "budget_status": sched.get("budget_status"),
+            "held_gradient_bytes": stage.held_bytes}
 
 
 @dataclass(frozen=True)
@@ -101,14 +101,16 @@ def _memory_checks(stage: StagePlan, records: list[EventRecord], pred: Predicted
     peak event, the first divergence, the size mismatches). ``host_shared``: host copies sit in the budgeted
     memory (shared host memory) and count toward the budget."""
     sched, i = stage.schedule, stage.index
-    stated_peak, stated_time, budget = int(sched["peak_bytes"]), float(sched["time"]), int(sched["budget_bytes"])
+    stated_peak, stated_time, budget = int(sched["peak_bytes"]), float(sched["time"]), stage.budget_bytes
+    solved = pred if stage.solved is stage.problem else predict(stage.solved, stage.events)  # what it states
     measured_peak = max(r.bytes_peak for r in records)
     counted_peak = max(r.bytes_peak + (r.host_bytes if host_shared else 0) for r in records)
     reasons: list[str] = []
-    if stated_peak != pred.peak:
-        reasons.append(f"stage {i}: the plan states peak_bytes {stated_peak} B but its events replay to {pred.peak} B")
-    if abs(stated_time - pred.time) > 1e-9 * max(1.0, pred.time):
-        reasons.append(f"stage {i}: the plan states time {stated_time:.6f} s but its events replay to {pred.time:.6f} s")
+    if stated_peak != solved.peak:
+        reasons.append(f"stage {i}: the plan states peak_bytes {stated_peak} B but its events replay to {solved.peak} B")
+    if abs(stated_time - solved.time) > 1e-9 * max(1.0, solved.time):
+        reasons.append(f"stage {i}: the plan states time {stated_time:.6f} s but its events replay to {solved.time:.6f} s")
+    planned_peak = stage.alone_peak_bytes  # run alone: its gradients held to the end
     tol_bytes = tol.event_rel * pred.peak
     diverged = [(r, p) for r, p in zip(records, pred.bytes_peak) if abs(r.bytes_peak - p) > tol_bytes]
     first = _event(stage, *diverged[0]) if diverged else None
@@ -118,12 +120,12 @@ def _memory_checks(stage: StagePlan, records: list[EventRecord], pred: Predicted
     held = ", ".join(f"'{op}' {b} B" for op, b in sorted(peak_event["unplanned_bytes"].items(), key=lambda x: -x[1])[:5])
     why = f"; at the measured peak (event {peak_at} {records[peak_at].kind} '{records[peak_at].op}') the device also held " \
           f"kernel outputs the plan does not count: {held}" if held else ""
-    peak_err = _rel(measured_peak, stated_peak)
+    peak_err = _rel(measured_peak, planned_peak)
     if peak_err is None or abs(peak_err) > tol.peak_rel:
-        over = next((r for r in records if r.bytes_peak > stated_peak * (1 + tol.peak_rel)), None)
+        over = next((r for r in records if r.bytes_peak > planned_peak * (1 + tol.peak_rel)), None)
         where = f"; first above it at event {over.position} {over.kind} '{over.op}'" if over else ""
         reasons.append(f"stage {i}: measured peak {measured_peak} B is {_pct(peak_err)} off the planned "
-                       f"{stated_peak} B (tolerance {tol.peak_rel:.0%}){where}{why}")
+                       f"{planned_peak} B (tolerance {tol.peak_rel:.0%}){where}{why}")
     if first is not None:
         reasons.append(f"stage {i}: device bytes diverge from the prediction at event {first['position']} "
                        f"{first['kind']} '{first['op']}' (predicted {first['predicted_bytes']} B, measured "
@@ -140,7 +142,7 @@ def _memory_checks(stage: StagePlan, records: list[EventRecord], pred: Predicted
                        f"{_pct(over_budget)} (tolerance {tol.budget_over:.0%}){why}")
     return reasons, {
         **_budget_fields(stage),
-        "predicted_peak_bytes": stated_peak,
+        "predicted_peak_bytes": planned_peak,
         "measured_peak_bytes": measured_peak,
         "counted_peak_bytes": counted_peak,
         "peak_rel_err": peak_err,

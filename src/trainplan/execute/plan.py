@@ -28,13 +28,40 @@ class PlanError(ValueError):
 @dataclass
 class StagePlan:
     """One stage of a plan: the fx nodes its ops run, raw problem dict, validated problem and schedule dict; the
-    problem as the stage runs alone (:func:`trainplan.schedule.grad_accumulation.held_alone`)."""
+    problem as the stage runs alone (:func:`trainplan.schedule.grad_accumulation.held_alone`). ``solved``: the
+    problem the schedule was made for (a pipeline stage's adds its gradients into their sums where made), whose
+    replay the schedule's ``peak_bytes`` and ``time`` state; the stage run alone holds its gradients to the end,
+    ``held_bytes`` more, and its budget is raised by them."""
 
     index: int
     nodes: list[str]
     raw: dict[str, Any]
     problem: Problem
     schedule: dict[str, Any]
+    solved: Problem
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the stage run alone holds beyond the problem its schedule was made for (0: the same problem)."""
+        return self.problem.budget_bytes - self.solved.budget_bytes
+
+    @property
+    def budget_bytes(self) -> int:
+        """The budget the stage run alone is held to: the schedule's, raised by ``held_bytes``."""
+        return int(self.schedule["budget_bytes"]) + self.held_bytes
+
+    @property
+    def alone_peak_bytes(self) -> int:
+        """The schedule's peak as the stage runs alone: its stated peak plus what holding the gradients adds."""
+        stated = int(self.schedule["peak_bytes"])
+        if self.solved is self.problem:
+            return stated
+        return stated + replay(self.problem, self.events).peak_bytes - replay(self.solved, self.events).peak_bytes
+
+    @property
+    def requested_budget_bytes(self) -> int:
+        """The requested budget of the stage run alone (its problem's: raised by ``held_bytes`` likewise)."""
+        return self.problem.budget_bytes
 
     @property
     def events(self) -> list[tuple[str, str]]:
@@ -55,7 +82,7 @@ def _stage(pos: int, raw: Any, where: str) -> StagePlan:
     if raw.get("index", pos) != pos:
         raise PlanError(f"{where}: stages[{pos}] has index {raw['index']!r}; stages must be listed in order 0..k-1")
     try:
-        problem = problem_from_dict(raw["problem"])
+        solved = problem = problem_from_dict(raw["problem"])
         alone = held_alone(raw["problem"])  # a pipeline's gradients, added into sums where made, held to the end
         if alone is not raw["problem"]:
             problem = problem_from_dict(alone)
@@ -66,12 +93,13 @@ def _stage(pos: int, raw: Any, where: str) -> StagePlan:
             raise PlanError(f"{where}: stages[{pos}] op '{op['id']}' lacks 'nodes'/'storages' (not a stage_problem plan)")
     # the fx nodes its ops run
     nodes = list(dict.fromkeys(n for op in raw["problem"]["ops"] for n in op["nodes"]))
-    stage = StagePlan(pos, nodes, alone, problem, raw["schedule"])
+    stage = StagePlan(pos, nodes, alone, problem, raw["schedule"], solved)
     if stage.executable:
         for key in ("time", "peak_bytes", "budget_bytes"):
             if not isinstance(stage.schedule.get(key), (int, float)) or isinstance(stage.schedule.get(key), bool):
                 raise PlanError(f"{where}: stage {pos} schedule lacks a numeric '{key}'")
         try:
+            replay(solved, stage.events)
             replay(problem, stage.events)
         except ScheduleError as exc:
             raise PlanError(f"{where}: stage {stage.index} schedule: {exc}") from exc

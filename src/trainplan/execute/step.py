@@ -36,12 +36,13 @@ class PlannedStep:
 
     @property
     def budget_bytes(self) -> list[int]:
-        """Each stage's budget (device bytes, parameters and inputs included)."""
-        return [int(st.schedule["budget_bytes"]) for st in self.stages]
+        """Each stage's budget (device bytes, parameters and inputs included) as it runs here, alone."""
+        return [st.budget_bytes for st in self.stages]
 
     @property
     def predicted_peak_bytes(self) -> list[int]:
-        return [int(st.schedule["peak_bytes"]) for st in self.stages]
+        """Each stage's planned peak as it runs here, alone (:attr:`StagePlan.alone_peak_bytes`)."""
+        return [st.alone_peak_bytes for st in self.stages]
 
     def flat(self, params: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """The traced step's flat inputs: parameters, buffers, batch tensors."""

@@ -240,7 +240,7 @@ def _whole_run_memory(peaks: Peaks | None, model: MemoryModel, stages: list[Stag
     """The whole compiled run's peaks beside the interpreter's storage peak, the one the budget counts under
     ``model`` against the stages' budgets together (they run in one process; with k > 1 a weaker check than
     each stage's own), and the reason it fails where it passes them by more than the meter's tolerance."""
-    budget = sum(int(st.schedule["budget_bytes"]) for st in stages)
+    budget = sum(st.budget_bytes for st in stages)
     out: dict[str, Any] = {"storage_peak_bytes_all_stages": storage_peak, "budget_bytes": budget}
     if peaks is None:
         return [], {**out, "counted": None, "peak_bytes_counted": None, "budget_respected": None}

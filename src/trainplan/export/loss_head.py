@@ -20,6 +20,7 @@ import operator
 from collections.abc import Iterable
 
 import torch
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from trainplan.export.loss_head_op import MEAN, SUM, linear_cross_entropy
 from trainplan.export.traced_step import TracedStep
@@ -120,7 +121,8 @@ def chunk_loss_head(traced: TracedStep, chunk_bytes: int) -> TracedStep:
 def _rewritten(traced: TracedStep, head: set[torch.fx.Node], replaced: dict[torch.fx.Node, int],
                at: torch.fx.Node, args: tuple) -> TracedStep:
     """A copy of ``traced`` without the ``head`` nodes: ``linear_cross_entropy(*args)`` in place of ``at``,
-    its outputs read where the ``replaced`` nodes were."""
+    its outputs read where the ``replaced`` nodes were; every node's fake value propagated again, so that a
+    node reading the new op's outputs (a view of its weight gradient) aliases them as it does when run."""
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     outputs: list[torch.fx.Node] = []
@@ -129,18 +131,16 @@ def _rewritten(traced: TracedStep, head: set[torch.fx.Node], replaced: dict[torc
             fused = graph.create_node("call_function", linear_cross_entropy._opoverload,
                                       torch.fx.node.map_arg(args, env.__getitem__), name="linear_cross_entropy")
             fused.meta = {k: v for k, v in at.meta.items() if k != "val"}
-            fake = args[0].meta["val"].fake_mode
-            with fake:
-                fused.meta["val"] = linear_cross_entropy(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a
-                                                           for a in args))
             for i in range(3):
                 outputs.append(graph.create_node("call_function", operator.getitem, (fused, i)))
-                outputs[-1].meta = {**fused.meta, "val": fused.meta["val"][i]}
+                outputs[-1].meta = dict(fused.meta)
         if node in replaced:
             env[node] = outputs[replaced[node]]
         elif node not in head:
             env[node] = graph.node_copy(node, env.__getitem__)
     graph.eliminate_dead_code()
     gm = torch.fx.GraphModule(traced.gm, graph, class_name="StepWithChunkedLoss")
+    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    FakeTensorProp(gm, inputs[0].fake_mode).propagate_dont_convert_inputs(*inputs)
     return TracedStep(traced.model, gm, traced.param_names, traced.buffer_names, traced.batch_names,
                       outputs[0].name)

@@ -71,8 +71,9 @@ def accumulated_storages(problem: dict[str, Any]) -> frozenset[int]:
 
 def held_alone(problem: dict[str, Any]) -> dict[str, Any]:
     """The problem as its stage runs alone, one micro-batch, every gradient held to the end of the step: the
-    accumulated ops' bytes back, the budget raised by them (the sums the rank's budget counts), and the tied
-    partials received (their bytes back: the problem's budget is then the requested one, perhaps not reachable)."""
+    accumulated ops' bytes back and the tied partials received (their bytes back), the budget raised by both (the
+    sums the rank's budget counts; a partial the pipeline adds once per step, outside the stage's events), so that
+    the schedule fits the raised budget whenever it fits the problem's."""
     if not any("accumulated_bytes" in op or "stand_in_bytes" in op for op in problem["ops"]):
         return problem
     out = copy.deepcopy(problem)
@@ -80,6 +81,7 @@ def held_alone(problem: dict[str, Any]) -> dict[str, Any]:
     for op in out["ops"]:
         if "stand_in_bytes" in op:
             op["bytes"] = op.pop("stand_in_bytes")
+            total += op["bytes"]
         nbytes = op.pop("accumulated_bytes", None)
         if nbytes is None:
             continue
