@@ -9,9 +9,11 @@ import json
 import pandas as pd
 import pytest
 
+from tests.conftest import SMALL_CNN
 from trainplan.budget import BudgetError
-from trainplan.frontier.methods import Method, MethodError
+from trainplan.frontier.methods import Method, MethodError, prepare
 from trainplan.frontier.run import verdicts
+from trainplan.models import build_model
 
 MODEL = "tiny_gpt2_b4"  # tests/config/config.yaml's study.frontier
 
@@ -38,6 +40,18 @@ def test_a_competitor_is_dominated_only_on_both_axes():
             {"model": "other", "method": "sac@0.5", "peak_mib": 1.0, "step_s": 0.1},
             {"model": "m", "method": "hf_checkpointing", "error": "no support"}]
     assert {v["method"]: v["dominated_by"] for v in verdicts(rows)} == {"eager": "trainplan@0.5", "compile@1.0": None}
+
+
+def test_compiling_takes_no_update_so_every_method_measures_the_same_step(tmp_path):
+    """A compiled method's setup compiles forward and backward without an optimizer step: after as many steps as
+    eager, its loss is eager's (within Inductor's round-off), not one update further on."""
+    losses = {}
+    for text in ("eager", "compile@1.0"):
+        prepared = prepare(build_model("small_cnn", SMALL_CNN, seed=0), Method.parse(text), cache=tmp_path,
+                           time_limit_s=5.0)
+        losses[text] = [prepared.step() for _ in range(3)]
+    assert losses["compile@1.0"] == pytest.approx(losses["eager"], rel=1e-4)
+    assert len(set(losses["eager"])) == 3  # each step updated the weights
 
 
 @pytest.mark.workflow

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT2
+from tests.test_loss_head import TINY_LLAMA
 from trainplan.budget import Budget
 from trainplan.cli import main
 from trainplan.execute import load_plan
@@ -32,7 +33,7 @@ from trainplan.schedule.pipeline_hold import PipelineHold
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_plan(tiny_gpt2, path: Path, k: int, spec: dict = TINY_GPT2) -> Path:
+def write_plan(tiny_gpt2, path: Path, k: int, spec: dict = TINY_GPT2, name: str = "tiny_gpt2") -> Path:
     """A balance plan of tiny GPT-2 (traced as ``spec`` says) in ``k`` stages, each at 0.5 of its peak (recomputes
     planned), with a stand-in profile (time proportional to FLOPs), and a config naming the model, in ``path``."""
     _, _, _, tables = tiny_gpt2
@@ -44,11 +45,11 @@ def write_plan(tiny_gpt2, path: Path, k: int, spec: dict = TINY_GPT2) -> Path:
                                pipeline=PipelineHold(k, 4))
     settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=4, tolerance=0.02)
     result = balance(graph, ranges, partition_graph(graph, ranges, k, tolerance=0.02), scheduler, settings)
-    plan = {"model": "tiny_gpt2", "device": "cpu", "k": k, **Budget(fraction=0.5).fields(),
+    plan = {"model": name, "device": "cpu", "k": k, **Budget(fraction=0.5).fields(),
             **plan_dict(graph, result, settings, None)}
     assert any(st["schedule"]["recomputes"] > 0 for st in plan["stages"])
     write_json(path / "plan.json", plan)
-    write_yaml(path / "config.yaml", {"seed": 0, "models": {"tiny_gpt2": spec}})
+    write_yaml(path / "config.yaml", {"seed": 0, "models": {name: spec}})
     return path
 
 
@@ -64,6 +65,8 @@ def pipeline_run(*args: str) -> subprocess.CompletedProcess:
 
 
 WTE = "transformer.wte.weight"
+#: a two-layer Llama (untied LM head) small enough for a pipeline test
+TINY_LLAMA_2L = {**TINY_LLAMA, "config": {**TINY_LLAMA["config"], "num_hidden_layers": 2}}
 
 
 # each schedule once (10 s a run), each way of reducing the tied embedding's gradient once
@@ -186,22 +189,25 @@ def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):
     assert run["ranks"][2]["relayed_storages"] == 0
 
 
-def test_a_plan_with_the_chunked_loss_head_runs_as_a_pipeline(tmp_path):
+@pytest.mark.parametrize("spec", [TINY_GPT2, TINY_LLAMA_2L], ids=["gpt2_tied", "llama_untied"])
+def test_a_plan_with_the_chunked_loss_head_runs_as_a_pipeline(spec, tmp_path):
     """``loss_chunk`` in the model's entry: the plan made on the chunked trace; the last stage's forward half
-    computes the loss and both head gradients in one op; the numbers are the single-process step's, the tied
-    embedding's partial reduced once per step, and each rank holds the tensors its plan counts."""
-    spec = {**TINY_GPT2, "loss_chunk": "8KiB"}
-    built = build_model("tiny_gpt2", spec, seed=0)
+    computes the loss and both head gradients in one op, adding the head weight's gradient (GPT-2: the tied
+    embedding's partial, reduced once per step; Llama: the LM head's own) into its sum there; the numbers are the
+    single-process step's, and each rank holds the tensors its plan counts."""
+    spec = {**spec, "loss_chunk": "8KiB"}
+    built = build_model("tiny_lm", spec, seed=0)
     traced, flat = trace_training_step(built)
     assert any(n.target is linear_cross_entropy._opoverload for n in traced.gm.graph.nodes)
-    plan_dir = write_plan((built, traced, flat, graph_tables(traced)), tmp_path / "k2", 2, spec)
+    plan_dir = write_plan((built, traced, flat, graph_tables(traced)), tmp_path / "k2", 2, spec, "tiny_lm")
     out = tmp_path / "run.json"
     done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", "1f1b", "-m", "4",
                         "--check", "-o", str(out), "--repeats", "1")
     assert done.returncode == 0, done.stderr[-4000:]
     run = json.loads(out.read_text())
     assert run["check"] == {"planned_bit_identical": True, "eager_close": True, "tied_reduced_close": True}
-    assert [(p["parameter"], p["producer"], p["receiver"]) for p in run["ranks"][1]["tied_partials"]] == [(WTE, 1, 0)]
+    tied = [(p["parameter"], p["producer"], p["receiver"]) for p in run["ranks"][1]["tied_partials"]]
+    assert tied == ([(WTE, 1, 0)] if spec["architecture"] == "GPT2LMHeadModel" else [])
     for mem in run["memory"]:
         assert mem["measured_tensor_peak_bytes"] == pytest.approx(mem["predicted_peak_bytes"], rel=0.05)
 

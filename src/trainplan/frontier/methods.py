@@ -97,6 +97,8 @@ def _fused(built: BuiltModel) -> tuple[torch.nn.Module, dict[str, Any]]:
 
 def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: float) -> Prepared:
     """``built``'s training step (forward, loss, backward, AdamW step, zero_grad) under ``method``."""
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
     import trainplan
     from trainplan.loop.knapsack import ExactKnapsack
     from trainplan.loop.sac import sac_policy
@@ -104,8 +106,8 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
     module, batch = built.module, built.batch
     if hasattr(module, "config"):
         module.config.use_cache = False
-    if hasattr(module, "loss_type"):
-        module.loss_type = "ForCausalLM"  # else torch.compile breaks the graph at the loss-type warning
+    if hasattr(module, "loss_type") and module.loss_type not in LOSS_MAPPING:
+        module.loss_type = "ForCausalLM"  # the loss HF falls back to, with a warning torch.compile breaks the graph at
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
     facts: dict[str, Any] = {}
     start = time.perf_counter()
@@ -148,6 +150,7 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
         tensors = [*module.parameters(), *module.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor))]
         return sum(t.numel() * t.element_size() for t in tensors) + state_bytes(optimizer)
 
-    if "compile" in method.kind:
-        step()  # compiles: part of the setup
+    if "compile" in method.kind:  # compiles forward and backward: part of the setup; no update, so that every
+        built.loss_fn(forward(**batch)).backward()  # method's measured steps follow as many updates
+        optimizer.zero_grad(set_to_none=True)
     return Prepared(step, facts, time.perf_counter() - start, held)

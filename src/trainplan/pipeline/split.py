@@ -71,7 +71,7 @@ def stage_flows(layouts: list[StageLayout], layout: GraphLayout, model: str) -> 
 class StageHalves:
     """A stage's code in two halves.
 
-    ``forward(*flat, live)`` -> ``(*sent_forward, [loss], *stash)``; ``backward(*flat, live, sink)`` ->
+    ``forward(*flat, live, sink)`` -> ``(*sent_forward, [loss], *stash)``; ``backward(*flat, live, sink)`` ->
     ``(*sent_backward, *returned gradients)``. ``flat`` are the traced step's inputs (parameters, buffers,
     batch); ``live`` is a list the half takes its values from (:func:`take`): the storages received (forward:
     from the previous stage, taken at the start; backward: from the next, each taken at the plan's event
@@ -79,7 +79,8 @@ class StageHalves:
     packs copies), except those the stage writes in place, copied at the send. The gradients in ``summed``
     (parameter positions) and the tied partials in ``summed_partials`` (storages; None in their place among
     those sent back) are added into ``sink`` as soon as they are made (``sink.add_param(position, value)``,
-    ``sink.add_partial(sid, storage)``: :class:`trainplan.pipeline.stage.StageSink`), not returned.
+    ``sink.add_partial(sid, storage)``: :class:`trainplan.pipeline.stage.StageSink`), not returned: in the
+    forward half where a forward kernel makes them (the chunked loss head's weight gradient).
     """
 
     index: int
@@ -219,7 +220,7 @@ def _split_graph(root: torch.fx.GraphModule, graph: torch.fx.Graph, marker: torc
     """``graph`` cut at ``marker``: the nodes before it, returning ``fwd_out`` and the stash (values made before
     the cut and read after it), and the nodes after it, taking the stash from its live list after the
     ``n_received`` received storages. ``live``: the forward half's live list, the backward half's and its
-    gradient sink (placeholders of the backward half only)."""
+    gradient sink (a placeholder of both halves)."""
     nodes = list(graph.nodes)
     cut = nodes.index(marker)
     before, after = nodes[:cut], nodes[cut + 1:]
@@ -230,7 +231,7 @@ def _split_graph(root: torch.fx.GraphModule, graph: torch.fx.Graph, marker: torc
                                + [v for v in bwd_out if v in early]))
 
     fg = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {n: fg.placeholder(n.name) for n in [*flat, live[0]]}
+    env: dict[torch.fx.Node, torch.fx.Node] = {n: fg.placeholder(n.name) for n in [*flat, live[0], live[2]]}
     for n in before:
         if n not in env and n not in live:
             env[n] = fg.node_copy(n, env.__getitem__)

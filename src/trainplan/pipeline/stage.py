@@ -75,7 +75,7 @@ def add_into_grad(param: torch.Tensor, value: torch.Tensor) -> None:
 
 @dataclass
 class StageSink:
-    """Where a stage's backward half adds the gradients it sums where made: ``params``, the step's inputs (a
+    """Where a stage's halves add the gradients they sum where made: ``params``, the step's inputs (a
     parameter's gradient goes into its ``.grad``), and ``tied``, the rank's running sums of tied partials."""
 
     params: Sequence[torch.Tensor]
@@ -99,7 +99,7 @@ class _PlannedHalves(torch.autograd.Function):
         t0 = rt.clock()
         h = rt.halves
         received = rt.carrier_in.unpack(carrier, backward=False) if rt.carrier_in is not None else []
-        out = list(h.forward(*flat, received))
+        out = list(h.forward(*flat, received, StageSink(flat, rt.tied)))
         n = len(h.sent_forward)
         sent, rest = out[:n], out[n:]
         del out

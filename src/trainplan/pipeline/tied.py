@@ -17,6 +17,7 @@ in another order); every other gradient stays bit-identical.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -47,6 +48,14 @@ def _storages(layout: GraphLayout, node: torch.fx.Node) -> set[int]:
     return {sid for _, sid in layout.slots.get(node.name, ())}
 
 
+def _read(layout: GraphLayout, node: torch.fx.Node) -> set[int]:
+    """Storages ``node`` reads: a getitem of a kernel with several outputs reads only the output it takes."""
+    base = node.args[0] if node.target is operator.getitem else None
+    if isinstance(base, torch.fx.Node) and isinstance(base.meta.get("val"), (tuple, list)):
+        return {sid for idx, sid in layout.slots.get(base.name, ()) if idx == node.args[1]}
+    return {sid for a in node.all_input_nodes for sid in _storages(layout, a)}
+
+
 def tied_partials(traced: TracedStep, flat: list[torch.Tensor], layout: GraphLayout, layouts: list[StageLayout],
                   storage_bytes: dict[int, int]) -> dict[int, TiedPartial]:
     """The partial gradients a pipeline of ``layouts`` may reduce once per step, by storage (see the module);
@@ -56,9 +65,8 @@ def tied_partials(traced: TracedStep, flat: list[torch.Tensor], layout: GraphLay
                 for n in op.nodes}
     readers: dict[int, set[str]] = {}
     for node in traced.gm.graph.nodes:
-        for a in node.all_input_nodes:
-            for sid in _storages(layout, a):
-                readers.setdefault(sid, set()).add(node.name)
+        for sid in _read(layout, node):
+            readers.setdefault(sid, set()).add(node.name)
     grads = next(n for n in traced.gm.graph.nodes if n.op == "output").args[0][1:1 + len(traced.param_names)]
     out: dict[int, TiedPartial] = {}
     for i, grad in enumerate(grads):

@@ -152,10 +152,13 @@ def stage_problem(
     outputs = set(tensors.loc[tensors.is_graph_output, "storage"])
     keep = [op_id for op_id, op in ops.items() if any(x in consumers_outside or x in outputs for x in op["storages"])]
     partials = _added_into_outputs(nodes, storage_of, outputs)
+    # gradients: storages made in backward, or holding a gradient a forward kernel makes (the chunked loss head's)
+    grads = set(tensors.loc[tensors.kind == "gradient", "storage"])
     for op_id in keep:
-        if (outputs | partials).intersection(ops[op_id]["storages"]):
-            # a forward graph output is the loss; the backward ones are gradients
-            ops[op_id]["gradient" if ops[op_id]["phase"] == "backward" else "loss"] = True
+        sids = set(ops[op_id]["storages"])
+        if (outputs | partials) & sids:  # a forward graph output is the loss; the others are gradients
+            backward = ops[op_id]["phase"] == "backward" or bool(grads & sids)
+            ops[op_id]["gradient" if backward else "loss"] = True
     # A received storage is placed just before its first reader: a stage receives a gradient from the
     # next stage only when its backward needs it, not at its start (which would deadlock the pipeline).
     ordered: list[dict[str, Any]] = []
