@@ -44,6 +44,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         grad.mul_(keep[:, None].to(grad.dtype) * scale)
         torch.mm(grad, weight, out=grad_hidden[rows])
         grad_weight.addmm_(grad.t(), h)
+        del grad, h, keep, picked, top, chosen, sums  # else the next chunk's logits are made while these are held
     loss = total / count if reduction == MEAN else total  # no valid row: nan, as nll_loss's mean
     return loss.to(hidden.dtype), grad_hidden, grad_weight
 
@@ -56,8 +57,12 @@ def flops(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, redu
 
 def workspace_bytes(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, reduction: int,
                     ignore_index: int, chunk_rows: int) -> int:
-    """What a call holds besides its outputs: one chunk of logits (the per-row vectors are not counted)."""
-    return min(chunk_rows, hidden.shape[0]) * weight.shape[0] * hidden.element_size()
+    """What a call holds besides its outputs: one chunk of logits, and a bound on the small tensors beside it (the
+    rows' valid mask, the float64 sums, and per chunk row its target index and at most five float temporaries
+    of the loss and softmax arithmetic)."""
+    rows = min(chunk_rows, hidden.shape[0])
+    small = target.numel() + 2 * 8 + rows * (target.element_size() + 5 * hidden.element_size())
+    return rows * weight.shape[0] * hidden.element_size() + small
 
 
 @linear_cross_entropy.register_fake
