@@ -25,7 +25,8 @@ what the process held before the step, with freed memory returned to the system)
 it counts the parameters' gradients, activations, temporaries, compiled code's buffers, the optimizer's
 temporaries and everything else the step allocates; the parameters, the batch and the optimizer's state
 (after the warm-up steps) are held before and not counted. Time is the step's wall time, median of
-``--repeats`` steps after 2 warm-ups, with its spread (min-max) over all steps of all processes. Setup
+``--repeats`` steps timed after the metered ones with freed memory kept for reuse (docs/frontier.md), with its
+spread (min-max) over all steps of all processes. Setup
 (compiling, or tracing, profiling and solving a plan) is reported apart. Run it alone on the machine.
 """
 

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import SMALL_CNN
 from trainplan.budget import BudgetError
 from trainplan.frontier.methods import Method, MethodError, prepare
-from trainplan.frontier.run import verdicts
+from trainplan.frontier.run import FrontierSettings, run_method, verdicts
 from trainplan.models import build_model
 
 MODEL = "tiny_gpt2_b4"  # tests/config/config.yaml's study.frontier
@@ -52,6 +52,17 @@ def test_compiling_takes_no_update_so_every_method_measures_the_same_step(tmp_pa
         losses[text] = [prepared.step() for _ in range(3)]
     assert losses["compile@1.0"] == pytest.approx(losses["eager"], rel=1e-4)
     assert len(set(losses["eager"])) == 3  # each step updated the weights
+
+
+def test_a_worker_meters_with_freed_memory_returned_and_times_in_a_kept_heap(tmp_path):
+    """The peak needs resident memory to track live bytes; the time is taken as a caching allocator would see it
+    (freed pages reused), else every allocation's page faults charge plans that free and re-allocate."""
+    (run,) = run_method("small_cnn", SMALL_CNN, "eager", FrontierSettings(repeats=2, time_limit_s=4.0), tmp_path)
+    assert "error" not in run, run
+    assert run["host_allocator"]["metering"].startswith("glibc malloc returns freed memory")
+    assert run["host_allocator"]["timing"].startswith("glibc malloc keeps freed memory")
+    assert len(run["step_s"]) == len(run["peak_bytes"]) == len(run["losses"]) == 2
+    assert all(t > 0 for t in run["step_s"]) and all(p > 0 for p in run["peak_bytes"])
 
 
 @pytest.mark.workflow
