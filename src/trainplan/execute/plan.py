@@ -8,6 +8,7 @@ A plan is ``{"model", "device", "k", "budget_fraction", "stages": [{"index", "no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ class StagePlan:
         """The budget the stage run alone is held to: the schedule's, raised by ``held_bytes``."""
         return int(self.schedule["budget_bytes"]) + self.held_bytes
 
-    @property
+    @cached_property
     def alone_peak_bytes(self) -> int:
         """The schedule's peak as the stage runs alone: its stated peak plus what holding the gradients adds."""
         stated = int(self.schedule["peak_bytes"])

@@ -50,5 +50,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             "peak_bytes": peaks, "losses": losses, "held_bytes": prepared.held(),
             "host_allocator": {"metering": metering, "timing": timing}, **prepared.facts}
 
+
 if __name__ == "__main__":
     print(RESULT + json.dumps(measure(json.loads(sys.argv[1]))), flush=True)
