@@ -89,7 +89,7 @@ def test_validation_on_cuda_measures_the_allocator_and_passes_a_faithful_plan(ml
     rep = v.report
     assert rep["status"] == "passed", rep["reasons"]
     st = rep["stages"][0]
-    assert st["measured_peak_bytes"] == st["predicted_peak_bytes"]
+    assert st["measured_peak_bytes"] == st["predicted_storage_peak_bytes"] <= st["predicted_peak_bytes"]
     assert rep["memory"]["allocator_method"] == "torch.cuda.max_memory_allocated"
     assert rep["memory"]["peak_bytes_allocator"] >= st["measured_peak_bytes"]
     assert rep["memory"]["counted"] == "peak_bytes_allocator" and rep["memory"]["peak_bytes_process"] is None

@@ -87,7 +87,8 @@ def test_a_swap_plan_on_shared_host_memory_fails_its_budget_on_its_host_copies(m
                       settings=ValidateSettings(repeats=1, warmup=0, tolerances=LOOSE_TIME))
     rep, st = v.report, v.report["stages"][0]
     assert rep["memory_model"]["host_memory"] == "shared" and rep["memory"]["counted"] == "peak_bytes_process"
-    assert st["measured_peak_bytes"] == st["predicted_peak_bytes"]  # the device bytes are as planned
+    # the device bytes are as planned (the storages; the prediction adds kernels' workspaces on top)
+    assert st["measured_peak_bytes"] == st["predicted_storage_peak_bytes"] <= st["predicted_peak_bytes"]
     assert st["counted_peak_bytes"] > st["budget_bytes"] and not st["budget_respected"]
     assert rep["status"] == "failed" and any("host copies" in r for r in rep["reasons"]), rep["reasons"]
 

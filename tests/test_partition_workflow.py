@@ -43,7 +43,8 @@ def workdir(tmp_path_factory) -> Path:
     write_table(root / "results/export/syn/cpu/tensors.parquet", tensors)
     write_json(root / "results/export/syn/cpu/graph.json", {"model": "syn"})
     write_table(root / "results/profile/syn/cpu/ops.parquet",
-                nodes[["node_id", "name", "phase", "time_s"]].assign(recompute_s=nodes.time_s, transfer_s=0.0))
+                nodes[["node_id", "name", "phase", "time_s"]].assign(recompute_s=nodes.time_s, transfer_s=0.0,
+                                                                  workspace_measured_bytes=0))
     write_json(root / "results/profile/syn/cpu/summary.json", {"model": "syn", "host_link_bytes_per_s": 1e6,
                                                                "host_link": {"source": "config"}})
     return root

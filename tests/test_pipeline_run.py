@@ -283,7 +283,8 @@ def test_a_pipeline_plans_stages_validate_alone_within_their_raised_budgets(plan
                          settings=ValidateSettings(repeats=1, warmup=0, attempts=1, allocator_check=False))
     assert all(st.held_bytes > 0 for st in stages)
     for st, rep in zip(stages, done.report["stages"]):
-        assert rep["measured_peak_bytes"] == rep["predicted_peak_bytes"] == st.alone_peak_bytes
+        assert rep["measured_peak_bytes"] == rep["predicted_storage_peak_bytes"]
+        assert rep["predicted_peak_bytes"] == st.alone_peak_bytes >= rep["predicted_storage_peak_bytes"]
         assert st.alone_peak_bytes > st.schedule["peak_bytes"]
         assert rep["budget_bytes"] == st.budget_bytes == st.schedule["budget_bytes"] + st.held_bytes
         assert rep["budget_respected"], rep

@@ -64,7 +64,7 @@ def test_batch_norm_and_momentum_train_as_eager(tmp_path):
     reference = copy.deepcopy(built.module)
     opt = torch.optim.SGD(built.module.parameters(), lr=0.05, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
-    planned = trainplan.plan(built.module, built.batch, 0.7, cache_dir=tmp_path, optimizer=opt, **FAST)
+    planned = trainplan.plan(built.module, built.batch, 0.8, cache_dir=tmp_path, optimizer=opt, **FAST)
     for _ in range(3):
         loss = planned(built.batch)
         loss.backward()

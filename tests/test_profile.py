@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
 from trainplan.models import build_model
 from trainplan.profile.link import measure_host_link, sample_sizes
+from trainplan.artifacts import with_measured_workspaces
 from trainplan.profile.op_times import profile_model, timed_run
+from trainplan.profile.workspace import op_workspaces
 from tests.conftest import SMALL_CNN
 
 
@@ -43,6 +46,43 @@ def test_profile_model_covers_every_op(small_cnn):
     assert math.isclose(s["op_sum_over_step"], s["op_sum_s"] / s["step_time_s"])
     assert s["step_time_s"] == sorted(s["step_time_runs_s"])[1]  # the median of three runs
     assert s["host_link"] == {"source": "config"} and s["host_link_bytes_per_s"] == 2e9
+    assert (ops.workspace_measured_bytes >= 0).all()
+    conv_backward = (tables.nodes.op == "aten.convolution_backward.default").to_numpy()
+    assert conv_backward.any() and (ops.workspace_measured_bytes[conv_backward] > 0).any()
+
+
+_TEMP_FLOATS = 1 << 18  # a 1 MiB temporary
+
+
+def _with_temporary(x: torch.Tensor) -> torch.Tensor:
+    """``x`` scaled by a sum over a 1 MiB temporary, freed before the call returns."""
+    tmp = torch.ones(_TEMP_FLOATS)
+    return x * tmp.sum()
+
+
+def _op_graph() -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(_with_temporary, (x,))
+    z = graph.call_function(torch.ops.aten.add.Tensor, (y, x))
+    graph.output(graph.call_function(torch.ops.aten.relu.default, (z,)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_op_workspaces_count_what_a_call_frees_before_returning_and_not_its_output():
+    gm = _op_graph()
+    ws = op_workspaces(gm, [torch.randn(1000)], torch.device("cpu"))
+    scaled, add, relu = (n.name for n in gm.graph.nodes if n.op == "call_function")
+    temp = 4 * _TEMP_FLOATS
+    assert temp <= ws[scaled] <= temp + 1024  # the temporary and its sum, not the 4000 B output
+    assert ws[add] == 0 and ws[relu] == 0
+
+
+def test_measured_workspaces_raise_and_never_lower_the_computed_ones():
+    nodes = pd.DataFrame({"name": ["a", "b", "c"], "workspace_bytes": [0, 500, 10],
+                          "workspace_measured_bytes": [300, 100, 0]})
+    assert with_measured_workspaces(nodes).workspace_bytes.tolist() == [300, 500, 10]
+    assert with_measured_workspaces(nodes.drop(columns="workspace_bytes")).workspace_bytes.tolist() == [300, 100, 0]
 
 
 def test_measured_host_link_times_the_executors_swap_path():

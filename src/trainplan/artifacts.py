@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from trainplan.errors import ArtifactError
@@ -13,7 +14,7 @@ from trainplan.io import read_json, read_table, write_json, write_table
 
 NODE_COLUMNS = ["node_id", "name", "op", "module", "phase", "inputs", "outputs", "alloc_bytes", "is_view", "flops"]
 TENSOR_COLUMNS = ["tensor_id", "node", "shape", "dtype", "bytes", "storage", "storage_bytes", "kind", "is_graph_output"]
-PROFILE_COLUMNS = ["name", "time_s", "recompute_s", "transfer_s"]
+PROFILE_COLUMNS = ["name", "time_s", "recompute_s", "transfer_s", "workspace_measured_bytes"]
 
 
 @dataclass
@@ -38,15 +39,26 @@ def read_graph(nodes_path: str | Path, tensors_path: str | Path, summary_path: s
     return Graph(nodes, tensors, summary)
 
 
+def with_measured_workspaces(nodes: pd.DataFrame) -> pd.DataFrame:
+    """``nodes`` (an op table merged with its profile's ``workspace_measured_bytes``) with ``workspace_bytes``
+    the larger of the two: the computed workspace of trainplan's own ops (export) or an update's
+    (``loop.updates``), and the measured one of every op."""
+    out = nodes.copy()
+    computed = out["workspace_bytes"].to_numpy(dtype=np.int64) if "workspace_bytes" in out else 0
+    out["workspace_bytes"] = np.maximum(computed, out["workspace_measured_bytes"].to_numpy(dtype=np.int64))
+    return out
+
+
 def read_profiled_graph(nodes_path: str | Path, tensors_path: str | Path, summary_path: str | Path, profile_path: str | Path) -> Graph:
-    """Load a graph and merge the per-op profile (time_s, recompute_s, transfer_s) into its nodes."""
+    """Load a graph and merge the per-op profile (time_s, recompute_s, transfer_s, workspace_measured_bytes) into
+    its nodes; an op's ``workspace_bytes`` is then the larger of the computed and the measured one."""
     graph = read_graph(nodes_path, tensors_path, summary_path)
     prof = read_table(profile_path, PROFILE_COLUMNS)
     merged = graph.nodes.merge(prof[PROFILE_COLUMNS], on="name", how="left", validate="one_to_one")
     missing = merged.loc[merged.time_s.isna(), "name"].tolist()
     if missing:
         raise ArtifactError(f"{profile_path} has no timing for op(s) {missing[:5]} of {nodes_path}: profile and graph disagree")
-    graph.nodes = merged
+    graph.nodes = with_measured_workspaces(merged)
     return graph
 
 

@@ -110,22 +110,23 @@ def _memory_checks(stage: StagePlan, records: list[EventRecord], pred: Predicted
         reasons.append(f"stage {i}: the plan states peak_bytes {stated_peak} B but its events replay to {solved.peak} B")
     if abs(stated_time - solved.time) > 1e-9 * max(1.0, solved.time):
         reasons.append(f"stage {i}: the plan states time {stated_time:.6f} s but its events replay to {solved.time:.6f} s")
-    planned_peak = stage.alone_peak_bytes  # run alone: its gradients held to the end
+    planned_peak = stage.alone_peak_bytes  # run alone: its gradients held to the end; workspaces counted
+    storage_peak = pred.storage_peak_bytes  # what the storage meter sees: the plan's storages only
     tol_bytes = tol.event_rel * pred.peak
-    diverged = [(r, p) for r, p in zip(records, pred.bytes_peak) if abs(r.bytes_peak - p) > tol_bytes]
+    diverged = [(r, p) for r, p in zip(records, pred.storage_peak) if abs(r.bytes_peak - p) > tol_bytes]
     first = _event(stage, *diverged[0]) if diverged else None
     peak_at = max(range(len(records)), key=lambda j: records[j].bytes_peak)
-    peak_event = {**_event(stage, records[peak_at], pred.bytes_peak[peak_at]),
+    peak_event = {**_event(stage, records[peak_at], pred.storage_peak[peak_at]),
                   "unplanned_bytes": records[peak_at].unplanned}
     held = ", ".join(f"'{op}' {b} B" for op, b in sorted(peak_event["unplanned_bytes"].items(), key=lambda x: -x[1])[:5])
     why = f"; at the measured peak (event {peak_at} {records[peak_at].kind} '{records[peak_at].op}') the device also held " \
           f"kernel outputs the plan does not count: {held}" if held else ""
-    peak_err = _rel(measured_peak, planned_peak)
+    peak_err = _rel(measured_peak, storage_peak)
     if peak_err is None or abs(peak_err) > tol.peak_rel:
-        over = next((r for r in records if r.bytes_peak > planned_peak * (1 + tol.peak_rel)), None)
+        over = next((r for r in records if r.bytes_peak > storage_peak * (1 + tol.peak_rel)), None)
         where = f"; first above it at event {over.position} {over.kind} '{over.op}'" if over else ""
-        reasons.append(f"stage {i}: measured peak {measured_peak} B is {_pct(peak_err)} off the planned "
-                       f"{planned_peak} B (tolerance {tol.peak_rel:.0%}){where}{why}")
+        reasons.append(f"stage {i}: measured storage peak {measured_peak} B is {_pct(peak_err)} off the planned "
+                       f"{storage_peak} B (tolerance {tol.peak_rel:.0%}){where}{why}")
     if first is not None:
         reasons.append(f"stage {i}: device bytes diverge from the prediction at event {first['position']} "
                        f"{first['kind']} '{first['op']}' (predicted {first['predicted_bytes']} B, measured "
@@ -143,6 +144,7 @@ def _memory_checks(stage: StagePlan, records: list[EventRecord], pred: Predicted
     return reasons, {
         **_budget_fields(stage),
         "predicted_peak_bytes": planned_peak,
+        "predicted_storage_peak_bytes": storage_peak,
         "measured_peak_bytes": measured_peak,
         "counted_peak_bytes": counted_peak,
         "peak_rel_err": peak_err,

@@ -59,8 +59,13 @@ def plot_validation(report: dict[str, Any], timeline: pd.DataFrame, path: str) -
     for i, st in enumerate(stages):
         ax = fig.add_subplot(grid[0, :] if k == 1 else grid[0, i])
         part = timeline[timeline.stage == st["index"]]
-        ax.plot(part.position, part.predicted_bytes_peak / MIB, lw=1, label="predicted", color="tab:blue")
-        ax.plot(part.position, part.measured_bytes_peak / MIB, lw=1, ls="--", label="measured", color="tab:orange")
+        ax.plot(part.position, part.predicted_bytes_peak / MIB, lw=1, label="predicted (with workspaces)",
+                color="tab:blue")
+        if "predicted_storage_bytes_peak" in part:
+            ax.plot(part.position, part.predicted_storage_bytes_peak / MIB, lw=0.8, ls=":", color="tab:green",
+                    label="predicted storages")
+        ax.plot(part.position, part.measured_bytes_peak / MIB, lw=1, ls="--", label="measured storages",
+                color="tab:orange")
         raised = " (raised: the least found)" if st.get("schedule_status") == "raised" else ""
         ax.axhline(st["budget_bytes"] / MIB, color="black", lw=0.8, label=f"budget{raised}")
         ax.set_xlabel("event")
@@ -118,7 +123,7 @@ def plot_plan_memory(report: dict[str, Any], timeline: pd.DataFrame, stages: lis
         ax.plot(x_after, part.predicted_bytes_peak / MIB, lw=1, color="tab:blue",
                 label=f"after: plan predicted, peak {part.predicted_bytes_peak.max() / MIB:.2f} MiB")
         ax.plot(x_after, part.measured_bytes_peak / MIB, lw=1, ls="--", color="tab:orange",
-                label=f"after: plan measured, peak {part.measured_bytes_peak.max() / MIB:.2f} MiB")
+                label=f"after: plan measured (storages), peak {part.measured_bytes_peak.max() / MIB:.2f} MiB")
         rep = by_index.get(st.index, {})
         budget = rep.get("requested_budget_bytes", st.raw.get("budget_bytes"))
         ax.axhline(budget / MIB, color="black", lw=0.9, label=f"budget {budget / MIB:.2f} MiB")

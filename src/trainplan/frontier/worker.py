@@ -20,7 +20,9 @@ RESULT = "RESULT "
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train ``spec['model']`` under ``spec['method']``: ``warmup`` steps, then ``repeats`` steps metered (the
+    """Train ``spec['model']`` under ``spec['method']``, prepared (compiled, or a plan traced, profiled and solved)
+    with freed memory kept for reuse, so that a plan's profile times its ops as its steps are timed below:
+    ``warmup`` steps, then ``repeats`` steps metered (the
     process's resident high-water mark above what it held before the step, freed memory returned to the system:
     :func:`trainplan.execute.measure.process_peak_during`), then, with freed memory kept for reuse as a caching
     allocator does (:func:`trainplan.timing.keep_freed_memory`, as the profile and the validation time), one more
@@ -28,10 +30,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     its page faults, which charges a plan's frees and re-allocations far more than a device's allocator would
     (ResNet-50's plan at 0.5: 7.2 s against eager's 5.1 s metered, 4.7 s against 5.2 s in a kept heap)."""
     torch.set_num_threads(spec["threads"])
-    metering = return_freed_memory()
     built = build_model(spec["model"], spec["spec"], seed=spec["seed"])
     method = Method.parse(spec["method"])
+    preparing = keep_freed_memory()  # a plan's profile times its ops in the heap the steps are timed in
     prepared = prepare(built, method, cache=Path(spec["cache"]), time_limit_s=spec["time_limit_s"])
+    metering = return_freed_memory()
     for _ in range(spec["warmup"]):  # on the meter's thread too, as the metered steps
         process_peak_during(prepared.step)
     peaks, losses = [], []
@@ -48,7 +51,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         times.append(time.perf_counter() - start)
     return {"model": spec["model"], "method": str(method), "setup_s": prepared.setup_s, "step_s": times,
             "peak_bytes": peaks, "losses": losses, "held_bytes": prepared.held(),
-            "host_allocator": {"metering": metering, "timing": timing}, **prepared.facts}
+            "host_allocator": {"preparing": preparing, "metering": metering, "timing": timing}, **prepared.facts}
 
 
 if __name__ == "__main__":

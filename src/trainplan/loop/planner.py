@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from trainplan.artifacts import with_measured_workspaces
 from trainplan.budget import Budget, format_bytes
 from trainplan.execute.plan import parse_plan, plan_stage
 from trainplan.execute.step import PlannedStep, compile_step
@@ -107,8 +108,8 @@ class Traced:
 
 
 def _profiled_nodes(traced: Traced, settings: PlanSettings, updates: ParamUpdates | None) -> tuple[pd.DataFrame, int]:
-    """The op table with each op's profiled ``time_s`` and ``workspace_bytes`` (the tables' own ops', and an
-    update's temporaries), and the bytes of the optimizer's state (0 without updates). The profile runs the
+    """The op table with each op's profiled ``time_s`` and ``workspace_bytes`` (measured, or the tables' own
+    ops' and an update's temporaries where larger: ``artifacts.with_measured_workspaces``), and the bytes of the optimizer's state (0 without updates). The profile runs the
     step on copies of the model's buffers (batch norm's running statistics stay as they are), with updates on
     copies of the parameters and the optimizer (the model and the optimizer stay as they are), on a forked
     random generator (the user's random stream stays as it is)."""
@@ -122,14 +123,14 @@ def _profiled_nodes(traced: Traced, settings: PlanSettings, updates: ParamUpdate
             (updates_bound(scratch) if scratch is not None else nullcontext()):
         result = profile_nodes(traced.step, inputs, nodes, repeats=settings.profile_repeats, warmup=PROFILE_WARMUP,
                                device=str(traced.device), progress=settings.progress)
-    nodes = nodes.merge(result.ops[["name", "time_s"]], on="name", validate="one_to_one")
+    nodes = nodes.merge(result.ops[["name", "time_s", "workspace_measured_bytes"]], on="name", validate="one_to_one")
     if scratch is None:
-        return nodes, 0
+        return with_measured_workspaces(nodes), 0
     costs = update_costs(scratch, traced.device)
     is_update = nodes.name.str.startswith(UPDATE_PREFIX)
     nodes.loc[is_update, "workspace_bytes"] = [
         costs.workspace_bytes[int(n.removeprefix(UPDATE_PREFIX))] for n in nodes.name[is_update]]
-    return nodes, costs.state_bytes
+    return with_measured_workspaces(nodes), costs.state_bytes
 
 
 def _solved_stage(traced: Traced, settings: PlanSettings, updates: ParamUpdates | None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.profile.link import host_link_bytes_per_s
+from trainplan.profile.workspace import op_workspaces
 from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
 
 
@@ -102,7 +103,9 @@ def profile_step(
     device: str = "cpu",
     progress: bool = True,
 ) -> ProfileResult:
-    """Median per-op times, recompute times of ``recompute_ops``, and the median time of the whole compiled step.
+    """Median per-op times, recompute times of ``recompute_ops``, the median time of the whole compiled step,
+    and each op's workspace (``workspace_measured_bytes``: bytes held during its call beyond what it leaves,
+    :mod:`trainplan.profile.workspace`, from one more op-by-op run after the timed ones).
 
     ``time_op_s`` is an op's median time run op by op (with a clock around each); ``time_s`` is that time
     scaled by ``time_scale`` = whole step / sum of ``time_op_s``, so that the op times add up to the step as
@@ -142,6 +145,7 @@ def profile_step(
                 op_ns.setdefault(name, []).append(ns)
             for name, ns in recompute.items():
                 rec_ns.setdefault(name, []).append(ns)
+        workspaces = op_workspaces(gm, inputs, dev)
     ops = pd.DataFrame(
         [
             {
@@ -150,6 +154,7 @@ def profile_step(
                 "time_mean_s": statistics.fmean(ns) / 1e9,
                 "time_min_s": min(ns) / 1e9,
                 "recompute_s": statistics.median(rec_ns[name]) / 1e9 if name in rec_ns else float("nan"),
+                "workspace_measured_bytes": workspaces.get(name, 0),
             }
             for name, ns in op_ns.items()
         ]
