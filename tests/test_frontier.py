@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import SMALL_CNN
 from trainplan.budget import BudgetError
+from trainplan.frontier import worker
 from trainplan.frontier.methods import Method, MethodError, prepare
 from trainplan.frontier.run import FrontierSettings, run_method, verdicts
 from trainplan.models import build_model
@@ -62,7 +63,10 @@ def test_a_worker_meters_with_freed_memory_returned_and_times_in_a_kept_heap(tmp
     assert run["host_allocator"]["metering"].startswith("glibc malloc returns freed memory")
     assert run["host_allocator"]["preparing"].startswith("glibc malloc keeps freed memory")
     assert run["host_allocator"]["timing"].startswith("glibc malloc keeps freed memory")
-    assert len(run["step_s"]) == len(run["peak_bytes"]) == len(run["losses"]) == 2
+    assert len(run["step_s"]) == len(run["peak_bytes"]) == len(run["losses"]) == len(run["timed_minor_faults"]) == 2
+    settle = run["settle_minor_faults"]  # warmed in the kept heap until a step maps (almost) no new pages
+    assert 2 <= len(settle) <= 2 + worker.SETTLE_MAX  # at least the two warm-up steps of FrontierSettings
+    assert settle[-1] < worker.STEADY_FAULTS or len(settle) == 2 + worker.SETTLE_MAX
     assert all(t > 0 for t in run["step_s"]) and all(p > 0 for p in run["peak_bytes"])
 
 
