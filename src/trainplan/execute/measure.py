@@ -41,7 +41,8 @@ class Timings:
         return statistics.median(self.communication_runs[stage])
 
 
-def _minor_faults() -> int:
+def minor_faults() -> int:
+    """Minor page faults of this process so far (pages it mapped anew)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
@@ -59,12 +60,12 @@ def time_runs(run: Callable[[], Clock], baseline: Callable[[], Clock], n_stages:
     with live_objects_frozen():  # the model's and torch's objects out of each collection
         for i in range(warmup + repeats):
             with gc_paused():
-                f0 = _minor_faults()
+                f0 = minor_faults()
                 clock = run()
-                f1 = _minor_faults()
+                f1 = minor_faults()
             with gc_paused():
                 base = baseline()
-                f2 = _minor_faults()
+                f2 = minor_faults()
             if i < warmup:
                 continue
             faults.append(f1 - f0)

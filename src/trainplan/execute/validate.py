@@ -84,7 +84,8 @@ def _timeline(stages: list[StagePlan], measured: RunResult, probe: Probe) -> pd.
         p = preds[rec.stage]
         rows.append({"stage": rec.stage, "position": rec.position, "kind": rec.kind, "op": rec.op,
                      "predicted_bytes_after": p.bytes_after[rec.position], "predicted_bytes_peak": p.bytes_peak[rec.position],
-                     "predicted_storage_bytes_peak": p.storage_peak[rec.position], "measured_bytes_after": rec.bytes_after, "measured_bytes_peak": rec.bytes_peak,
+                     "predicted_storage_bytes_peak": p.storage_peak[rec.position],
+                     "measured_bytes_after": rec.bytes_after, "measured_bytes_peak": rec.bytes_peak,
                      "compiled_bytes_after": compiled_bytes, "host_bytes": rec.host_bytes,
                      "predicted_s": p.seconds[rec.position]})
     return pd.DataFrame(rows)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainplan.execute.measure import process_peak_during
+from trainplan.execute.measure import minor_faults, process_peak_during
 from trainplan.frontier.methods import Method, prepare
 from trainplan.models import build_model
 from trainplan.timing import keep_freed_memory, return_freed_memory
@@ -28,18 +27,14 @@ STEADY_FAULTS = 1024
 SETTLE_MAX = 5
 
 
-def _minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 def _settle(step: Callable[[], Any], warmup: int) -> list[int]:
     """Run ``step`` at least ``warmup`` times (at least once) and on, up to ``SETTLE_MAX`` more, until one maps
     fewer than ``STEADY_FAULTS`` new pages; the minor faults of each."""
     faults: list[int] = []
     while len(faults) < max(1, warmup) + SETTLE_MAX:
-        before = _minor_faults()
+        before = minor_faults()
         step()
-        faults.append(_minor_faults() - before)
+        faults.append(minor_faults() - before)
         if len(faults) >= max(1, warmup) and faults[-1] < STEADY_FAULTS:
             break
     return faults
@@ -73,11 +68,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     settle = _settle(prepared.step, spec["warmup"])
     times, faults = [], []
     for _ in range(spec["repeats"]):
-        before = _minor_faults()
+        before = minor_faults()
         start = time.perf_counter()
         prepared.step()
         times.append(time.perf_counter() - start)
-        faults.append(_minor_faults() - before)
+        faults.append(minor_faults() - before)
     return {"model": spec["model"], "method": str(method), "setup_s": prepared.setup_s, "step_s": times,
             "peak_bytes": peaks, "losses": losses, "held_bytes": prepared.held(),
             "host_allocator": {"preparing": preparing, "metering": metering, "timing": timing},

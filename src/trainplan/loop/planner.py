@@ -109,8 +109,8 @@ class Traced:
 
 def _profiled_nodes(traced: Traced, settings: PlanSettings, updates: ParamUpdates | None) -> tuple[pd.DataFrame, int]:
     """The op table with each op's profiled ``time_s`` and ``workspace_bytes`` (measured, or the tables' own
-    ops' and an update's temporaries where larger: ``artifacts.with_measured_workspaces``), and the bytes of the optimizer's state (0 without updates). The profile runs the
-    step on copies of the model's buffers (batch norm's running statistics stay as they are), with updates on
+    ops' and an update's temporaries where larger: ``artifacts.with_measured_workspaces``), and the bytes of the
+    optimizer's state (0 without updates). The profile runs the step on copies of the model's buffers (batch norm's running statistics stay as they are), with updates on
     copies of the parameters and the optimizer (the model and the optimizer stay as they are), on a forked
     random generator (the user's random stream stays as it is)."""
     n_p, n_b = len(traced.step.param_names), len(traced.step.buffer_names)
@@ -124,13 +124,14 @@ def _profiled_nodes(traced: Traced, settings: PlanSettings, updates: ParamUpdate
         result = profile_nodes(traced.step, inputs, nodes, repeats=settings.profile_repeats, warmup=PROFILE_WARMUP,
                                device=str(traced.device), progress=settings.progress)
     nodes = nodes.merge(result.ops[["name", "time_s", "workspace_measured_bytes"]], on="name", validate="one_to_one")
-    if scratch is None:
-        return with_measured_workspaces(nodes), 0
-    costs = update_costs(scratch, traced.device)
-    is_update = nodes.name.str.startswith(UPDATE_PREFIX)
-    nodes.loc[is_update, "workspace_bytes"] = [
-        costs.workspace_bytes[int(n.removeprefix(UPDATE_PREFIX))] for n in nodes.name[is_update]]
-    return with_measured_workspaces(nodes), costs.state_bytes
+    state = 0
+    if scratch is not None:
+        costs = update_costs(scratch, traced.device)
+        is_update = nodes.name.str.startswith(UPDATE_PREFIX)
+        nodes.loc[is_update, "workspace_bytes"] = [
+            costs.workspace_bytes[int(n.removeprefix(UPDATE_PREFIX))] for n in nodes.name[is_update]]
+        state = costs.state_bytes
+    return with_measured_workspaces(nodes), state
 
 
 def _solved_stage(traced: Traced, settings: PlanSettings, updates: ParamUpdates | None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import BuiltModel, on_device
 from trainplan.numerics import EXACT_FP32, exact_fp32
 from trainplan.profile.link import host_link_bytes_per_s
+from trainplan.profile.op_run import values_freed_after
 from trainplan.profile.workspace import op_workspaces
 from trainplan.timing import gc_paused, keep_freed_memory, live_objects_frozen
 
@@ -36,25 +37,13 @@ def _sync_fn(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def _last_uses(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
-    """For each node, the values whose last use it is (freed right after it, as compiled fx code does)."""
-    seen: set[torch.fx.Node] = set()
-    out: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for node in reversed(graph.nodes):
-        for inp in node.all_input_nodes:
-            if inp not in seen:
-                seen.add(inp)
-                out.setdefault(node, []).append(inp)
-    return out
-
-
 def timed_run(
     gm: torch.fx.GraphModule, inputs: list[torch.Tensor], sync: Callable[[], None], keep_values: bool
 ) -> tuple[dict[str, int], dict[torch.fx.Node, Any]]:
     """Run the graph op by op; an op's time includes freeing the values it used last (unless ``keep_values``)."""
     env: dict[torch.fx.Node, Any] = {}
     feed = iter(inputs)
-    last_uses = _last_uses(gm.graph)
+    last_uses = values_freed_after(gm.graph)
     times: dict[str, int] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":

@@ -14,34 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.fx.node import map_arg
+
+from trainplan.profile.op_run import run_nodes
 
 log = logging.getLogger(__name__)
-
-
-def _nodes_run(gm: torch.fx.GraphModule, inputs: list[torch.Tensor],
-               around: Callable[[torch.fx.Node, Callable[[], Any]], Any]) -> None:
-    """Run the graph op by op, each call through ``around(node, call)``; each value freed after its last use."""
-    last_use: dict[torch.fx.Node, torch.fx.Node] = {}
-    for node in gm.graph.nodes:
-        for inp in node.all_input_nodes:
-            last_use[inp] = node
-    dead_after: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for value, user in last_use.items():
-        dead_after.setdefault(user, []).append(value)
-    env: dict[torch.fx.Node, Any] = {}
-    feed = iter(inputs)
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            env[node] = next(feed)
-        elif node.op == "get_attr":
-            env[node] = getattr(gm, str(node.target))
-        elif node.op == "call_function":
-            args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)
-            env[node] = around(node, lambda: node.target(*args, **kwargs))
-            del args, kwargs
-        for value in dead_after.get(node, []):
-            env.pop(value, None)
 
 
 def _cuda_workspaces(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], device: torch.device) -> dict[str, int]:
@@ -55,7 +31,7 @@ def _cuda_workspaces(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], devic
         out[node.name] = int(torch.cuda.max_memory_allocated(device) - torch.cuda.memory_allocated(device))
         return value
 
-    _nodes_run(gm, inputs, around)
+    run_nodes(gm, inputs, around)
     return out
 
 
@@ -78,7 +54,7 @@ def _cpu_workspaces(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> dic
             return call()
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _nodes_run(gm, inputs, around)
+        run_nodes(gm, inputs, around)
     try:
         roots = list(prof.profiler.kineto_results.experimental_event_tree())
     except AttributeError:  # private API moved: say so rather than guess
