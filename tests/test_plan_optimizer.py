@@ -10,6 +10,7 @@ import torch
 
 import trainplan
 from tests.conftest import SMALL_CNN, TINY_GPT2
+from tests.test_loss_head import TINY_LLAMA
 from tests.test_plan_api import FAST, TINY, token_batches
 from trainplan.execute.measure import peak_during
 from trainplan.execute.plan import PlanError
@@ -18,6 +19,10 @@ from trainplan.loop.planner import trace
 from trainplan.loop.update_pass import UPDATE_PREFIX, check_update_order, with_updates
 from trainplan.loop.updates import ParamUpdates, state_bytes
 from trainplan.models import build_model, default_loss
+from trainplan.schedule.stage_problem import stage_problem
+
+
+TINY_LLAMA_2 = {**TINY_LLAMA, "config": {**TINY_LLAMA["config"], "num_hidden_layers": 2}}
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +168,37 @@ def test_a_schedule_that_reads_a_parameter_after_its_update_is_refused(gpt2_with
     with pytest.raises(PlanError, match=f"recomputes '{reader}', which reads a parameter already updated by "
                                         f"'{wpe_update}'"):
         check_update_order(ops, late, tables, where="plan")
+
+
+@pytest.mark.parametrize("spec", [TINY, TINY_LLAMA_2], ids=["gpt2_tied", "llama_untied"])
+def test_every_recompute_the_problem_allows_reads_each_parameter_before_its_update(spec):
+    """For every op the stage problem lets the solver recompute, recomputing it right before the last op that may
+    need it (a reader, or a reader of a recomputable reader, and so on) passes the update-order check."""
+    built = build_model("m", spec, seed=0)
+    traced, _, tables = trace(built.module, built.batch, default_loss, loss_chunk_bytes=1024)
+    step = with_updates(traced, tables)
+    tables = graph_tables(step)
+    nodes = tables.nodes.assign(time_s=1e-3)
+    ops = stage_problem(nodes, tables.tensors, nodes.name.tolist(), bandwidth=1e9, swap=False)["ops"]
+    program = [("compute", op["id"]) for op in ops]
+    readers: dict[str, list[int]] = {}
+    for pos, op in enumerate(ops):
+        for src in op["inputs"]:
+            readers.setdefault(src, []).append(pos)
+    recomputable = [op for op in ops if op["recompute"]]
+    for op in recomputable:
+        reach, todo = set(), list(readers.get(op["id"], ()))
+        while todo:  # readers, through recomputable readers
+            pos = todo.pop()
+            if pos not in reach:
+                reach.add(pos)
+                if ops[pos]["recompute"]:
+                    todo.extend(readers.get(ops[pos]["id"], ()))
+        if reach:
+            last = max(reach)
+            check_update_order(ops, [*program[:last], ("compute", op["id"]), *program[last:]], tables,
+                               where=f"{op['id']} before {ops[last]['id']}")
+    assert len(recomputable) > 50  # the forward ops, all but those it must not
 
 
 def test_param_updates_step_one_parameter_alone():

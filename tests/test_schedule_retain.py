@@ -39,6 +39,20 @@ def test_a_recompute_with_room_is_replaced_by_keeping_the_tensor_and_its_feeder_
     assert out.count(("compute", "x")) == 1 and out.count(("compute", "w")) == 1
 
 
+def test_recomputes_that_nothing_reads_are_deleted_with_the_recomputes_feeding_them():
+    """After b, the last op, a and c are recomputed and freed unread (as a CP-SAT probe's schedule of a Llama did,
+    after the parameter's update): both go; the first computes stay."""
+    p = problem_from_dict({"ops": [{"id": "a", "time": 3, "bytes": 10},
+                                   {"id": "c", "time": 2, "bytes": 10, "inputs": ["a"]},
+                                   {"id": "b", "time": 1, "bytes": 1, "inputs": ["c"]}],
+                           "budget_bytes": 100, "bandwidth": 1.0, "keep": ["b"]})
+    made = [("compute", "a"), ("compute", "c"), ("free", "a"), ("compute", "b"), ("free", "c")]
+    events = [*made, ("compute", "a"), ("compute", "c"), ("free", "a"), ("free", "c")]
+    assert replay(p, events).recomputes == 2
+    out = retain_recomputes(p, events, 100)
+    assert out == made and replay(p, out).time == replay(p, events).time - 5
+
+
 def test_a_merge_is_made_only_where_the_tensor_fits_at_every_event_in_between():
     # x is freed before a 60-byte spike z and recomputed after it: keeping x through z needs 70 bytes
     p = problem_from_dict({"ops": [{"id": "x", "time": 5, "bytes": 10},

@@ -45,6 +45,41 @@ def _storage_tables(tensors: pd.DataFrame) -> tuple[dict[str, int], set[int], di
     return storage_of, fixed, size
 
 
+def _no_recompute_across_updates(ops: dict[str, dict[str, Any]], reads: dict[str, set[int]],
+                                 updated: dict[int, str]) -> None:
+    """No op may read a parameter after the parameter's update (it would read the new value); the problem cannot
+    say "not after", so where a recompute could do that, the op is not recomputed. Ops run first in stage order.
+
+    An op is tainted where it reads an updated parameter, or a recomputable input of it is tainted. A backward op
+    that is tainted is not recomputed (a gradient's matmul with the weight, whose output the gradients below it read
+    after the update; no plan made so far recomputed a backward op). A forward op reading an updated parameter is
+    not recomputed where its output may be read after the update: by an op after it, or, through forward ops that
+    may be recomputed, as late as they may be read (the embedding, read by the first norm's weight gradient after
+    the embedding's own update)."""
+    if not updated:
+        return
+    order = list(ops)
+    position = {op_id: i for i, op_id in enumerate(order)}
+    update_at = {op_id: min(position[updated[sid]] for sid in sids & updated.keys())  # the earliest it reads across
+                 for op_id, sids in reads.items() if op_id in ops and sids & updated.keys()}
+    tainted: set[str] = set()
+    for op_id, op in ops.items():
+        if op_id in update_at or any(src in tainted and ops[src]["recompute"] for src in op["inputs"]):
+            tainted.add(op_id)
+            if op["phase"] == "backward":
+                op["recompute"] = False
+    readers: dict[str, list[str]] = {}
+    for op_id, op in ops.items():
+        for src in op["inputs"]:
+            readers.setdefault(src, []).append(op_id)
+    needed_until: dict[str, int] = {}  # the last position at which the op's output may be read
+    for op_id in reversed(order):  # readers come later: their flags are final
+        needed_until[op_id] = max((max(position[r], needed_until[r] if ops[r]["recompute"] else -1)
+                                   for r in readers.get(op_id, ())), default=-1)
+        if op_id in update_at and needed_until[op_id] > update_at[op_id]:
+            ops[op_id]["recompute"] = False
+
+
 def stage_problem(
     nodes: pd.DataFrame,
     tensors: pd.DataFrame,
@@ -71,8 +106,8 @@ def stage_problem(
     boundary: dict[str, dict[str, Any]] = {}
     storage_op: dict[int, str] = {}
     fixed_used: set[int] = set()
-    reads_in_backward: dict[str, set[int]] = {}  # op -> fixed storages (parameters) it reads in backward
-    updated: set[int] = set()  # parameters an optimizer_step op of the stage updates
+    reads: dict[str, set[int]] = {}  # op -> fixed storages (parameters) it reads
+    updated: dict[int, str] = {}  # parameter -> the optimizer_step op of the stage that updates it
 
     phase_of = dict(zip(nodes.name, nodes.phase)) if "phase" in nodes else {}
 
@@ -125,9 +160,9 @@ def stage_problem(
             if sid in fixed:
                 fixed_used.add(sid)
                 if op_name.startswith(OPTIMIZER_STEP):
-                    updated.add(sid)
-                elif getattr(row, "phase", "") == "backward":
-                    reads_in_backward.setdefault(op["id"], set()).add(sid)
+                    updated[sid] = op["id"]
+                else:
+                    reads.setdefault(op["id"], set()).add(sid)
                 continue
             src = source(sid)
             if mutates and src != op["id"]:
@@ -138,11 +173,7 @@ def stage_problem(
                 op["inputs"].append(src)
         for extra in extras:
             extra["inputs"] += [x for x in op["inputs"] if x not in extra["inputs"]]
-    # A backward op reading a parameter that the step updates (a gradient's matmul with the weight) runs once:
-    # recomputed after the update (its output freed, needed later), it would read the new value.
-    for op_id, sids in reads_in_backward.items():
-        if sids & updated and op_id in ops:
-            ops[op_id]["recompute"] = False
+    _no_recompute_across_updates(ops, reads, updated)
     consumers_outside = {
         storage_of[tid]
         for row in nodes.itertuples()
