@@ -4,8 +4,9 @@ parameter, and the check that a schedule of it reads every parameter before its 
 Each update goes right after the later of the parameter's complete gradient and the last node that reads
 the parameter (directly or through a view, as a tied weight's transpose), the earliest point that leaves the
 step's values as they were; the step then returns the loss alone, and each gradient is freed once its update
-has run. A plan may still recompute a forward op that reads a parameter: :func:`check_update_order` refuses a
-schedule that does so after the parameter's update (it would read the new value).
+has run. The schedule problem keeps recomputes from crossing an update (``schedule.stage_problem``); a
+schedule that still computes an op reading a parameter after the parameter's update (it would read the new
+value) is refused by :func:`check_update_order`.
 """
 
 from __future__ import annotations
