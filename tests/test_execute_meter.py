@@ -5,6 +5,7 @@ memory fails its budget on its host copies, and a CPU device's stage problems sw
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -135,3 +136,17 @@ def test_the_metered_run_keeps_the_callers_thread_count():
     finally:
         torch.set_num_threads(before)
     assert cpu / wall < 1.25
+
+
+def test_the_allocator_meter_measures_a_matmul_and_writes_nothing_to_stderr():
+    code = """
+import torch
+from trainplan.execute.measure import peak_during
+x = torch.randn(256, 256)
+_, peak = peak_during(lambda: x @ x, torch.device("cpu"))
+print(peak)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert int(done.stdout) >= 256 * 256 * 4  # the product's bytes
+    assert done.stderr == ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import logging
 import resource
 import statistics
 import sys
@@ -20,9 +19,8 @@ import torch
 
 from trainplan.execute.compile import Clock
 from trainplan.memory_model import MemoryModel
+from trainplan.profiler_events import event_roots, memory_profile
 from trainplan.timing import gc_paused, live_objects_frozen
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,14 +86,10 @@ def peak_during(run: Callable[[], Any], device: torch.device) -> tuple[Any, int 
         out = run()
         torch.cuda.synchronize(device)
         return out, int(torch.cuda.max_memory_allocated(device)) - before
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with memory_profile() as prof:
         out = run()
-    try:
-        stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    except AttributeError:  # private API moved: say so rather than guess
-        log.warning("profiler event tree unavailable: no allocator-level peak")
+    stack = event_roots(prof, "no allocator-level peak")
+    if stack is None:
         return out, None
     events = []  # (time, bytes allocated (< 0: freed), allocator total after it)
     while stack:

@@ -9,15 +9,13 @@ per op (the CPU allocator keeps no peak)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from trainplan.profile.op_run import run_nodes
-
-log = logging.getLogger(__name__)
+from trainplan.profiler_events import event_roots, memory_profile
 
 
 def _cuda_workspaces(gm: torch.fx.GraphModule, inputs: list[torch.Tensor], device: torch.device) -> dict[str, int]:
@@ -45,7 +43,7 @@ def _in_order(roots: list[Any]) -> Iterator[Any]:
 
 
 def _cpu_workspaces(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> dict[str, int]:
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     names = {node.name for node in gm.graph.nodes if node.op == "call_function"}
 
@@ -53,12 +51,10 @@ def _cpu_workspaces(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> dic
         with record_function(node.name):
             return call()
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with memory_profile() as prof:
         run_nodes(gm, inputs, around)
-    try:
-        roots = list(prof.profiler.kineto_results.experimental_event_tree())
-    except AttributeError:  # private API moved: say so rather than guess
-        log.warning("profiler event tree unavailable: op workspaces not measured (taken as 0)")
+    roots = event_roots(prof, "op workspaces not measured (taken as 0)")
+    if roots is None:
         return {}
     out: dict[str, int] = {}
     for event in _in_order(roots):
