@@ -55,6 +55,20 @@ def test_compiling_takes_no_update_so_every_method_measures_the_same_step(tmp_pa
     assert len(set(losses["eager"])) == 3  # each step updated the weights
 
 
+def test_the_bytes_held_outside_the_step_count_the_optimizer_state_only_where_the_plan_holds_it(tmp_path):
+    """A plan's byte budget counts parameters, buffers and batch; the optimizer's state only with the optimizer in
+    the plan (``+opt``): the others' over-budget check must not charge them AdamW's moments."""
+    held = {}
+    for text in ("trainplan@0.6", "trainplan+opt@0.6"):
+        built = build_model("small_cnn", SMALL_CNN, seed=0)
+        prepared = prepare(built, Method.parse(text), cache=tmp_path, time_limit_s=5.0)
+        prepared.step()  # AdamW's state exists after the first step
+        params = sum(p.numel() * p.element_size() for p in built.module.parameters())
+        held[text] = prepared.held(), params
+    (plain, params), (with_opt, _) = held["trainplan@0.6"], held["trainplan+opt@0.6"]
+    assert with_opt - plain >= 2 * params  # exp_avg and exp_avg_sq, one parameter's size each
+
+
 def test_a_worker_meters_with_freed_memory_returned_and_times_in_a_kept_heap(tmp_path):
     """The peak needs resident memory to track live bytes; the time is taken as a caching allocator would see it
     (freed pages reused), else every allocation's page faults charge plans that free and re-allocate."""

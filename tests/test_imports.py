@@ -24,7 +24,7 @@ SCRIPTS = sorted((REPO / "workflow" / "scripts").glob("*.py"))
 #: lower layers only: no stage imports a later one, and the entries of one layer are independent.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("aten_ops", "artifacts", "budget", "cli_types", "clock", "errors", "host_swap", "io", "logs", "memory_model",
-     "models", "numerics", "plots", "schemas", "stats", "timing", "zoo"),  # shared, low-level
+     "models", "numerics", "plots", "profiler_events", "schemas", "stats", "timing", "zoo"),  # shared, low-level
     ("export",),  # trace the step; its op and tensor tables and static memory
     ("profile", "precision"),  # on the traced step: op times and the host link; per-op precision (overflow)
     ("fuse", "schedule", "align", "layout"),  # plans: fused groups (timed by the profile's run), a stage's

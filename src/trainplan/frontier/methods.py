@@ -77,7 +77,8 @@ class Method:
 class Prepared:
     """One training step of a method, facts about it (the plan's budget and status, the export's summary), its
     setup seconds (compiling, or tracing, profiling and solving) and the bytes held outside the step (``held()``:
-    parameters, buffers, batch and the optimizer's state, which a plan's budget counts)."""
+    parameters, buffers and batch, which a plan's budget counts, and the optimizer's state where the plan holds
+    the optimizer: ``+opt``; a plan without it, and its SAC export, budget forward and backward alone)."""
 
     step: Callable[[], float]
     facts: dict[str, Any]
@@ -148,7 +149,8 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
 
     def held() -> int:
         tensors = [*module.parameters(), *module.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor))]
-        return sum(t.numel() * t.element_size() for t in tensors) + state_bytes(optimizer)
+        optimizer_state = state_bytes(optimizer) if "+opt" in method.kind else 0  # in the plan's budget only there
+        return sum(t.numel() * t.element_size() for t in tensors) + optimizer_state
 
     if "compile" in method.kind:  # compiles forward and backward: part of the setup; no update, so that every
         built.loss_fn(forward(**batch)).backward()  # method's measured steps follow as many updates
