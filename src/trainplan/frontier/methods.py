@@ -110,6 +110,7 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
     if hasattr(module, "loss_type") and module.loss_type not in LOSS_MAPPING:
         module.loss_type = "ForCausalLM"  # the loss HF falls back to, with a warning torch.compile breaks the graph at
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    optimizer_in_plan = "+opt" in method.kind  # the plan updates each parameter in backward and holds the state
     facts: dict[str, Any] = {}
     start = time.perf_counter()
     forward: Callable[..., Any] = module
@@ -127,7 +128,7 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
         if method.kind == "trainplan+fused":
             module, facts = _fused(built)
         planned = trainplan.plan(module, batch, method.value, on_infeasible="raise_budget",
-                                 optimizer=optimizer if "+opt" in method.kind else None,
+                                 optimizer=optimizer if optimizer_in_plan else None,
                                  loss_chunk=LOSS_CHUNK if method.kind.endswith("+cce") else None,
                                  time_limit_s=time_limit_s, cache_dir=cache, progress=False)
         report = planned.report
@@ -149,7 +150,7 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
 
     def held() -> int:
         tensors = [*module.parameters(), *module.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor))]
-        optimizer_state = state_bytes(optimizer) if "+opt" in method.kind else 0  # in the plan's budget only there
+        optimizer_state = state_bytes(optimizer) if optimizer_in_plan else 0  # in the plan's budget only there
         return sum(t.numel() * t.element_size() for t in tensors) + optimizer_state
 
     if "compile" in method.kind:  # compiles forward and backward: part of the setup; no update, so that every
