@@ -21,8 +21,10 @@ import trainplan
 from tests.conftest import SMALL_CNN, TINY_GPT2
 from trainplan.budget import format_bytes, parse_budget
 from trainplan.execute.measure import peak_during
+from trainplan.export.tables import graph_tables
 from trainplan.loop import InfeasibleBudgetError, NewBatchShapeError, StepOutput
 from trainplan.loop import planner
+from trainplan.memory_model import allocation_bytes
 from trainplan.models import build_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,6 +226,17 @@ def test_the_measured_peak_of_a_planned_step_is_within_its_budget(cache):
     assert extra is not None and start + extra <= report.planned_budget_bytes, (start + extra, report)
     print(f"measured peak {start + extra} B, planned budget {report.planned_budget_bytes} B, "
           f"predicted {report.predicted_peak_bytes} B, no recompute {report.no_recompute_peak_bytes} B")
+
+
+def test_the_plan_counts_each_storage_as_the_process_meter_holds_it(cache):
+    """Every op of the plan's problem weighs its storages at their allocation sizes on the CPU (whole pages from
+    64 KiB, heap padding and the tensor's objects below: ``memory_model.allocation_bytes``), not their data bytes."""
+    planned, _ = planned_gpt2(cache)
+    tensors = graph_tables(planned.step.traced).tensors
+    size = dict(zip(tensors.storage, tensors.storage_bytes))
+    ops = [op for op in planned.step.stages[0].raw["ops"] if op["storages"]]
+    assert ops and all(op["bytes"] == sum(allocation_bytes("cpu", int(size[s])) for s in op["storages"]) for op in ops)
+    assert sum(op["bytes"] for op in ops) > sum(int(size[s]) for op in ops for s in op["storages"]) + 400 * len(ops)
 
 
 def test_hugging_face_trainer_trains_the_planned_module_as_the_model(cache):

@@ -138,12 +138,14 @@ def split_nodes(names: list[str], k: int) -> list[list[str]]:
 
 def plan_stage(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str], *, index: int,
                budget: Budget | str | int | float, bandwidth: float, swap: bool = True, time_limit_s: float = 10.0,
-               workers: int = 1, seed: int = 0, optimizer_state_bytes: int = 0) -> dict[str, Any]:
-    """One stage of a plan: its problem (``stage_problem``; ``swap=False``: no swaps) at ``budget`` (bytes, or
-    a fraction of its no-recompute peak: :mod:`trainplan.budget`) and our solver's schedule of it, raised to the
-    least budget found where the requested one is not met (the schedule says so). ``optimizer_state_bytes``:
-    the state of an optimizer whose updates run in the step, resident throughout (fixed bytes)."""
-    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth, swap=swap)
+               workers: int = 1, seed: int = 0, optimizer_state_bytes: int = 0,
+               allocation: str | None = None) -> dict[str, Any]:
+    """One stage of a plan: its problem (``stage_problem``; ``swap=False``: no swaps; ``allocation``: storages
+    weighed at that device type's allocation sizes) at ``budget`` (bytes, or a fraction of its no-recompute peak:
+    :mod:`trainplan.budget`) and our solver's schedule of it, raised to the least budget found where the requested
+    one is not met (the schedule says so). ``optimizer_state_bytes``: the state of an optimizer whose updates run
+    in the step, resident throughout (fixed bytes)."""
+    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=bandwidth, swap=swap, allocation=allocation)
     if optimizer_state_bytes:
         raw["fixed_bytes"] += int(optimizer_state_bytes)
         raw["optimizer_state_bytes"] = int(optimizer_state_bytes)

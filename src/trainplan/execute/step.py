@@ -18,6 +18,7 @@ from trainplan.execute.layout import GraphLayout, StageLayout, stage_layouts
 from trainplan.execute.plan import PlanError, StagePlan, load_plan
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
+from trainplan.memory_model import storage_weight
 from trainplan.models import BuiltModel, default_loss, loss_chunk_bytes
 
 
@@ -108,7 +109,7 @@ def plan_layouts(stages: list[StagePlan], traced: TracedStep, flat: list[torch.T
             raise PlanError(f"{where}: stage {st.index} names fx node(s) {unknown[:3]} that the traced step of "
                             f"'{traced.model}' lacks (a plan for another model, batch shape or torch version)")
         for op in st.raw["ops"]:
-            real = sum(int(size.get(sid, 0)) for sid in op["storages"])
+            real = sum(storage_weight(st.raw.get("allocation"), int(size.get(sid, 0))) for sid in op["storages"])
             if real != int(op["bytes"]):
                 raise PlanError(f"{where}: stage {st.index} op '{op['id']}' holds {real} B in this trace, the plan "
                                 f"says {op['bytes']} B (a plan for another batch shape or dtype)")

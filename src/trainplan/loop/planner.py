@@ -141,7 +141,7 @@ def _solved_stage(traced: Traced, settings: PlanSettings, updates: ParamUpdates 
                                          repeats=settings.profile_repeats, warmup=PROFILE_WARMUP)
     with phase_bar(f"solve {traced.step.model}", settings.progress, settings.time_limit_s):
         return plan_stage(nodes, traced.tables.tensors, nodes.name.tolist(), index=0, budget=settings.budget,
-                          bandwidth=bandwidth, swap=settings.swaps_on(traced.device),
+                          bandwidth=bandwidth, allocation=traced.device.type, swap=settings.swaps_on(traced.device),
                           time_limit_s=settings.time_limit_s, workers=settings.workers, seed=settings.seed,
                           optimizer_state_bytes=state_bytes)
 

@@ -27,6 +27,7 @@ import pandas as pd
 from trainplan.aten_ops import is_inplace
 from trainplan.budget import Budget, parse_budget
 from trainplan.export.memory import FIXED_KINDS
+from trainplan.memory_model import storage_weight
 from trainplan.schedule.baselines import no_recompute
 from trainplan.schedule.problem import problem_from_dict
 
@@ -38,10 +39,10 @@ OPTIMIZER_STEP = "trainplan.optimizer_step"
 ONCE_PER_STEP = (*RANDOM_OPS, OPTIMIZER_STEP)
 
 
-def _storage_tables(tensors: pd.DataFrame) -> tuple[dict[str, int], set[int], dict[int, int]]:
+def _storage_tables(tensors: pd.DataFrame, allocation: str | None) -> tuple[dict[str, int], set[int], dict[int, int]]:
     storage_of = dict(zip(tensors.tensor_id, tensors.storage))
     fixed = set(tensors.loc[tensors.kind.isin(FIXED_KINDS), "storage"])
-    size = dict(zip(tensors.storage, tensors.storage_bytes))
+    size = {sid: storage_weight(allocation, int(n)) for sid, n in zip(tensors.storage, tensors.storage_bytes)}
     return storage_of, fixed, size
 
 
@@ -88,13 +89,16 @@ def stage_problem(
     bandwidth: float,
     budget_bytes: int = 0,
     swap: bool = True,
+    allocation: str | None = None,
 ) -> dict[str, Any]:
     """Problem dict for the ops of ``stage_nodes`` (fx node names, in graph order) of a profiled graph.
 
     ``nodes`` must carry ``time_s`` (from the profile). ``budget_bytes`` 0 leaves the budget to the caller.
     ``swap=False``: no op may be swapped (where the host is the same memory, as on a CPU, a swap frees none).
+    ``allocation``: a device type whose allocator's sizes weigh each storage (``memory_model.storage_weight``,
+    recorded in the problem), else its data bytes.
     """
-    storage_of, fixed, size = _storage_tables(tensors)
+    storage_of, fixed, size = _storage_tables(tensors, allocation)
     batch = set(tensors.loc[tensors.kind == "input", "storage"])
     in_stage = set(stage_nodes)
     rows = nodes.set_index("name")
@@ -207,6 +211,7 @@ def stage_problem(
         "budget_bytes": int(budget_bytes),
         "bandwidth": float(bandwidth),
         "keep": keep,
+        **({"allocation": allocation} if allocation else {}),
     }
 
 
