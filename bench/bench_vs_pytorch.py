@@ -78,8 +78,8 @@ def write(rows: list[dict[str, Any]], header: str, name: str) -> None:
     frame.to_csv(OUT / f"{name}.csv", index=False)
     plot_frontier(rows, str(OUT / f"{name}.png"),
                   "Memory/time frontier\none meter (process high-water mark), a fresh process per method")
-    cols = ["model", "method", "peak_mib", "peak_min_mib", "peak_max_mib", "step_s", "step_min_s", "step_max_s",
-            "setup_s", "processes", "planned_budget_bytes", "over_budget_mib", "plan_status", "error"]
+    cols = ["model", "method", "peak_mib", "peak_min_mib", "peak_max_mib", "backward_peak_mib", "step_s", "step_min_s",
+            "step_max_s", "setup_s", "processes", "planned_budget_bytes", "over_budget_mib", "plan_status", "error"]
     table = frame[[c for c in cols if c in frame]].to_markdown(index=False, floatfmt=".3f")
     verdict = "\n".join(f"- {v['model']} {v['method']} ({v['peak_mib']:.1f} MiB, {v['step_s']:.3f} s): "
                          + (f"dominated by {v['dominated_by']}" if v["dominated_by"] else "NOT dominated")

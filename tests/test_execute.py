@@ -119,7 +119,7 @@ def plan_for(tables, stages: list[list[str]], events_of) -> dict[str, Any]:
     """A plan whose stage i runs ``events_of(problem)``; time and peak come from replay."""
     out = []
     for i, names in enumerate(stages):
-        raw = stage_problem(timed(tables.nodes), tables.tensors, names, bandwidth=1e9, budget_bytes=2**40)
+        raw = stage_problem(timed(tables.nodes), tables.tensors, names, bandwidth=1e9) | {"budget_bytes": 2**40}
         problem = problem_from_dict(raw)
         events = events_of(problem)
         rep = replay(problem, events)

@@ -16,7 +16,8 @@ from tests.conftest import TINY_GPT2
 from tests.test_execute import LOOSE_TIME, mlp, plan_for, swap_and_recompute, timed  # noqa: F401 (fixture)
 from trainplan.budget import Budget
 from trainplan.execute import ValidateSettings, parse_plan, validate_plan
-from trainplan.execute.measure import measure_peaks, peak_during, process_meter_available, process_peak_during
+from trainplan.execute.measure import (measure_peaks, peak_during, process_meter_available, process_peak_during,
+                                       process_peaks_during)
 from trainplan.host_swap import to_host
 from trainplan.memory_model import allocation_bytes, memory_model
 from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
@@ -188,3 +189,20 @@ def test_cuda_blocks_round_to_512_bytes():
     assert [allocation_bytes("cuda", n) for n in (0, 1, 512, 513, 2**20)] == [0, 512, 512, 1024, 2**20]
     with pytest.raises(ValueError, match="'tpu'"):
         allocation_bytes("tpu", 10)
+
+
+def test_the_process_meter_reads_the_peak_through_each_phase():
+    """Two phases on one reading: a 16 MiB temporary, then a 32 MiB one: the peak through the first phase is the
+    first's, through the second the whole run's (a frontier step: forward and backward, then the optimizer)."""
+    return_freed_memory()
+
+    def small() -> int:
+        return int(torch.ones(4 * MIB).sum())
+
+    def large() -> int:
+        return int(torch.ones(8 * MIB).sum())
+
+    process_peaks_during([small, large])  # warm-up: the meter thread's first run
+    outs, (first, whole) = process_peaks_during([small, large])
+    assert outs == [4 * MIB, 8 * MIB]
+    assert 15 * MIB <= first <= 18 * MIB and 31 * MIB <= whole <= 34 * MIB, (first, whole)

@@ -13,7 +13,7 @@ from tests.conftest import SMALL_CNN
 from trainplan.budget import BudgetError
 from trainplan.frontier import worker
 from trainplan.frontier.methods import Method, MethodError, prepare
-from trainplan.frontier.run import FrontierSettings, run_method, verdicts
+from trainplan.frontier.run import FrontierSettings, run_method, summarize, verdicts
 from trainplan.models import build_model
 
 MODEL = "tiny_gpt2_b4"  # tests/config/config.yaml's study.frontier
@@ -82,6 +82,7 @@ def test_a_worker_meters_with_freed_memory_returned_and_times_in_a_kept_heap(tmp
     assert 2 <= len(settle) <= 2 + worker.SETTLE_MAX  # at least the two warm-up steps of FrontierSettings
     assert settle[-1] < worker.STEADY_FAULTS or len(settle) == 2 + worker.SETTLE_MAX
     assert all(t > 0 for t in run["step_s"]) and all(p > 0 for p in run["peak_bytes"])
+    assert all(0 < b <= p for b, p in zip(run["backward_peak_bytes"], run["peak_bytes"]))  # read at backward's end
 
 
 @pytest.mark.workflow
@@ -98,3 +99,19 @@ def test_the_frontier_rule_measures_every_method_on_one_meter(tiny_study):
     found = json.loads((tiny_study / "results" / "frontier" / MODEL / "cpu" / "verdicts.json").read_text())
     assert [v["method"] for v in found["verdicts"]] == ["eager"]  # the competitors: ours are not judged
     assert (tiny_study / "results" / "plots" / MODEL / "cpu" / "frontier.png").stat().st_size > 10_000
+
+
+def test_a_plan_is_checked_against_its_budget_over_the_phases_it_plans():
+    """A plan without the optimizer budgets forward and backward: its over-budget check reads the peak at the end
+    of backward (the optimizer step's temporaries after it are not in its plan); a plan with the optimizer (+opt)
+    budgets the whole step."""
+    mib = 2**20
+
+    def run(method: str) -> dict:
+        return {"model": "m", "method": method, "step_s": [1.0], "peak_bytes": [100 * mib],
+                "backward_peak_bytes": [60 * mib], "losses": [1.0], "setup_s": 1.0, "held_bytes": 10 * mib,
+                "planned_budget_bytes": 80 * mib}
+
+    plain, with_opt = summarize([run("trainplan@0.5")]), summarize([run("trainplan+opt@0.5")])
+    assert plain["backward_peak_mib"] == with_opt["backward_peak_mib"] == 60
+    assert plain["over_budget_mib"] == -10 and with_opt["over_budget_mib"] == 30

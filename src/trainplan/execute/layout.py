@@ -73,6 +73,7 @@ class StageLayout:
     fixed: set[int]
     exported: set[int] = field(default_factory=set)  # storages another stage receives
     sends: dict[str, tuple[int, ...]] = field(default_factory=dict)  # op id -> exported storages handed off after it
+    allocation: str | None = None  # the device type whose allocation sizes the plan weighs storages at, if any
 
     @classmethod
     def build(cls, stage: StagePlan, layout: GraphLayout) -> StageLayout:
@@ -91,7 +92,7 @@ class StageLayout:
             for _, sid in layout.slots.get(a.name, ())
             if sid in layout.fixed
         }
-        return cls(stage.index, ops, holder, fixed)
+        return cls(stage.index, ops, holder, fixed, allocation=stage.raw.get("allocation"))
 
 
 def stage_layouts(stages: list[StagePlan], layout: GraphLayout) -> list[StageLayout]:

@@ -8,7 +8,7 @@ import gc
 import resource
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
@@ -155,16 +155,28 @@ def process_peak_during(run: Callable[[], Any]) -> tuple[Any, int]:
     interpreter. It tracks live bytes only while freed memory goes back to the system
     (``timing.return_freed_memory``), set before the meter thread's first run. ``run()`` uses the caller's torch
     thread count (a thread started without it ran GPT-2's matmuls on every core)."""
+    outs, peaks = process_peaks_during([run])
+    return outs[0], peaks[0]
+
+
+def process_peaks_during(phases: Sequence[Callable[[], Any]]) -> tuple[list[Any], list[int]]:
+    """Each phase's result, the phases run one after another on one meter reading (as
+    :func:`process_peak_during`), and the most the process's resident memory rose above what it was before the
+    first, through the end of each phase: the last is the whole run's peak (a training step's forward and
+    backward, then its optimizer step)."""
     threads = torch.get_num_threads()
-
-    def on_meter_thread() -> Any:
-        torch.set_num_threads(threads)  # a new thread's BLAS and OpenMP take every core, whatever the caller set
-        return run()
-
     mark = HighWaterMark()
+
+    def on_meter_thread() -> tuple[list[Any], list[int]]:
+        torch.set_num_threads(threads)  # a new thread's BLAS and OpenMP take every core, whatever the caller set
+        outs, peaks = [], []
+        for phase in phases:
+            outs.append(phase())
+            peaks.append(mark.read())
+        return outs, peaks
+
     mark.start()
-    out = _meter_thread().submit(on_meter_thread).result()
-    return out, mark.read()
+    return _meter_thread().submit(on_meter_thread).result()
 
 
 def _pinned_peak_during(run: Callable[[], Any], device: torch.device) -> int:

@@ -9,6 +9,7 @@ import torch
 
 from trainplan.execute.layout import Slot
 from trainplan.host_swap import byte_view
+from trainplan.memory_model import storage_weight
 
 
 def clone_storage(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
@@ -32,6 +33,7 @@ class DevicePool:
     pending: dict[int, tuple[torch.UntypedStorage, str]] = field(default_factory=dict)
     extras: dict[Slot, tuple[torch.Tensor, int]] = field(default_factory=dict)  # slot -> (tensor, storage id)
     views: dict[int, dict[Slot, torch.Tensor]] = field(default_factory=dict)
+    allocation: str | None = None  # storages weighed at this device type's allocation sizes, as the plan weighs them
 
     def storage(self, sid: int) -> torch.UntypedStorage | None:
         if sid in self.fixed:
@@ -64,12 +66,11 @@ class DevicePool:
             self.drop_pending(sid)
 
     def held(self) -> dict[int, int]:
-        """Bytes of every distinct storage held, keyed by data pointer (fixed storages included)."""
-        out = {st.data_ptr(): st.nbytes() for st in self.fixed.values()}
-        out.update((st.data_ptr(), st.nbytes()) for st in self.resident.values())
-        out.update((st.data_ptr(), st.nbytes()) for st, _ in self.pending.values())
-        out.update((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t, _ in self.extras.values())
-        return out
+        """Bytes of every distinct storage held (as the plan weighs them: ``allocation``), keyed by data pointer
+        (fixed storages included)."""
+        storages = [*self.fixed.values(), *self.resident.values(), *(st for st, _ in self.pending.values()),
+                    *(t.untyped_storage() for t, _ in self.extras.values())]
+        return {st.data_ptr(): storage_weight(self.allocation, st.nbytes()) for st in storages}
 
     def device_bytes(self) -> int:
         """Device bytes held, each storage counted once however many views share it."""

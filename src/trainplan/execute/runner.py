@@ -20,6 +20,7 @@ from trainplan.execute.layout import GraphLayout, OpSpec, Slot, StageLayout
 from trainplan.execute.pool import DevicePool, clone_storage
 from trainplan.execute.state import rerun
 from trainplan.host_swap import HostPool
+from trainplan.memory_model import storage_weight
 
 #: (dtype, storage offset, size, stride) of a slot, recorded when its node runs
 SlotMeta = tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...]]
@@ -64,7 +65,8 @@ class StageRunner:
                  shared: Shared, device: torch.device, sync: Callable[[], None] | None) -> None:
         self.stage, self.events, self.layout, self.shared = stage, events, layout, shared
         self.device, self.sync = device, sync  # sync: None where nothing runs asynchronously (CPU)
-        self.pool = DevicePool({sid: layout.fixed[sid].untyped_storage() for sid in stage.fixed})
+        self.pool = DevicePool({sid: layout.fixed[sid].untyped_storage() for sid in stage.fixed},
+                               allocation=stage.allocation)
         self.host = HostPool(device)
         self.scalars: dict[str, Any] = {}
         self.computed: set[str] = set()  # ops computed so far
@@ -178,7 +180,7 @@ class StageRunner:
         """Bytes of fresh output storages of a kernel that the pool does not hold yet."""
         values = out if isinstance(out, (tuple, list)) else [out]
         held = self.pool.held()
-        fresh = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        fresh = {t.untyped_storage().data_ptr(): storage_weight(self.pool.allocation, t.untyped_storage().nbytes())
                  for t in values if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in held}
         return int(sum(fresh.values()))
 

@@ -72,18 +72,30 @@ class Method:
     def ours(self) -> bool:
         return self.kind in OURS
 
+    @property
+    def optimizer_in_plan(self) -> bool:
+        """The plan updates each parameter in backward and holds the optimizer's state (``+opt``): its budget
+        covers the whole step; any other plan's covers forward and backward."""
+        return "+opt" in self.kind
+
 
 @dataclass(frozen=True)
 class Prepared:
-    """One training step of a method, facts about it (the plan's budget and status, the export's summary), its
+    """One training step of a method (``step``: ``forward_backward`` then ``update``), facts about it (the plan's budget and status, the export's summary), its
     setup seconds (compiling, or tracing, profiling and solving) and the bytes held outside the step (``held()``:
     parameters, buffers and batch, which a plan's budget counts, and the optimizer's state where the plan holds
     the optimizer: ``+opt``; a plan without it, and its SAC export, budget forward and backward alone)."""
 
-    step: Callable[[], float]
+    forward_backward: Callable[[], float]  # forward, loss and backward: the loss
+    update: Callable[[], None]  # the optimizer's step and zero_grad
     facts: dict[str, Any]
     setup_s: float
     held: Callable[[], int]
+
+    def step(self) -> float:
+        loss = self.forward_backward()
+        self.update()
+        return loss
 
 
 def _fused(built: BuiltModel) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -110,7 +122,7 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
     if hasattr(module, "loss_type") and module.loss_type not in LOSS_MAPPING:
         module.loss_type = "ForCausalLM"  # the loss HF falls back to, with a warning torch.compile breaks the graph at
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
-    optimizer_in_plan = "+opt" in method.kind  # the plan updates each parameter in backward and holds the state
+    optimizer_in_plan = method.optimizer_in_plan
     facts: dict[str, Any] = {}
     start = time.perf_counter()
     forward: Callable[..., Any] = module
@@ -141,12 +153,14 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
             forward = torch.compile(module) if method.kind == "sac+compile" else module
             facts["sac"] = export.summary()
 
-    def step() -> float:
+    def forward_backward() -> float:
         loss = built.loss_fn(forward(**batch))
         loss.backward()
+        return float(loss.detach())
+
+    def update() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
 
     def held() -> int:
         tensors = [*module.parameters(), *module.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor))]
@@ -156,4 +170,4 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
     if "compile" in method.kind:  # compiles forward and backward: part of the setup; no update, so that every
         built.loss_fn(forward(**batch)).backward()  # method's measured steps follow as many updates
         optimizer.zero_grad(set_to_none=True)
-    return Prepared(step, facts, time.perf_counter() - start, held)
+    return Prepared(forward_backward, update, facts, time.perf_counter() - start, held)

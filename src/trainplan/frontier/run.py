@@ -63,8 +63,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
            "step_s": statistics.median(steps), "step_min_s": min(steps), "step_max_s": max(steps),
            "setup_s": statistics.median(r["setup_s"] for r in ok), "loss": first["losses"][0], "processes": len(ok),
            "failed_processes": len(runs) - len(ok)}
-    if "planned_budget_bytes" in first:  # a plan's budget counts the held bytes too; its worst step against it
-        row["over_budget_mib"] = (first["held_bytes"] + max(peaks) - first["planned_budget_bytes"]) / 2**20
+    backward = [p for r in ok for p in r["backward_peak_bytes"]]
+    row["backward_peak_mib"] = statistics.median(backward) / 2**20
+    if "planned_budget_bytes" in first:  # a plan's budget counts the held bytes too; its worst step against it:
+        budgeted = peaks if Method.parse(first["method"]).optimizer_in_plan else backward  # what the plan covers
+        row["over_budget_mib"] = (first["held_bytes"] + max(budgeted) - first["planned_budget_bytes"]) / 2**20
     for key in ("planned_budget_bytes", "predicted_peak_bytes", "predicted_step_s", "plan_status", "sac", "fused_groups",
                 "fused_ops", "unfused_groups"):
         if key in first:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainplan.execute.measure import minor_faults, process_peak_during
+from trainplan.execute.measure import minor_faults, process_peaks_during
 from trainplan.frontier.methods import Method, prepare
 from trainplan.models import build_model
 from trainplan.timing import keep_freed_memory, return_freed_memory
@@ -45,7 +45,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     with freed memory kept for reuse, so that a plan's profile times its ops as its steps are timed below:
     ``warmup`` steps, then ``repeats`` steps metered (the
     process's resident high-water mark above what it held before the step, freed memory returned to the system:
-    :func:`trainplan.execute.measure.process_peak_during`), then, with freed memory kept for reuse as a caching
+    :func:`trainplan.execute.measure.process_peaks_during`; read at the end of backward too, the peak that a plan
+    without the optimizer budgets), then, with freed memory kept for reuse as a caching
     allocator does (:func:`trainplan.timing.keep_freed_memory`, as the profile and the validation time), warm-up
     steps until the heap is steady (:func:`_settle`) and ``repeats`` steps timed (wall seconds, with each step's
     minor page faults). Timed with freed memory returned, every allocation pays
@@ -57,12 +58,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     preparing = keep_freed_memory()  # a plan's profile times its ops in the heap the steps are timed in
     prepared = prepare(built, method, cache=Path(spec["cache"]), time_limit_s=spec["time_limit_s"])
     metering = return_freed_memory()
+    phases = (prepared.forward_backward, prepared.update)
     for _ in range(spec["warmup"]):  # on the meter's thread too, as the metered steps
-        process_peak_during(prepared.step)
-    peaks, losses = [], []
+        process_peaks_during(phases)
+    peaks, backward_peaks, losses = [], [], []
     for _ in range(spec["repeats"]):
-        loss, peak = process_peak_during(prepared.step)
+        (loss, _), (backward_peak, peak) = process_peaks_during(phases)
         peaks.append(peak)
+        backward_peaks.append(backward_peak)
         losses.append(loss)
     timing = keep_freed_memory()
     settle = _settle(prepared.step, spec["warmup"])
@@ -74,7 +77,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         times.append(time.perf_counter() - start)
         faults.append(minor_faults() - before)
     return {"model": spec["model"], "method": str(method), "setup_s": prepared.setup_s, "step_s": times,
-            "peak_bytes": peaks, "losses": losses, "held_bytes": prepared.held(),
+            "peak_bytes": peaks, "backward_peak_bytes": backward_peaks, "losses": losses, "held_bytes": prepared.held(),
             "host_allocator": {"preparing": preparing, "metering": metering, "timing": timing},
             "settle_minor_faults": settle, "timed_minor_faults": faults, **prepared.facts}
 

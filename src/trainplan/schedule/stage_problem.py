@@ -87,13 +87,12 @@ def stage_problem(
     stage_nodes: list[str],
     *,
     bandwidth: float,
-    budget_bytes: int = 0,
     swap: bool = True,
     allocation: str | None = None,
 ) -> dict[str, Any]:
     """Problem dict for the ops of ``stage_nodes`` (fx node names, in graph order) of a profiled graph.
 
-    ``nodes`` must carry ``time_s`` (from the profile). ``budget_bytes`` 0 leaves the budget to the caller.
+    ``nodes`` must carry ``time_s`` (from the profile). The problem's ``budget_bytes`` is 0: the caller sets it.
     ``swap=False``: no op may be swapped (where the host is the same memory, as on a CPU, a swap frees none).
     ``allocation``: a device type whose allocator's sizes weigh each storage (``memory_model.storage_weight``,
     recorded in the problem), else its data bytes.
@@ -208,7 +207,7 @@ def stage_problem(
         "ops": ordered,
         "fixed_bytes": int(sum(size[s] for s in fixed_used)),
         "input_bytes": int(sum(size[s] for s in batch)),  # the batch's inputs, read here or not
-        "budget_bytes": int(budget_bytes),
+        "budget_bytes": 0,
         "bandwidth": float(bandwidth),
         "keep": keep,
         **({"allocation": allocation} if allocation else {}),
