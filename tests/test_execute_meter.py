@@ -174,8 +174,9 @@ def test_the_allocation_model_bounds_what_the_process_meter_reads_per_tensor():
     per mapped block from 64 KiB; heap padding and the tensor's objects below) that ``allocation_bytes`` counts:
     the measured total lies between the data plus a quarter of the modelled overhead and the model's total (1 MiB
     of meter noise). Measured here in 4 processes: 2.3-3.1 KiB over each 1 MB tensor (modelled 3.9 KiB), 3.9-4.1
-    KiB over each 64 KiB one (modelled 4.5 KiB), 440 B over each 4 KiB one (modelled 464 B). Where freed heap is reused for a large block (a process with a history), it is not mapped on
-    its own and its overhead is below the model's: the model is an upper bound."""
+    KiB over each 64 KiB one (modelled 4.5 KiB), 440 B over each 4 KiB one (modelled 464 B). Where freed heap is
+    reused for a large block (a process with a history), it is not mapped on its own and its overhead is below the
+    model's: the model is an upper bound."""
     sizes = [(1_000_000, 200), (65536, 640), (4096, 10_000)]
     out = subprocess.run([sys.executable, "-c", HOLD, json.dumps(sizes)], capture_output=True, text=True, check=True)
     measured = json.loads(out.stdout.strip().splitlines()[-1])

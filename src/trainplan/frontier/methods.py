@@ -81,8 +81,9 @@ class Method:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One training step of a method (``step``: ``forward_backward`` then ``update``), facts about it (the plan's budget and status, the export's summary), its
-    setup seconds (compiling, or tracing, profiling and solving) and the bytes held outside the step (``held()``:
+    """One training step of a method (``step``: ``forward_backward`` then ``update``), facts about it (the plan's
+    budget and status, the export's summary), its setup seconds (compiling, or tracing, profiling and solving)
+    and the bytes held outside the step (``held()``:
     parameters, buffers and batch, which a plan's budget counts, and the optimizer's state where the plan holds
     the optimizer: ``+opt``; a plan without it, and its SAC export, budget forward and backward alone)."""
 
