@@ -23,6 +23,7 @@ import torch
 
 from trainplan.budget import parse_budget
 from trainplan.loop.updates import state_bytes
+from trainplan.memory_model import allocation_bytes
 from trainplan.models import BuiltModel
 
 #: kinds taking a value after ``@``, and those without
@@ -164,9 +165,11 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
         optimizer.zero_grad(set_to_none=True)
 
     def held() -> int:
+        """Weighed as a plan's problem weighs them (allocation sizes: a mapped tensor's pages, its objects), as
+        the process holds them; the optimizer's state at its data bytes, as the plan counts it."""
         tensors = [*module.parameters(), *module.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor))]
         optimizer_state = state_bytes(optimizer) if optimizer_in_plan else 0  # in the plan's budget only there
-        return sum(t.numel() * t.element_size() for t in tensors) + optimizer_state
+        return sum(allocation_bytes(t.device.type, t.numel() * t.element_size()) for t in tensors) + optimizer_state
 
     if "compile" in method.kind:  # compiles forward and backward: part of the setup; no update, so that every
         built.loss_fn(forward(**batch)).backward()  # method's measured steps follow as many updates
