@@ -107,7 +107,7 @@ def test_a_second_call_reads_the_cache_without_profiling_or_solving(cache, monke
     planned, _ = planned_gpt2(cache)
     took = time.perf_counter() - start
     assert planned.report.cache_hit and planned.report.cache_path.parent == cache
-    assert planned.report.plan_s < 3.0, planned.report  # tracing and compiling only
+    assert 0 < planned.report.trace_s < planned.report.plan_s, planned.report  # tracing, then compiling
     print(f"cached plan() of tiny GPT-2: {planned.report.plan_s:.2f} s (with building the model: {took:.2f} s)")
 
 

@@ -193,6 +193,7 @@ def plan_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], setting
         if updates is not None:
             step_fx = with_updates(step_fx, tables)
             tables = graph_tables(step_fx)
+    trace_s = time.perf_counter() - start
     traced = Traced(step_fx, flat, tables, device)
     key, fields = plan_key(_key_fields(step_fx, batch, device, settings))
     path = settings.cache_dir / f"{key}.json"
@@ -206,7 +207,8 @@ def plan_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], setting
     if updates is not None:
         check_update_order(stages[0].raw["ops"], stages[0].events, tables, where=str(path))
     step = compile_step(record, stages, step_fx, flat, tables, where=str(path))
-    report = PlanReport.of(stages[0], cache_hit=hit, cache_path=path, plan_s=time.perf_counter() - start)
+    report = PlanReport.of(stages[0], cache_hit=hit, cache_path=path, plan_s=time.perf_counter() - start,
+                           trace_s=trace_s)
     if report.status != "met" and settings.on_infeasible == "raise":
         raise _infeasible(report, settings)
     return step, report

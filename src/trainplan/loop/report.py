@@ -32,10 +32,11 @@ class PlanReport:
     cache_hit: bool
     cache_path: Path
     plan_s: float  # seconds this plan took to get: tracing, then the cache or profiling and solving, compiling
+    trace_s: float  # of plan_s, the seconds tracing the step took (its tables and the updates' pass included)
     optimizer_state_bytes: int = 0  # with the optimizer in the step: its state, counted in every peak above
 
     @classmethod
-    def of(cls, stage: StagePlan, *, cache_hit: bool, cache_path: Path, plan_s: float) -> PlanReport:
+    def of(cls, stage: StagePlan, *, cache_hit: bool, cache_path: Path, plan_s: float, trace_s: float) -> PlanReport:
         """The report of a one-stage plan's scheduled ``stage``."""
         sched = stage.schedule
         requested = int(sched.get("requested_budget_bytes", sched["budget_bytes"]))
@@ -43,7 +44,7 @@ class PlanReport:
                   else "proven_infeasible" if sched["budget_status"] == "proven_infeasible" else "raised")
         return cls(requested, int(sched["budget_bytes"]), status, int(sched["peak_bytes"]), float(sched["time"]),
                    no_recompute_peak(stage.raw), stage.problem.floor_bytes, float(sched["solve_seconds"]),
-                   cache_hit, cache_path, plan_s, int(stage.raw.get("optimizer_state_bytes", 0)))
+                   cache_hit, cache_path, plan_s, trace_s, int(stage.raw.get("optimizer_state_bytes", 0)))
 
     def __str__(self) -> str:
         budget = format_bytes(self.planned_budget_bytes)
@@ -52,4 +53,4 @@ class PlanReport:
         source = "cache hit" if self.cache_hit else f"profiled and solved (solver {self.solve_s:.1f} s)"
         return (f"plan: budget {budget}, predicted peak {format_bytes(self.predicted_peak_bytes)} "
                 f"(no recompute: {format_bytes(self.no_recompute_peak_bytes)}), step {self.predicted_step_s * 1e3:.1f} "
-                f"ms; {source} in {self.plan_s:.1f} s; {self.cache_path}")
+                f"ms; {source} in {self.plan_s:.1f} s (trace {self.trace_s:.1f} s); {self.cache_path}")
