@@ -12,7 +12,8 @@ import pytest
 from tests.conftest import SMALL_CNN
 from trainplan.budget import BudgetError
 from trainplan.frontier import worker
-from trainplan.frontier.methods import Method, MethodError, prepare
+from trainplan.frontier.method_names import Method, MethodError
+from trainplan.frontier.methods import prepare
 from trainplan.frontier.run import FrontierSettings, run_method, summarize, verdicts
 from trainplan.models import build_model
 

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("frontier",),  # measure plans and their exports against PyTorch's memory tools, one process per method
     ("provenance",),  # record and publish a study
     ("cli", "start_checks", "__init__"),  # the entry points (the workflow's start-up checks)
+    ("config_checks",),  # the workflow's checks of its config, the model entries' by the start-up checks
 )
 
 

@@ -4,6 +4,7 @@ without gain, its op neighbourhoods built around rematerialised ops; and which h
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
@@ -214,18 +215,34 @@ def test_a_schedule_optimal_only_within_its_grid_grows_the_grid():
     assert all(b < a for a, b in zip(objectives[:-2], objectives[1:-1]))  # it grew again only after a gain
 
 
-def _optimal_model():
-    """The 100-op layered DAG at 90% of the plain peak (the solver proves a schedule optimal there), its CP-SAT
-    model on the grid of that schedule, and CP-SAT's optimal solution of it with its objective."""
+@functools.cache
+def _optimal_solution() -> tuple:
+    """The 100-op layered DAG at 90% of the plain peak, the solver's optimal schedule of it (proven), and
+    CP-SAT's optimal solution of the model on that schedule's grid with its objective: solved once per session
+    (the model each test gets is built again, the same variables in the same order)."""
     p = layered_graph(100, 0)
     p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
     best = solve(p, 10, 2, 0)
     assert best.status == "optimal"
-    hint_copies, cover, used = copies_from_events(p, best.events)
-    g = _grid(p, None, None, hint_copies, used, None)
-    model = _build(p, g, p.budget_bytes - p.fixed_bytes, byte_unit(p.budget_bytes), 0)
-    _add_hint(p, g, model, hint_copies, cover)
+    _, g, model = _model_on_grid(p, best.events)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers, solver.parameters.max_time_in_seconds = 2, 10
     assert solver.Solve(model.m) == cp_model.OPTIMAL
-    return p, g, model, list(solver.ResponseProto().solution), round(solver.ObjectiveValue())
+    return p, best.events, tuple(solver.ResponseProto().solution), round(solver.ObjectiveValue())
+
+
+def _model_on_grid(p, events) -> tuple:
+    """The problem, the grid of ``events`` and the CP-SAT model on it, hinted with them."""
+    hint_copies, cover, used = copies_from_events(p, events)
+    g = _grid(p, None, None, hint_copies, used, None)
+    model = _build(p, g, p.budget_bytes - p.fixed_bytes, byte_unit(p.budget_bytes), 0)
+    _add_hint(p, g, model, hint_copies, cover)
+    return p, g, model
+
+
+def _optimal_model():
+    """The 100-op layered DAG at 90% of the plain peak (the solver proves a schedule optimal there), a fresh CP-SAT
+    model on the grid of that schedule, and CP-SAT's optimal solution of it with its objective."""
+    p, events, solution, objective = _optimal_solution()
+    _, g, model = _model_on_grid(p, events)
+    return p, g, model, list(solution), objective

@@ -9,11 +9,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from workflow_run import TINY, copy_of_study, snakemake
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import update_config, validate
+from workflow_run import REPO, TINY, copy_of_study, snakemake
 
+from trainplan.config_checks import ConfigError, budget_wildcards, check_references
 from trainplan.schedule.budgeted_stages import read_stage_schedules
+from trainplan.start_checks import CheckRecord
 
 pytestmark = pytest.mark.workflow
+DEFAULT_CONFIG = REPO / "config" / "config.yaml"
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 
 
 def planned_jobs(workdir: Path, config: Path) -> dict[str, int]:
@@ -98,6 +104,7 @@ def test_changed_model_reruns_only_that_model(study, tmp_path):
         (lambda c: c.update(modles=c.pop("models")), "modles"),
         (lambda c: c["models"]["tiny_gpt2"].update(architecture="GPT9LMHeadModel"), "GPT9LMHeadModel"),
         (lambda c: c["study"].update(plan=["tiny_gpt2", "nosuchmodel"]), "nosuchmodel"),
+        (lambda c: c.update(device="tpu"), "config key 'device': 'tpu' is not one of devices"),
         (lambda c: c.update(budgets=[1.5]), "budgets"),
         # a budget is a fraction (a number) or bytes with a unit: refused by the schema, or at start by the parser
         (lambda c: c.update(budgets=[0.6, "0.5"]), "On instance['budgets'][1]"),
@@ -114,7 +121,26 @@ def test_changed_model_reruns_only_that_model(study, tmp_path):
         (lambda c: c["solver"].update(time_limit_s=float("inf")), "On instance['solver']['time_limit_s']"),
     ],
 )
+def test_bad_config_is_refused_at_start_naming_the_key(tmp_path, edit, named):
+    """The start-up checks of workflow/rules/common.smk, run in this process on the tiny config layered over the
+    default as Snakemake layers it: the schema, then trainplan.config_checks."""
+    cfg = yaml.safe_load(TINY.read_text())
+    edit(cfg)
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    update_config(config, cfg)
+    with pytest.raises((WorkflowError, ConfigError)) as caught:
+        validate(config, schema=str(SCHEMA))
+        check_references(config, CheckRecord(tmp_path / "checks"))
+        budget_wildcards(config["budgets"])
+    assert named in str(caught.value)
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda c: c.update(budgets=[1.5]), "budgets"),  # the schema
+    (lambda c: c["study"].update(plan=["tiny_gpt2", "nosuchmodel"]), "nosuchmodel"),  # trainplan.config_checks
+])
 def test_bad_config_fails_fast_naming_the_key(tmp_path, edit, named):
+    """Snakemake itself stops at start with the message, and writes nothing."""
     cfg = edited(tmp_path, "bad.yaml", edit)
     out = snakemake(tmp_path / "w", cfg, "--dry-run")
     assert out.returncode != 0

@@ -24,15 +24,15 @@ def _check_checkout():
 _check_checkout()
 
 # Imported at every start (a dry run too): none of these imports torch (tests/test_imports.py).
-from trainplan.budget import WILDCARD as BUDGET_WILDCARD, BudgetError, budget_wildcard, wildcard_budget
-from trainplan.errors import ModelSpecError
+from trainplan.budget import WILDCARD as BUDGET_WILDCARD
+from trainplan.config_checks import ConfigError, budget_wildcards, check_references, config_devices
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.planned import CALLABLE as FUSED_CALLABLE, fused_spec
 from trainplan.io import read_yaml
 from trainplan.memory_model import memory_model
 from trainplan.precision.policy import PolicyError, load_policy
 from trainplan.provenance.code import closure as code_closure, digest as code_digest
-from trainplan.start_checks import check_models, check_table, default_record
+from trainplan.start_checks import check_table, default_record
 
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -58,57 +58,19 @@ PLAN_MODELS = MODELS + FUSED_PLAN
 # The alignment stage runs over every model of the study (planned or overflow-checked), each once.
 ALIGN_MODELS = list(dict.fromkeys(MODELS + config["study"].get("overflow", [])))
 # One device or a list of them (a sweep over devices): every planned result is made for each.
-DEVICES = [config["device"]] if isinstance(config["device"], str) else config["device"]
+DEVICES = config_devices(config)
 
 
 # The start-up checks that import torch run once per checked content (trainplan.start_checks).
 START_CHECKS = default_record()
 
 
-def _check_config():
-    """Fail at start, naming the key, for references a schema cannot check."""
-    for device in DEVICES:
-        if device not in config["devices"]:
-            raise WorkflowError(
-                f"config key 'device': '{device}' is not one of devices {sorted(config['devices'])}"
-            )
-    for part, names in config["study"].items():
-        for name in names:
-            if name not in config["models"]:
-                raise WorkflowError(
-                    f"config key 'study.{part}': model '{name}' is not defined under 'models' "
-                    f"(defined: {sorted(config['models'])})"
-                )
-    try:  # the architecture or callable, and every key of its config or kwargs (typos are not ignored)
-        check_models(config["models"], START_CHECKS)
-    except ModelSpecError as exc:
-        raise WorkflowError(f"config: {exc}") from None
-    cuda = [device for device in DEVICES if config["devices"][device]["type"] != "cpu"]
-    if config["fuse"]["plan"] and MODELS and cuda:
-        raise WorkflowError(f"config key 'fuse.plan': fused models are built on the CPU (their ops compiled there); "
-                            f"device '{cuda[0]}' is {config['devices'][cuda[0]]['type']}: set fuse.plan: []")
+try:  # references between keys, model entries, budgets (trainplan.config_checks): named before any job runs
+    check_references(config, START_CHECKS)
+    BUDGETS = budget_wildcards(config["budgets"])
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
 
-
-_check_config()
-
-
-def _budget_wildcards():
-    """The `{budget}` wildcard of each `budgets` entry (trainplan.budget.budget_wildcard: `b0.5`, `b2GiB`): fails at
-    start naming an entry that is no budget, or one that repeats another."""
-    wildcards = {}
-    for i, entry in enumerate(config["budgets"]):
-        try:
-            text = budget_wildcard(entry)
-        except BudgetError as exc:
-            raise WorkflowError(f"config key 'budgets[{i}]': {exc}") from None
-        budget = wildcard_budget(text)
-        if budget in wildcards:
-            raise WorkflowError(f"config key 'budgets[{i}]': budget {entry!r} repeats b{wildcards[budget]}")
-        wildcards[budget] = text
-    return list(wildcards.values())
-
-
-BUDGETS = _budget_wildcards()
 
 PIPELINE_SCHEDULE = "|".join(config["pipeline"]["schedules"])
 # A pipeline has two stages at least: k=1 plans are not run as pipelines.

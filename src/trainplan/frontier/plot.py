@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.frontier.methods import PLAIN, VALUED
+from trainplan.frontier.method_names import PLAIN, VALUED
 from trainplan.plots import save_figure
 
 _MARKERS = dict(zip((*PLAIN, *VALUED), "s^oDx*<>vPh", strict=True))

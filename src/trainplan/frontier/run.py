@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainplan.frontier import worker
-from trainplan.frontier.methods import Method
+from trainplan.frontier.method_names import Method
 
 #: glibc's malloc returns freed memory to the system from the first allocation on, so the process meter tracks
 #: the bytes the step holds (trainplan.timing.return_freed_memory sets the same once the process runs)

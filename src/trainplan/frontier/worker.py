@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from trainplan.execute.measure import minor_faults, process_peaks_during
-from trainplan.frontier.methods import Method, prepare
+from trainplan.frontier.method_names import Method
+from trainplan.frontier.methods import prepare
 from trainplan.models import build_model
 from trainplan.timing import keep_freed_memory, return_freed_memory
 
