@@ -44,8 +44,9 @@ def check_references(config: dict[str, Any], record: CheckRecord) -> None:
 
 
 def budget_wildcards(entries: list[Any]) -> list[str]:
-    """The ``{budget}`` wildcard of each ``budgets`` entry (``b0.5``, ``b2GiB``: :func:`trainplan.budget.
-    budget_wildcard`); an entry that is no budget, or one that repeats another, names its index."""
+    """The ``{budget}`` wildcard of each ``budgets`` entry (``b0.5``, ``b2GiB``:
+    :func:`trainplan.budget.budget_wildcard`); an entry that is no budget, or one that repeats another, names its
+    index."""
     wildcards: dict[Any, str] = {}
     for i, entry in enumerate(entries):
         try:
