@@ -224,7 +224,7 @@ def _optimal_solution() -> tuple:
     p = p.with_budget(int(0.9 * replay(p, no_recompute_events(p)).peak_bytes))
     best = solve(p, 10, 2, 0)
     assert best.status == "optimal"
-    _, g, model = _model_on_grid(p, best.events)
+    _, model = _model_on_grid(p, best.events)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers, solver.parameters.max_time_in_seconds = 2, 10
     assert solver.Solve(model.m) == cp_model.OPTIMAL
@@ -232,17 +232,17 @@ def _optimal_solution() -> tuple:
 
 
 def _model_on_grid(p, events) -> tuple:
-    """The problem, the grid of ``events`` and the CP-SAT model on it, hinted with them."""
+    """The grid of ``events`` and the CP-SAT model of ``p`` on it, hinted with them."""
     hint_copies, cover, used = copies_from_events(p, events)
     g = _grid(p, None, None, hint_copies, used, None)
     model = _build(p, g, p.budget_bytes - p.fixed_bytes, byte_unit(p.budget_bytes), 0)
     _add_hint(p, g, model, hint_copies, cover)
-    return p, g, model
+    return g, model
 
 
 def _optimal_model():
     """The 100-op layered DAG at 90% of the plain peak (the solver proves a schedule optimal there), a fresh CP-SAT
     model on the grid of that schedule, and CP-SAT's optimal solution of it with its objective."""
     p, events, solution, objective = _optimal_solution()
-    _, g, model = _model_on_grid(p, events)
+    g, model = _model_on_grid(p, events)
     return p, g, model, list(solution), objective

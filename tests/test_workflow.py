@@ -13,7 +13,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import update_config, validate
 from workflow_run import REPO, TINY, copy_of_study, snakemake
 
-from trainplan.config_checks import ConfigError, budget_wildcards, check_references
+from trainplan.config_checks import ConfigError, budget_wildcards, check_config
 from trainplan.schedule.budgeted_stages import read_stage_schedules
 from trainplan.start_checks import CheckRecord
 
@@ -130,7 +130,7 @@ def test_bad_config_is_refused_at_start_naming_the_key(tmp_path, edit, named):
     update_config(config, cfg)
     with pytest.raises((WorkflowError, ConfigError)) as caught:
         validate(config, schema=str(SCHEMA))
-        check_references(config, CheckRecord(tmp_path / "checks"))
+        check_config(config, CheckRecord(tmp_path / "checks"))
         budget_wildcards(config["budgets"])
     assert named in str(caught.value)
 

@@ -21,7 +21,7 @@ def config_devices(config: dict[str, Any]) -> list[str]:
     return [config["device"]] if isinstance(config["device"], str) else list(config["device"])
 
 
-def check_references(config: dict[str, Any], record: CheckRecord) -> None:
+def check_config(config: dict[str, Any], record: CheckRecord) -> None:
     """Every device and study model the config names is defined, every model entry builds with the keys it gives
     (typos are not ignored: ``trainplan.models.check_spec``), and fused models are planned on the CPU only."""
     devices = config_devices(config)

@@ -25,7 +25,7 @@ _check_checkout()
 
 # Imported at every start (a dry run too): none of these imports torch (tests/test_imports.py).
 from trainplan.budget import WILDCARD as BUDGET_WILDCARD
-from trainplan.config_checks import ConfigError, budget_wildcards, check_references, config_devices
+from trainplan.config_checks import ConfigError, budget_wildcards, check_config, config_devices
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.planned import CALLABLE as FUSED_CALLABLE, fused_spec
 from trainplan.io import read_yaml
@@ -66,7 +66,7 @@ START_CHECKS = default_record()
 
 
 try:  # references between keys, model entries, budgets (trainplan.config_checks): named before any job runs
-    check_references(config, START_CHECKS)
+    check_config(config, START_CHECKS)
     BUDGETS = budget_wildcards(config["budgets"])
 except ConfigError as exc:
     raise WorkflowError(str(exc)) from None

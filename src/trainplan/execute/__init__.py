@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 
-
 def __getattr__(name: str) -> Any:
     """Each name imported from its own submodule on first use (only that submodule's imports run)."""
     if name in ("PlanError", "StagePlan", "build_plan", "load_plan", "parse_plan", "plan_stage", "split_nodes"):

@@ -1,5 +1,5 @@
 """A frontier method's name: ``kind`` or ``kind@value`` (the kinds: :mod:`trainplan.frontier.methods`), parsed
-and checked without torch (the plots and the workflow's start read names only)."""
+and checked without torch (the frontier's plot reads names only)."""
 
 from __future__ import annotations
 
