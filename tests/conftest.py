@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,6 +13,8 @@ from workflow_run import SHARED_CORES, TINY, snakemake
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.models import BuiltModel, build_model
+from trainplan.schedule import mip
+from trainplan.schedule.settings import DEFAULTS, PortfolioSettings
 
 TINY_GPT2: dict[str, Any] = {
     "source": "transformers",
@@ -43,3 +47,22 @@ def tiny_study(tmp_path_factory) -> Path:
     out = snakemake(workdir, TINY, *SHARED_CORES)
     assert out.returncode == 0, out.stderr[-4000:]
     return workdir
+
+
+WIDE_WALL_NETS = 10.0  # x: the wall-clock nets fire only on a host ~5x slower than the one the rates were fitted on
+
+
+@pytest.fixture
+def wide_wall_nets(monkeypatch) -> Callable[[PortfolioSettings], PortfolioSettings]:
+    """For tests of the scheduler's determinism: widens the wall-clock safety nets of deterministic runs (CP-SAT's
+    cap, ``mip.WALL_SAFETY``; the bisection's, ``wall_safety``; the call's deadline, ``deadline_share``) to
+    WIDE_WALL_NETS x, so a slow or loaded CI host does not cut a step on the wall clock, where by design the answer
+    may change (schedule/mip.py, configure). Returns the settings given, so widened; the deterministic budgets (the
+    shares of the limit and the work rates) stay as they are."""
+    monkeypatch.setattr(mip, "WALL_SAFETY", WIDE_WALL_NETS)
+
+    def widen(settings: PortfolioSettings = DEFAULTS) -> PortfolioSettings:
+        return replace(settings, wall_safety=WIDE_WALL_NETS,
+                       deadline_share=WIDE_WALL_NETS * settings.deadline_share / settings.wall_safety)
+
+    return widen
