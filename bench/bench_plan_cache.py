@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_vs_pytorch import MODELS
+from host_load import MATMUL_N, matmul_gflops
 
 OUT = Path(__file__).resolve().parents[1] / "bench" / "results"
 PLAN_TIME_LIMIT_S = 10.0  # the solver's limit on the first (uncached) call: the cached calls do not solve
@@ -65,6 +66,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     began = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    gflops = matmul_gflops()
     for model in args.models:
         spec = {**MODELS[model], "inputs": {**MODELS[model]["inputs"], **ONE_SAMPLE}}
         with tempfile.TemporaryDirectory(prefix="trainplan-plan-cache-") as cache:
@@ -89,7 +91,8 @@ def main() -> None:
         f"solve with a {PLAN_TIME_LIMIT_S:g}-s limit, compile); `cached_plan_s`: the cached call (trace, cache read, "
         "compile: `planned.report.plan_s`), median with min-max; `cached_trace_s`: of it, the trace (median); "
         "`cached_process_s`: the cached call's process from start to the planned module (imports and the model's "
-        "build included). Run alone on the machine.\n\n"
+        f"build included). Run alone on the machine; its speed at the start: {gflops:.0f} GFLOP/s on a {MATMUL_N} x "
+        f"{MATMUL_N} fp32 matmul, 2 threads.\n\n"
         + frame.to_markdown(index=False, floatfmt=".2f") + "\n")
 
 
