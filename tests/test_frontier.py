@@ -21,7 +21,8 @@ MODEL = "tiny_gpt2_b4"  # tests/config/config.yaml's study.frontier
 
 
 @pytest.mark.parametrize("text", ["eager", "hf_checkpointing", "compile@0.3", "compile+exact@1", "trainplan@0.5",
-                                  "trainplan+opt@2GiB", "trainplan+fused@0.5", "sac@0.6", "sac+compile@1500MB"])
+                                  "trainplan+opt@2GiB", "trainplan+fused@0.5", "trainplan+opt+fused@1GiB", "sac@0.6",
+                                  "sac+compile@1500MB"])
 def test_methods_parse_and_print_back(text):
     assert str(Method.parse(text)) == text
 
@@ -53,6 +54,21 @@ def test_compiling_takes_no_update_so_every_method_measures_the_same_step(tmp_pa
                            time_limit_s=5.0)
         losses[text] = [prepared.step() for _ in range(3)]
     assert losses["compile@1.0"] == pytest.approx(losses["eager"], rel=1e-4)
+    assert len(set(losses["eager"])) == 3  # each step updated the weights
+
+
+def test_the_fused_plan_with_the_optimizer_in_it_trains_as_eager(tmp_path):
+    """``trainplan+opt+fused``: the plan made on the model whose forward groups run as Inductor-compiled ops, each
+    parameter updated by the method's AdamW in backward: three steps' losses are eager's (within Inductor's
+    round-off), and the fused module's parameters are the model's own, so the updates reach it."""
+    losses, facts = {}, {}
+    for text in ("eager", "trainplan+opt+fused@0.8"):
+        built = build_model("small_cnn", SMALL_CNN, seed=0)
+        prepared = prepare(built, Method.parse(text), cache=tmp_path, time_limit_s=5.0)
+        losses[text] = [prepared.step() for _ in range(3)]
+        facts[text] = prepared.facts
+    assert facts["trainplan+opt+fused@0.8"]["fused_groups"] > 0
+    assert losses["trainplan+opt+fused@0.8"] == pytest.approx(losses["eager"], rel=1e-4)
     assert len(set(losses["eager"])) == 3  # each step updated the weights
 
 

@@ -9,11 +9,11 @@ from trainplan.budget import parse_budget
 
 #: kinds taking a value after ``@``, and those without
 VALUED = ("compile", "compile+exact", "trainplan", "trainplan+opt", "trainplan+cce", "trainplan+opt+cce",
-          "trainplan+fused", "sac", "sac+compile")
+          "trainplan+fused", "trainplan+opt+fused", "sac", "sac+compile")
 PLAIN = ("eager", "hf_checkpointing")
 #: kinds that are trainplan's (a plan, an export of one, or our solver inside torch.compile)
-OURS = ("trainplan", "trainplan+opt", "trainplan+cce", "trainplan+opt+cce", "trainplan+fused", "compile+exact", "sac",
-        "sac+compile")
+OURS = ("trainplan", "trainplan+opt", "trainplan+cce", "trainplan+opt+cce", "trainplan+fused", "trainplan+opt+fused",
+        "compile+exact", "sac", "sac+compile")
 
 
 class MethodError(ValueError):

@@ -7,8 +7,9 @@ A method is ``kind`` or ``kind@value``: ``eager``; ``hf_checkpointing`` (Hugging
 or bytes); ``trainplan+opt@F`` (the optimizer in the plan); ``trainplan+cce@F`` and ``trainplan+opt+cce@F``
 (the same with the loss head chunked: ``loss_chunk=LOSS_CHUNK``, :mod:`trainplan.export.loss_head`);
 ``trainplan+fused@F`` (the plan made on the model whose forward groups run as Inductor-compiled fused ops,
-:mod:`trainplan.fuse.fused_ops`); ``sac@F`` and ``sac+compile@F`` (the plan of ``trainplan@F`` exported as
-selective activation checkpointing, eager or under ``torch.compile``).
+:mod:`trainplan.fuse.fused_ops`) and ``trainplan+opt+fused@F`` (that, the optimizer in the plan); ``sac@F`` and
+``sac+compile@F`` (the plan of ``trainplan@F`` exported as selective activation checkpointing, eager or under
+``torch.compile``).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def prepare(built: BuiltModel, method: Method, *, cache: Path, time_limit_s: flo
             torch._functorch.config.activation_memory_budget_solver = ExactKnapsack(time_limit_s=time_limit_s)
         forward = torch.compile(module)
     elif method.kind != "eager":
-        if method.kind == "trainplan+fused":
+        if method.kind.endswith("+fused"):  # the fused module holds the model's parameters, the optimizer's
             module, facts = _fused(built)
         planned = trainplan.plan(module, batch, method.value, on_infeasible="raise_budget",
                                  optimizer=optimizer if optimizer_in_plan else None,
