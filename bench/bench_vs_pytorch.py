@@ -16,6 +16,8 @@ backward, ``optimizer.step()``, ``zero_grad()``), in a fresh Python process per 
 - ``trainplan+opt@F``: the same with the optimizer in the plan (``optimizer=``): each update in backward;
 - ``trainplan+cce@F``, ``trainplan+opt+cce@F``: those two with the loss head chunked (``loss_chunk=``, language
   models);
+- ``trainplan+fused@F``, ``trainplan+opt+fused@F``: ``trainplan@F`` and ``trainplan+opt@F`` on the model whose
+  forward groups run as Inductor-compiled ops (``trainplan.fuse.fused_ops``);
 - ``sac@F``: the plan of ``trainplan@F`` exported as selective activation checkpointing of each block
   (``trainplan.loop.sac``), the model run eagerly under it;
 - ``sac+compile@F``: the same export under ``torch.compile`` (its partitioner honours the policy's MUST_*).
@@ -38,6 +40,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from host_load import MATMUL_N, matmul_gflops
 from trainplan.frontier.plot import plot_frontier
 from trainplan.frontier.run import FrontierSettings, run_method, summarize, verdicts
 
@@ -101,6 +104,7 @@ def main() -> None:
     parser.add_argument("--name", default="vs_pytorch", help="file stem of the tables and figure in bench/results/")
     args = parser.parse_args()
     settings = FrontierSettings(repeats=args.repeats, processes=args.processes, time_limit_s=PLAN_TIME_LIMIT_S)
+    gflops = matmul_gflops(settings.threads)  # the host's speed before the run
     rows = []
     for model in args.models:
         for method in args.methods or methods(model):
@@ -108,7 +112,8 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     import torch
 
-    header = (f"torch {torch.__version__}, {os.cpu_count()} CPUs, {settings.threads} threads; AdamW; "
+    header = (f"torch {torch.__version__}, {os.cpu_count()} CPUs, {settings.threads} threads (the host before the run: "
+              f"{gflops:.0f} GFLOP/s on a {MATMUL_N} x {MATMUL_N} fp32 matmul); AdamW; "
               f"{args.repeats} steps x {args.processes} process(es) per method after {settings.warmup} warm-ups; "
               f"`python bench/bench_vs_pytorch.py --models {' '.join(args.models)} --repeats {args.repeats} "
               f"--processes {args.processes}{' --methods ' + ' '.join(args.methods) if args.methods else ''}`, run alone "

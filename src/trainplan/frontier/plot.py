@@ -9,7 +9,7 @@ import pandas as pd
 from trainplan.frontier.method_names import PLAIN, VALUED
 from trainplan.plots import save_figure
 
-_MARKERS = dict(zip((*PLAIN, *VALUED), "s^oDx*<>vPh", strict=True))
+_MARKERS = dict(zip((*PLAIN, *VALUED), "s^oDx*<>vPXh", strict=True))
 
 
 def plot_frontier(rows: list[dict[str, Any]], path: str, title: str) -> None:
