@@ -167,22 +167,23 @@ def test_sqrt_checkpoint_keeps_what_it_could_not_rebuild():
     assert computes.count("d") == 2  # dropped at the segment end, recomputed from checkpoint 'c' (live until g)
 
 
-def test_reported_bound_is_the_relaxation_bound_not_cp_sats():
+def test_reported_bound_is_the_relaxation_bound_not_cp_sats(wide_wall_nets):
     """At 80%, without the staged bound, CP-SAT proves its model optimal with a bound above the relaxation's;
     that bound holds only within the model (C copies, K slots), so the reported one is the relaxation's, the
     gap stays open and the schedule is only feasible (optimal within the model, as the extra says)."""
     no_staged = replace(DEFAULTS, staged_variables_per_second=0)
-    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, options=SolveOptions(bisect=False, settings=no_staged))
+    options = SolveOptions(bisect=False, settings=wide_wall_nets(no_staged))
+    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, options=options)
     mip_bound, relax = s.extra["mip"]["bound"], s.extra["relaxation"]["bound"]
     assert s.extra["mip"]["status"] == "OPTIMAL" and mip_bound > relax * (1 + 1e-6)
     assert s.status == "feasible" and s.bound == max(relax, GRAPH.compute_time) and s.gap > 1e-9
     assert "copies per op" in s.extra["optimal_within"]
 
 
-def test_staged_bound_proves_what_cp_sat_proved_only_within_its_model():
+def test_staged_bound_proves_what_cp_sat_proved_only_within_its_model(wide_wall_nets):
     """The same case with the staged bound on: it meets the schedule, which is then optimal among all
     schedules (not only within CP-SAT's model), and the full model is not built."""
-    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, options=SolveOptions(bisect=False))
+    s = solve(at(0.8), time_limit_s=3, workers=1, seed=0, options=SolveOptions(bisect=False, settings=wide_wall_nets()))
     relax, staged = s.extra["relaxation"]["bound"], s.extra["staged_bound"]["bound"]
     assert s.extra["staged_bound"]["status"] == "OPTIMAL" and staged > relax * (1 + 1e-6)
     assert s.status == "optimal" and "optimal_within" not in s.extra and s.extra["mip"]["status"] == "SKIPPED"

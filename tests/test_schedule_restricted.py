@@ -51,11 +51,11 @@ def test_restricted_model_rematerialises_only_the_named_ops():
 
 
 @pytest.mark.parametrize("seed, fraction", [(0, 0.7), (3, 0.6)])
-def test_100_op_graph_is_proven_optimal_by_the_restricted_model(seed, fraction):
+def test_100_op_graph_is_proven_optimal_by_the_restricted_model(seed, fraction, wide_wall_nets):
     """The restricted model meets the relaxation bound, so the schedule is optimal among all schedules
     (CP-SAT's full model is skipped)."""
     p = at(training_graph(100, seed), fraction)
-    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False))
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False, settings=wide_wall_nets()))
     assert s.status == "optimal" and s.extra["heuristic"] == "relaxation-restricted-mip"
     assert s.extra["restricted_mip"]["at_bound"] and s.extra["mip"]["status"] == "SKIPPED"
     assert "optimal_within" not in s.extra

@@ -55,7 +55,7 @@ def test_staged_bound_charges_the_inputs_of_a_restore():
     assert staged.seconds == pytest.approx(exact, rel=1e-6)
 
 
-def test_staged_bound_counts_memory_inside_a_stage():
+def test_staged_bound_counts_memory_inside_a_stage(wide_wall_nets):
     """``training_graph(12, 3)`` at the floor: the first optimum of the staged model recomputes tensors where
     the ones held through the stage leave no room (18.5%, 8 points below the optimum); the within-stage rows
     it then gets make it the exact optimum, and ``solve`` proves its schedule optimal among all schedules
@@ -65,7 +65,8 @@ def test_staged_bound_counts_memory_inside_a_stage():
     exact, staged = check_below_exact(p)
     assert staged.status == "OPTIMAL" and staged.seconds == pytest.approx(exact, rel=1e-6)
     assert staged.seconds > 1.05 * relaxation_bound(p, p.budget_bytes, RELAXATION).seconds
-    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False, deterministic=True))
+    options = SolveOptions(bisect=False, deterministic=True, settings=wide_wall_nets())
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=options)
     assert s.status == "optimal" and "optimal_within" not in s.extra
     assert s.time == pytest.approx(exact, rel=1e-6) and s.gap < 1e-6
 
@@ -90,13 +91,14 @@ def test_chain_rows_count_a_kept_tensor_at_a_later_recompute(monkeypatch):
     assert objective_ticks(p, events) == tight.ticks
 
 
-def test_staged_schedule_leads_to_the_optimum():
+def test_staged_schedule_leads_to_the_optimum(wide_wall_nets):
     """``training_graph(40, 1)`` at 1.1 x floor: from the heuristics' schedules CP-SAT ended 0.9% above the
     bound, unproven; the staged model's solution, turned into events, is a better schedule, and from it
     the answer is proven optimal."""
     p = training_graph(40, 1)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False, deterministic=True))
+    options = SolveOptions(bisect=False, deterministic=True, settings=wide_wall_nets())
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=options)
     assert s.status == "optimal" and "optimal_within" not in s.extra and s.gap < 1e-6
     assert s.extra["heuristic"] == "staged-model"
     assert s.time <= s.extra["staged_bound"]["schedule_time"] == s.extra["heuristic_time"]
@@ -122,12 +124,12 @@ def test_staged_model_beside_cp_sat_proves_and_stops_it(wide_wall_nets):
     assert runs[1].events == s.events
 
 
-def test_30_op_graph_at_tight_budget_is_proven_optimal():
+def test_30_op_graph_at_tight_budget_is_proven_optimal(wide_wall_nets):
     """1.1 x the memory floor: CP-SAT finds the schedule, and only the staged bound proves it optimal
     (the gap relaxation is 4 points lower)."""
     p = training_graph(30, 0)
     p = p.with_budget(int(1.1 * p.floor_bytes))
-    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False))
+    s = solve(p, time_limit_s=10, workers=1, seed=0, options=SolveOptions(bisect=False, settings=wide_wall_nets()))
     assert s.status == "optimal" and "optimal_within" not in s.extra
     assert s.extra["staged_bound"]["status"] == "OPTIMAL"
     assert s.bound == s.extra["staged_bound"]["bound"] > 1.03 * s.extra["relaxation"]["bound"]
