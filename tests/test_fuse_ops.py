@@ -20,7 +20,7 @@ from trainplan.execute.predict import predict
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.fuse.forward import trace_forward
-from trainplan.fuse.fused_ops import NAMESPACE, fuse_model
+from trainplan.fuse.fused_ops import NAMESPACE, _runner, fuse_model
 from trainplan.fuse.planned import fused_spec
 from trainplan.fuse.support import inductor_table
 from trainplan.fuse.train_step import partition_forward
@@ -102,6 +102,30 @@ def test_an_inductor_compiled_group_gives_eagers_gradients(fused):
     model = fuse_model(built, [largest], compile_with_inductor=True)
     assert [f["group"] for f in model.fused] == [largest["id"]]
     _assert_eagers_gradients(built, reference, model, rtol=1e-4, atol=1e-6)
+
+
+def test_a_compiled_half_takes_its_traced_layouts_and_copies_only_other_ones(monkeypatch):
+    """Inductor compiles a half for the layouts it was traced with (a transposed weight stays transposed; an
+    expanded input, which no dense layout holds, is compiled as contiguous): inputs in those layouts reach the
+    compiled code as they are, inputs in another layout (an executor's copy of a view) are copied into them, and
+    both give the fx graph's values."""
+    real, calls = torch._inductor.compile, []
+
+    def spy(gm, example):
+        compiled = real(gm, example)
+        return lambda *args: (calls.append(args), compiled(*args))[1]
+
+    monkeypatch.setattr(torch._inductor, "compile", spy)
+    gm = torch.fx.symbolic_trace(lambda x, w, b: (torch.relu(x @ w + b),))  # a half returns a tuple
+    x, w = torch.randn(4, 8), torch.randn(16, 8).t()  # w: a linear layer's transposed weight
+    b = torch.randn(16).expand(4, 16)
+    expected = gm(x, w, b)[0]
+    run = _runner(gm, [x, w, b], compile_with_inductor=True)
+    torch.testing.assert_close(run([x, w, b])[0], expected)  # as traced (b: copied, contiguous)
+    torch.testing.assert_close(run([x, w.contiguous(), b.contiguous()])[0], expected)  # w copied back
+    (_, traced_w, traced_b), (_, copied_w, plain_b) = calls
+    assert traced_w is w and copied_w.stride() == w.stride() == (1, 8)
+    assert traced_b.stride() == plain_b.stride() == (16, 1)
 
 
 def test_a_group_inductor_fails_on_runs_as_its_fx_graphs(fused, monkeypatch):

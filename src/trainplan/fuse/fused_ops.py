@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from trainplan.export.trace import flat_inputs
 from trainplan.fuse.errors import FuseError
@@ -251,15 +252,25 @@ class InductorFailed(FuseError):
 def _runner(gm: torch.fx.GraphModule, example: list[torch.Tensor], compile_with_inductor: bool
             ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     """``gm`` as a function of a list of tensors. Inductor's code asserts its inputs' strides, and an executor
-    may hand a view's values in another layout than the traced one: it is compiled for contiguous inputs and
-    called with them (a copy only where an input is not)."""
+    may hand a view's values in another layout than the traced one: it is compiled for the traced layouts (a dense
+    one each: an overlapping or gapped input, such as an expanded one, is compiled as contiguous) and an input in
+    another layout is copied into its compiled one (compiled for contiguous inputs, every call copied the
+    transposed weights a linear layer reads)."""
     if not compile_with_inductor:
         return lambda inputs: list(gm(*inputs))
+    dense = [t if is_non_overlapping_and_dense_or_false(t) else t.contiguous() for t in example]
+    layouts = [(tuple(t.shape), tuple(t.stride())) for t in dense]
     try:
-        compiled = torch._inductor.compile(gm, [t.contiguous() for t in example])
+        compiled = torch._inductor.compile(gm, dense)
     except Exception as exc:  # the caller runs the group as its fx graphs instead
         raise InductorFailed(error_line(exc)) from exc
-    return lambda inputs: list(compiled(*(t.contiguous() for t in inputs)))
+
+    def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(compiled(*(t if tuple(t.stride()) == stride else
+                               torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+                               for t, (shape, stride) in zip(inputs, layouts))))
+
+    return run
 
 
 def _digest(sub: torch.fx.GraphModule, args: Sequence[Any], compile_with_inductor: bool) -> str:
