@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,8 +57,8 @@ def wide_wall_nets(monkeypatch) -> Callable[[PortfolioSettings], PortfolioSettin
     """For tests of the scheduler's determinism: widens the wall-clock safety nets of deterministic runs (CP-SAT's
     cap, ``mip.WALL_SAFETY``; the bisection's, ``wall_safety``; the call's deadline, ``deadline_share``) to
     WIDE_WALL_NETS x, so a slow or loaded CI host does not cut a step on the wall clock, where by design the answer
-    may change (schedule/mip.py, configure). Returns the settings given, so widened; the deterministic budgets (the
-    shares of the limit and the work rates) stay as they are."""
+    may change (schedule/mip.py, configure). Returns the function widening the settings it is given (default:
+    DEFAULTS); the deterministic budgets (the shares of the limit and the work rates) stay as they are."""
     monkeypatch.setattr(mip, "WALL_SAFETY", WIDE_WALL_NETS)
 
     def widen(settings: PortfolioSettings = DEFAULTS) -> PortfolioSettings:
