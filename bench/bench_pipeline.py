@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from host_load import load_label
-from trainplan.artifacts import PROFILE_COLUMNS
+from trainplan.artifacts import PROFILE_COLUMNS, with_measured_workspaces
 from trainplan.budget import parse_budget
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
@@ -63,7 +63,7 @@ def profiled(name: str, spec: dict[str, Any], args: argparse.Namespace) -> tuple
     tables = graph_tables(traced)
     result = profile_model(built, tables.nodes, device={"type": "cpu", "host_link_gbytes_per_s": "measured"},
                            repeats=args.profile_repeats, warmup=1, progress=False)
-    nodes = tables.nodes.merge(result.ops[PROFILE_COLUMNS], on="name", validate="one_to_one")
+    nodes = with_measured_workspaces(tables.nodes.merge(result.ops[PROFILE_COLUMNS], on="name", validate="one_to_one"))
     return nodes, tables.tensors, float(result.summary["host_link_bytes_per_s"])
 
 
