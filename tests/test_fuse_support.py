@@ -119,3 +119,17 @@ def test_output_check_reports_and_enforces_the_tolerance() -> None:
     assert not far["within_tolerance"] and far["max_abs_diff"] == 1.0
     with pytest.raises(FuseError, match="output 0 differs"):
         compare_outputs((torch.ones(2),), (torch.zeros(2),), 1e-4, 1e-5)
+
+
+def test_the_table_without_matmuls_keeps_everything_else_inductor_runs():
+    """The frontier's fused methods group around the matrix products: the table runs none of them and every other
+    op of Inductor's table (pointwise, reductions, getitem)."""
+    from trainplan.fuse.support import MATMULS, without_matmuls
+
+    full = inductor_table()
+    table = without_matmuls(full)
+    assert table.name == "inductor-no-matmul" and table.source["without"] == list(MATMULS)
+    assert not any(table.runs(f"aten.{m}.default") for m in ("mm", "addmm", "bmm", "baddbmm"))
+    assert all(table.runs(op) for op in ("aten.gelu.default", "aten.native_layer_norm.default", "aten.sum.dim_IntList",
+                                         "getitem"))
+    assert set(full.ops) - set(table.ops) == {op for op in full.ops if "." in op and op.split(".")[1] in MATMULS}

@@ -6,10 +6,10 @@ A method is ``kind`` or ``kind@value``: ``eager``; ``hf_checkpointing`` (Hugging
 :class:`trainplan.loop.knapsack.ExactKnapsack`); ``trainplan@F`` (``trainplan.plan`` at budget F: a fraction
 or bytes); ``trainplan+opt@F`` (the optimizer in the plan); ``trainplan+cce@F`` and ``trainplan+opt+cce@F``
 (the same with the loss head chunked: ``loss_chunk=LOSS_CHUNK``, :mod:`trainplan.export.loss_head`);
-``trainplan+fused@F`` (the plan made on the model whose forward groups run as Inductor-compiled fused ops,
-:mod:`trainplan.fuse.fused_ops`) and ``trainplan+opt+fused@F`` (that, the optimizer in the plan); ``sac@F`` and
-``sac+compile@F`` (the plan of ``trainplan@F`` exported as selective activation checkpointing, eager or under
-``torch.compile``).
+``trainplan+fused@F`` (the plan made on the model whose forward groups, matrix products left out, run as
+Inductor-compiled fused ops, :mod:`trainplan.fuse.fused_ops`) and ``trainplan+opt+fused@F`` (that, the optimizer
+in the plan); ``sac@F`` and ``sac+compile@F`` (the plan of ``trainplan@F`` exported as selective activation
+checkpointing, eager or under ``torch.compile``).
 """
 
 from __future__ import annotations
@@ -53,11 +53,12 @@ class Prepared:
 
 
 def _fused(built: BuiltModel) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """``built``'s model with its forward groups (Inductor's support table) as fused ops, and how many."""
+    """``built``'s model with its forward groups (Inductor's support table without the matrix products:
+    ``fuse.support.without_matmuls``) as fused ops, and how many."""
     from trainplan.fuse.planned import fuse_built
-    from trainplan.fuse.support import inductor_table
+    from trainplan.fuse.support import inductor_table, without_matmuls
 
-    model = fuse_built(built, inductor_table())
+    model = fuse_built(built, without_matmuls(inductor_table()))
     return model.built.module, {"fused_groups": len(model.fused), "fused_ops": sum(f["n_ops"] for f in model.fused),
                                 "unfused_groups": len(model.unfused)}
 
