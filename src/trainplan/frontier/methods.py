@@ -56,9 +56,9 @@ def _fused(built: BuiltModel) -> tuple[torch.nn.Module, dict[str, Any]]:
     """``built``'s model with its forward groups (Inductor's support table without the matrix products:
     ``fuse.support.without_matmuls``) as fused ops, and how many."""
     from trainplan.fuse.planned import fuse_built
-    from trainplan.fuse.support import inductor_table, without_matmuls
+    from trainplan.fuse.support import builtin_table
 
-    model = fuse_built(built, without_matmuls(inductor_table()))
+    model = fuse_built(built, builtin_table("inductor-no-matmul"))
     return model.built.module, {"fused_groups": len(model.fused), "fused_ops": sum(f["n_ops"] for f in model.fused),
                                 "unfused_groups": len(model.unfused)}
 

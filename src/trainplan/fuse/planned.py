@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainplan.fuse.errors import FuseError
-from trainplan.fuse.support import SupportTable, inductor_table, table_from_dict
+from trainplan.fuse.support import SupportTable, builtin_table, table_from_dict
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,7 @@ COMPILERS = ("inductor", "fx")
 def fused_spec(model: str, spec: dict[str, Any], target: dict[str, Any], *, seed: int, min_ops: int = 2,
                compiler: str = "inductor") -> dict[str, Any]:
     """The model spec of ``model`` (config entry ``spec``) with its forward groups for ``target`` fused:
-    ``target`` is ``{builtin: inductor}`` or a support table's document (its YAML's content, so that a change
+    ``target`` is a built-in (``{builtin: inductor}``, ``{builtin: inductor-no-matmul}``) or a support table's document (its YAML's content, so that a change
     to the table changes the spec)."""
     return {"source": "callable", "callable": CALLABLE,
             "kwargs": {"model": model, "spec": spec, "target": target, "seed": seed, "min_ops": min_ops,
@@ -40,11 +40,13 @@ def fused_spec(model: str, spec: dict[str, Any], target: dict[str, Any], *, seed
 
 def target_table(model: str, target: dict[str, Any]) -> SupportTable:
     """The support table of a fused spec's ``target``; FuseError names the model."""
-    if target.get("builtin") == "inductor":
-        return inductor_table()
+    table = builtin_table(str(target.get("builtin")))
+    if table is not None:
+        return table
     if "ops" in target:
         return table_from_dict(target, f"of fused model '{model}'")
-    raise FuseError(f"fused model '{model}': target must be {{builtin: inductor}} or a support table, got {target!r}")
+    raise FuseError(f"fused model '{model}': target must be {{builtin: inductor}}, {{builtin: inductor-no-matmul}} or "
+                    f"a support table, got {target!r}")
 
 
 def fuse_built(built: BuiltModel, table: SupportTable, *, min_ops: int = 2, compile_with_inductor: bool = True

@@ -190,15 +190,27 @@ def without_matmuls(table: SupportTable) -> SupportTable:
     return SupportTable(f"{table.name}-no-matmul", ops, table.rules, {**table.source, "without": list(MATMULS)})
 
 
+def builtin_table(name: str) -> SupportTable | None:
+    """A built-in table by name: ``inductor``, or ``inductor-no-matmul`` (:func:`without_matmuls`); None otherwise."""
+    if name == "inductor":
+        return inductor_table()
+    if name == "inductor-no-matmul":
+        return without_matmuls(inductor_table())
+    return None
+
+
 def resolve_table(spec: str | dict[str, Any]) -> SupportTable:
-    """A table from a config entry (``{builtin: inductor}`` or ``{table: path}``) or a CLI argument."""
+    """A table from a config entry (``{builtin: inductor | inductor-no-matmul}`` or ``{table: path}``) or a CLI
+    argument (a built-in's name or a path)."""
     if isinstance(spec, dict):
-        if spec.get("builtin") == "inductor":
-            return inductor_table()
+        table = builtin_table(str(spec.get("builtin")))
+        if table is not None:
+            return table
         if "table" in spec:
             return load_table(spec["table"])
-        raise FuseError(f"target spec {spec!r}: needs 'builtin: inductor' or 'table: PATH'")
-    return inductor_table() if spec == "inductor" else load_table(spec)
+        raise FuseError(f"target spec {spec!r}: needs 'builtin: inductor', 'builtin: inductor-no-matmul' or "
+                        "'table: PATH'")
+    return builtin_table(spec) or load_table(spec)
 
 
 def support_masks(graph: OpGraph, table: SupportTable, pinned: Sequence[bool | None] | None = None
