@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from trainplan.artifacts import read_host_link, read_profiled_graph
+from trainplan.memory_model import memory_model
 from trainplan.partition import (
     BalanceSettings,
     MemoryLimit,
@@ -54,7 +55,9 @@ def run(model: str, k: int, budget: float, config: dict, time_limit_s: float, ar
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(art / "profile" / model / config["device"] / "summary.json"),
                                budget=budget,
                                solver=SolverSettings(time_limit_s, solver.get("workers", 2), solver.get("seed", 0)),
-                               pipeline=PipelineHold(k, settings.micro_batches))
+                               pipeline=PipelineHold(k, settings.micro_batches),
+                               swap=memory_model(device["type"], device.get("host_memory")).swaps,
+                               allocation=device["type"])
     result = balance(pg, tables, first, scheduler, settings, memory)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     cmp = comparison(pg, result)

@@ -78,7 +78,7 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
     rows = []
     for budget in args.budgets:
         plans = method_plans(name, "cpu", nodes, tensors, args.k, parse_budget(budget), bandwidth=bandwidth,
-                             swaps=model.swaps, solver=SolverSettings(args.time_limit, 1, args.seed),
+                             swaps=model.swaps, solver=SolverSettings(args.time_limit, 1, args.seed), allocation="cpu",
                              settings=settings, memory=memory, methods=tuple(args.methods))
         runs: dict[tuple[str, str, int], dict[str, Any]] = {}  # (method run, schedule, m) -> artifact
         for method, plan in plans.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainplan.budget import parse_budget
+from trainplan.memory_model import allocation_bytes
 from trainplan.partition import partition_graph, pipeline_graph, range_tables
 from trainplan.partition.stages import stage_stats
 from trainplan.schedule.baselines import no_recompute_events
@@ -98,3 +99,21 @@ def test_a_byte_budget_is_the_ranks_and_one_stage_has_no_hold(tiny_gpt2, k):
     else:
         assert raw["pipeline"]["rank_budget_bytes"] == 10**6
         assert raw["budget_bytes"] == max(0, 10**6 - raw["pipeline"]["reserve_bytes"])
+
+
+def test_a_rank_problem_weighs_storages_at_the_devices_allocation_sizes(tiny_gpt2):
+    """allocation='cpu' (the schedule, balance and pipeline rules pass the device's type): each op's bytes and the
+    fixed bytes are the pages and objects the process meter sees, so the rank's carriers, sums and stashes are too."""
+    _, _, _, tables = tiny_gpt2
+    nodes = tables.nodes.assign(time_s=1e-6)
+    stage_nodes = list(nodes.name[:50])
+    plain, weighed = (budgeted_stage_problem(nodes, tables.tensors, stage_nodes,
+                                             StageBudget(parse_budget(0.5), 1e9, False, PipelineHold(2, 4), allocation),
+                                             0) for allocation in (None, "cpu"))
+    assert weighed["allocation"] == "cpu" and "allocation" not in plain
+    assert [op["id"] for op in plain["ops"]] == [op["id"] for op in weighed["ops"]]
+    for raw_op, op in zip(plain["ops"], weighed["ops"]):  # an op of no bytes (a view) weighs none; else its storages'
+        assert op["bytes"] == raw_op["bytes"] == 0 or op["bytes"] >= allocation_bytes("cpu", raw_op["bytes"]) > raw_op["bytes"]
+    assert weighed["fixed_bytes"] > plain["fixed_bytes"]
+    assert weighed["pipeline"]["carrier_bytes"] > plain["pipeline"]["carrier_bytes"]
+    assert weighed["no_recompute_peak_bytes"] > plain["no_recompute_peak_bytes"]

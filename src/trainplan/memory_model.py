@@ -35,7 +35,7 @@ class MemoryModel:
         return self.host_memory == "separate"
 
     def to_dict(self) -> dict[str, str | bool]:
-        return {"host_memory": self.host_memory, "swaps": self.swaps,
+        return {"device_type": self.device_type, "host_memory": self.host_memory, "swaps": self.swaps,
                 "note": _NOTES[self.device_type, self.host_memory]}
 
 

@@ -37,7 +37,8 @@ with log_to(snakemake.log[0]) as log:
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(inp.profile_summary),
                                budget=requested, solver=solver, swap=par.memory_model["swaps"],
-                               pipeline=PipelineHold(first.k, settings.micro_batches))
+                               pipeline=PipelineHold(first.k, settings.micro_batches),
+                               allocation=par.memory_model["device_type"])
     for res in read_stage_schedules(inp.schedules, [stage["nodes"] for stage in partition["stages"]]):
         scheduler.reuse(res.index, res.nodes, res.problem, res.ours)
     log.info("reused %d stage schedule(s) from %s", scheduler.reused, inp.schedules)

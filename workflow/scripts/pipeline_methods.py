@@ -23,7 +23,7 @@ with log_to(snakemake.log[0]) as log:
                          bandwidth=read_host_link(inp.profile_summary), swaps=par.memory_model["swaps"],
                          solver=SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"]),
                          settings=settings, memory=MemoryLimit(par.memory_bytes, settings.micro_batches),
-                         methods=tuple(par.settings["methods"]))
+                         methods=tuple(par.settings["methods"]), allocation=par.memory_model["device_type"])
     add_plan(plans, OURS, read_json(inp.plan, schema="plan"))
     runs, rows = {}, []
     for method, plan in plans.items():

@@ -18,7 +18,7 @@ with log_to(snakemake.log[0]) as log:
     stages = [stage["nodes"] for stage in partition["stages"]]
     requested = wildcard_budget(wc.budget)
     budget = StageBudget(requested, read_host_link(inp.profile_summary), par.memory_model["swaps"],
-                         PipelineHold(int(wc.k), par.micro_batches))
+                         PipelineHold(int(wc.k), par.micro_batches), par.memory_model["device_type"])
     results = schedule_stages(graph.nodes, graph.tensors, stages, budget=budget,
                               solver=SolverSettings(par.time_limit_s, par.workers, par.seed))
     for res in results:

@@ -28,14 +28,15 @@ class ScheduledStage:
 class StageScheduler:
     """Schedules stages of one profiled graph at one budget (bytes or a fraction: ``parse_budget``, whose
     BudgetError names a bad one; ``swap``: whether ops may be swapped; ``pipeline``: the pipeline the stages run
-    in, whose in-flight stashes and gradient sums the budget holds); identical stages at the same position are
+    in, whose in-flight stashes and gradient sums the budget holds; ``allocation``: the device type whose
+    allocation sizes weigh storages, ``StageBudget``); identical stages at the same position are
     solved once."""
 
     def __init__(self, nodes: pd.DataFrame, tensors: pd.DataFrame, *, bandwidth: float,
                  budget: Budget | str | int | float, solver: SolverSettings, swap: bool = True,
-                 pipeline: PipelineHold | None = None) -> None:
+                 pipeline: PipelineHold | None = None, allocation: str | None = None) -> None:
         self.nodes, self.tensors = nodes, tensors
-        self.budget, self.solver = StageBudget(parse_budget(budget), bandwidth, swap, pipeline), solver
+        self.budget, self.solver = StageBudget(parse_budget(budget), bandwidth, swap, pipeline, allocation), solver
         self._cache: dict[tuple[int, tuple[str, ...]], ScheduledStage] = {}
         self.reused = 0
 

@@ -27,7 +27,8 @@ MIB = 2**20
 
 def method_plans(model: str, device: str, nodes: pd.DataFrame, tensors: pd.DataFrame, k: int, budget: Budget, *,
                  bandwidth: float, swaps: bool, solver: SolverSettings, settings: BalanceSettings,
-                 memory: MemoryLimit | None, methods: tuple[str, ...] = ALL_METHODS) -> dict[str, dict[str, Any]]:
+                 memory: MemoryLimit | None, methods: tuple[str, ...] = ALL_METHODS,
+                 allocation: str | None = None) -> dict[str, dict[str, Any]]:
     """Each method's plan of the profiled graph (``nodes`` with ``time_s``) in ``k`` stages at ``budget``, every
     stage scheduled by one scheduler (identical stages solved once): plan.json's stage fields with the cuts, the
     partition's rate and t_max, and ``same_as`` (the first method with the same cuts); ``{"error": ...}`` for a
@@ -35,7 +36,7 @@ def method_plans(model: str, device: str, nodes: pd.DataFrame, tensors: pd.DataF
     graph = pipeline_graph(nodes, tensors)
     tables = range_tables(graph)
     scheduler = StageScheduler(nodes, tensors, bandwidth=bandwidth, budget=budget, solver=solver, swap=swaps,
-                               pipeline=PipelineHold(k, settings.micro_batches))
+                               pipeline=PipelineHold(k, settings.micro_batches), allocation=allocation)
     try:
         layers: Layers | str = model_layers(graph, nodes, tensors, model)
     except PartitionError as exc:  # the methods that split at layers fail, the others run

@@ -38,7 +38,9 @@ class SolverSettings:
 class StageBudget:
     """How a stage's problem is made: its ``requested`` budget (bytes, or a fraction of its no-recompute activation
     peak: ``stage_problem.budget_for``), the host link's ``bandwidth`` (bytes per second), whether ops may be
-    swapped (``swap=False``: a device whose host memory is shared, ``memory_model.memory_model``), and the
+    swapped (``swap=False``: a device whose host memory is shared, ``memory_model.memory_model``), the device type
+    whose allocation sizes weigh each storage (``allocation``: what the budget's meter counts, a CPU tensor's pages
+    and objects, a CUDA block's rounding, ``memory_model.allocation_bytes``; None: data bytes), and the
     ``pipeline`` the stage runs in (None: the stage alone; else the requested budget is the rank's, its 1F1B
     in-flight stashes and gradient sums held: :mod:`trainplan.schedule.pipeline_hold`)."""
 
@@ -46,6 +48,7 @@ class StageBudget:
     bandwidth: float
     swap: bool = True
     pipeline: PipelineHold | None = None
+    allocation: str | None = None
 
 
 def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nodes: list[str],
@@ -56,7 +59,8 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
     with the stage's hold under ``pipeline``, and ``budget_bytes``, what the running micro-batch's schedule may use,
     is that less the hold's reserve; a tied partial it receives is zeros, and with m > 1 its gradients are added
     into their sums where made (:mod:`trainplan.schedule.grad_accumulation`)."""
-    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap)
+    raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap,
+                        allocation=budget.allocation)
     if budget.pipeline is not None and budget.pipeline.k >= 2:
         raw = tied_partials_as_zeros(raw)
         if budget.pipeline.accumulates:
