@@ -5,8 +5,9 @@ with ``--threads`` torch threads, the ranks' count) and split into k stages by e
 (``trainplan.pipeline.compare``): the partitions a user would otherwise get (``even_blocks``: blocks split evenly;
 ``ds_uniform`` and ``ds_parameters``: DeepSpeed's partition methods over the layers; ``exact_dp``: the exact
 min-max split of the profiled times, PipeDream's) and ``ours`` (the balance rule's plan, with the config's
-``balance`` settings). Every partition's stages are scheduled at the same budget, written as a plan.json and run
-as a pipeline (k torchrun processes, gloo) under each schedule and micro-batch count, the same for every method.
+``balance`` settings). For each schedule and micro-batch count, every partition's stages are scheduled at the same
+budget for that schedule and m (their in-flight micro-batches held in each rank's budget), written as a plan.json
+and run as a pipeline (k torchrun processes, gloo) with them.
 Methods whose cuts coincide run once (``same_as``).
 
 Writes ``<out>.csv`` (a row per model, budget, method, schedule, m) and ``<out>.md`` (tables, the fastest method
@@ -25,6 +26,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -76,24 +78,23 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
     model = memory_model("cpu", None)
     grid = [(s, m) for s in args.schedules for m in args.micro_batches if s != "1f1b" or m >= args.k]
     rows = []
-    for budget in args.budgets:
+    for budget, (schedule, m) in ((b, g) for b in args.budgets for g in grid):
+        # every method's stages budgeted for this schedule and m: its in-flight micro-batches held in each rank's
         plans = method_plans(name, "cpu", nodes, tensors, args.k, parse_budget(budget), bandwidth=bandwidth,
                              swaps=model.swaps, solver=SolverSettings(args.time_limit, 1, args.seed), allocation="cpu",
-                             settings=settings, memory=memory, methods=tuple(args.methods))
-        runs: dict[tuple[str, str, int], dict[str, Any]] = {}  # (method run, schedule, m) -> artifact
+                             settings=replace(settings, micro_batches=m), memory=replace(memory, micro_batches=m),
+                             methods=tuple(args.methods), schedule=schedule)
+        runs: dict[str, dict[str, Any]] = {}  # method run -> artifact
         for method, plan in plans.items():
-            where = Path(f"{args.out}_plans") / name / f"k{args.k}" / f"b{budget}" / method
-            if "error" not in plan:
+            where = Path(f"{args.out}_plans") / name / f"k{args.k}" / f"b{budget}" / f"{schedule}_m{m}" / method
+            ran = plan.get("same_as") or method
+            if "error" not in plan and ran not in runs:
                 write_json(where / "plan.json", {**plan, "memory_model": model.to_dict()})
-            for schedule, m in grid:
-                ran = plan.get("same_as") or method
-                if "error" not in plan and (ran, schedule, m) not in runs:
-                    run_settings = RunSettings(where / "plan.json", name, spec, schedule, m,
-                                               where / f"{schedule}_m{m}.json", args.seed, args.warmup, args.threads,
-                                               False, "cpu", args.repeats, args.tied_grads)
-                    runs[ran, schedule, m] = run_plan(where / "plan.json", run_settings, args.k)
-                rows.append({"model": name, "budget": budget, "method": method, "schedule": schedule, "m": m,
-                             **comparison_row(plan, runs.get((ran, schedule, m), {}))})
+                run_settings = RunSettings(where / "plan.json", name, spec, schedule, m, where / "run.json", args.seed,
+                                           args.warmup, args.threads, False, "cpu", args.repeats, args.tied_grads)
+                runs[ran] = run_plan(where / "plan.json", run_settings, args.k)
+            rows.append({"model": name, "budget": budget, "method": method, "schedule": schedule, "m": m,
+                         **comparison_row(plan, runs.get(ran, {}))})
                 loads.append(os.getloadavg()[0])
                 print(f"{name} b{budget} {method} {schedule} m={m}: "
                       f"{rows[-1].get('measured_step_s', rows[-1].get('error'))}", flush=True)
@@ -109,7 +110,8 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
         f"k={args.k}, {args.threads} thread(s) per rank, {args.repeats} measured step(s) (median) after "
         f"{args.warmup} warm-up, solver {args.time_limit} s per stage, tied gradients reduced once per "
         f"{args.tied_grads.replace('_', '-')}; {load}; {seconds / 60:.1f} min.", "",
-        "Every method's stages scheduled at the same budget and run with the same schedule and m. Predicted: the "
+        "Every method's stages scheduled at the same budget for the schedule and m they run with (each rank's "
+        "budget holds that schedule's in-flight micro-batches). Predicted: the "
         "balance rule's (m + k - 1) t_max; +comm: (m + k - 1) max_s (t_s + c_s) + r, c_s the stage's measured "
         "send/recv per micro-batch, r the measured once-per-step tied reduction (docs/pipeline_run.md); "
         "simulated: the schedule's own action order with each stage's forward and backward measured alone, the "

@@ -40,13 +40,13 @@ def test_pipeline_metrics_formulas():
     assert m.rate == 0.25 and m.spread == 0.75
     assert m.gpipe_step_time_s == (2 + 3 - 1) * 4.0
     # in flight: min(k - s, m) = 2, 2, 1 micro-batches: one runs, the others' stashes wait
-    assert m.peak_1f1b_bytes == [110, 220, 300]
-    assert pipeline_metrics([3.0], [5], [7], 8).peak_1f1b_bytes == [5]  # one stage: nothing else in flight
+    assert m.rank_peak_bytes == [110, 220, 300]
+    assert pipeline_metrics([3.0], [5], [7], 8).rank_peak_bytes == [5]  # one stage: nothing else in flight
     # gradients summed across micro-batches are held on top (m > 1 only)
     sums = [1000, 2000, 3000]
-    assert pipeline_metrics([2.0, 4.0, 1.0], [100, 200, 300], [10, 20, 30], 2, sums).peak_1f1b_bytes == [
+    assert pipeline_metrics([2.0, 4.0, 1.0], [100, 200, 300], [10, 20, 30], 2, sums).rank_peak_bytes == [
         1110, 2220, 3300]
-    assert pipeline_metrics([2.0, 4.0, 1.0], [100, 200, 300], [10, 20, 30], 1, sums).peak_1f1b_bytes == [
+    assert pipeline_metrics([2.0, 4.0, 1.0], [100, 200, 300], [10, 20, 30], 1, sums).rank_peak_bytes == [
         100, 200, 300]
 
 
@@ -104,13 +104,13 @@ def test_balance_loop_records_consistent_numbers(small):
         assert stage["gradient_sum_bytes"] == hold["gradient_sum_bytes"] == gradient_sum_bytes(stage["problem"])
         assert stage["stash_bytes"] == stash_bytes(stage["problem"], events)
         assert stage["carrier_bytes"] == hold["carrier_bytes"]
-        assert stage["peak_1f1b_bytes"] == stage["peak_bytes"] + stage["gradient_sum_bytes"] + (
+        assert stage["rank_peak_bytes"] == stage["peak_bytes"] + stage["gradient_sum_bytes"] + (
             stage["carrier_bytes"] + (stage["in_flight"] - 1) * stage["stash_bytes"])
-        assert stage["peak_1f1b_bytes"] <= stage["rank_budget_bytes"]
+        assert stage["rank_peak_bytes"] <= stage["rank_budget_bytes"]
         assert stage["problem"]["budget_bytes"] == max(0, hold["rank_budget_bytes"] - hold["reserve_bytes"])
-        met = stage["peak_1f1b_bytes"] <= hold["rank_budget_bytes"]
+        met = stage["rank_peak_bytes"] <= hold["rank_budget_bytes"]
         assert stage["rank_status"] == ("met" if met else "raised")
-        assert stage["rank_budget_bytes"] == (hold["rank_budget_bytes"] if met else stage["peak_1f1b_bytes"])
+        assert stage["rank_budget_bytes"] == (hold["rank_budget_bytes"] if met else stage["rank_peak_bytes"])
     cmp = plan["balance"]["dp_comparison"]
     assert cmp["bottleneck_ratio"] == pytest.approx(result.final.metrics.t_max_s / result.dp.metrics.t_max_s)
     assert cmp["dp"]["profiled_bottleneck_s"] <= cmp["ours_profiled_bottleneck_s"] * (1 + 1e-12)

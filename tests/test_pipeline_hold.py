@@ -46,6 +46,10 @@ def test_the_stash_is_what_the_schedule_holds_at_its_first_backward_event():
 def test_a_ranks_peak_adds_the_sums_and_the_other_in_flight_stashes():
     assert [in_flight(s, 4, 8) for s in range(4)] == [4, 3, 2, 1]
     assert [in_flight(s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
+    assert [in_flight(s, 4, 8, "gpipe") for s in range(4)] == [8] * 4  # every forward before the first backward
+    assert [PipelineHold(3, 5, "gpipe").in_flight(s) for s in range(3)] == [5] * 3
+    with pytest.raises(ValueError, match="'interleaved'"):
+        PipelineHold(2, 4, "interleaved")
     hold = StageHold(in_flight=3, sums=50, no_recompute_stash=20, carriers=7)
     assert hold.reserve == 50 + 7 + 2 * 20
     assert carriers_held(3, out=8, into=4) == 4 * 8 + 4
@@ -117,3 +121,20 @@ def test_a_rank_problem_weighs_storages_at_the_devices_allocation_sizes(tiny_gpt
     assert weighed["fixed_bytes"] > plain["fixed_bytes"]
     assert weighed["pipeline"]["carrier_bytes"] > plain["pipeline"]["carrier_bytes"]
     assert weighed["no_recompute_peak_bytes"] > plain["no_recompute_peak_bytes"]
+
+
+def test_a_gpipe_rank_budget_holds_every_micro_batchs_stash(tiny_gpt2):
+    """Planned for GPipe, each rank's problem keeps m - 1 other stashes out of the running micro-batch's budget
+    (1F1B: min(k - s, m) - 1)."""
+    _, _, _, tables = tiny_gpt2
+    nodes = tables.nodes.assign(time_s=1e-6)
+    graph = pipeline_graph(nodes, tables.tensors)
+    stages = stage_stats(graph, partition_graph(graph, range_tables(graph), 2, tolerance=0.02).cuts)
+    for schedule, n in (("1f1b", [2, 1]), ("gpipe", [4, 4])):
+        budget = StageBudget(parse_budget(0.7), 1e9, False, PipelineHold(2, 4, schedule), "cpu")
+        for st, want in zip(stages, n):
+            raw = budgeted_stage_problem(nodes, tables.tensors, st.nodes, budget, st.index)
+            hold = raw["pipeline"]
+            assert (hold["schedule"], hold["in_flight"]) == (schedule, want)
+            assert hold["reserve_bytes"] == hold["gradient_sum_bytes"] + hold["carrier_bytes"] + (
+                want - 1) * hold["no_recompute_stash_bytes"]

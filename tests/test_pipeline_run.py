@@ -33,17 +33,19 @@ from trainplan.schedule.pipeline_hold import PipelineHold
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_plan(tiny_gpt2, path: Path, k: int, spec: dict = TINY_GPT2, name: str = "tiny_gpt2") -> Path:
-    """A balance plan of tiny GPT-2 (traced as ``spec`` says) in ``k`` stages, each at 0.5 of its peak (recomputes
-    planned), with a stand-in profile (time proportional to FLOPs), and a config naming the model, in ``path``."""
+def write_plan(tiny_gpt2, path: Path, k: int, spec: dict = TINY_GPT2, name: str = "tiny_gpt2", schedule: str = "1f1b",
+               m: int = 4) -> Path:
+    """A balance plan of tiny GPT-2 (traced as ``spec`` says) in ``k`` stages for ``schedule`` with ``m``
+    micro-batches, each at 0.5 of its peak (recomputes planned), with a stand-in profile (time proportional to
+    FLOPs), and a config naming the model, in ``path``."""
     _, _, _, tables = tiny_gpt2
     nodes = tables.nodes.assign(time_s=1e-6 + tables.nodes["flops"] * 1e-12)
     graph = pipeline_graph(nodes, tables.tensors)
     ranges = range_tables(graph)
     scheduler = StageScheduler(nodes, tables.tensors, bandwidth=1e9, budget=0.5,
                                solver=SolverSettings(time_limit_s=1.0, workers=1, seed=0), swap=False,
-                               pipeline=PipelineHold(k, 4))
-    settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=4, tolerance=0.02)
+                               pipeline=PipelineHold(k, m, schedule))
+    settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=m, tolerance=0.02)
     result = balance(graph, ranges, partition_graph(graph, ranges, k, tolerance=0.02), scheduler, settings)
     plan = {"model": name, "device": "cpu", "k": k, **Budget(fraction=0.5).fields(),
             **plan_dict(graph, result, settings, None)}
@@ -56,6 +58,12 @@ def write_plan(tiny_gpt2, path: Path, k: int, spec: dict = TINY_GPT2, name: str 
 @pytest.fixture(scope="module")
 def plan_dir(tiny_gpt2, tmp_path_factory) -> Path:
     return write_plan(tiny_gpt2, tmp_path_factory.mktemp("balance") / "k2", 2)
+
+
+@pytest.fixture(scope="module")
+def gpipe_plan_dir(tiny_gpt2, tmp_path_factory) -> Path:
+    """The k=2 plan made for GPipe with m=2: each rank's budget holds both micro-batches' stashes."""
+    return write_plan(tiny_gpt2, tmp_path_factory.mktemp("balance_gpipe") / "k2", 2, schedule="gpipe", m=2)
 
 
 def pipeline_run(*args: str) -> subprocess.CompletedProcess:
@@ -71,7 +79,9 @@ TINY_LLAMA_2L = {**TINY_LLAMA, "config": {**TINY_LLAMA["config"], "num_hidden_la
 
 # each schedule once (10 s a run), each way of reducing the tied embedding's gradient once
 @pytest.mark.parametrize(("schedule", "m", "tied"), [("gpipe", 2, "micro-batch"), ("1f1b", 4, "step")])
-def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan_dir, schedule, m, tied, tmp_path):
+def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan_dir, gpipe_plan_dir, schedule, m,
+                                                                            tied, tmp_path):
+    plan_dir = gpipe_plan_dir if schedule == "gpipe" else plan_dir  # each run with a plan made for its schedule
     out = tmp_path / "run.json"
     done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", schedule,
                         "-m", str(m), "--check", "-o", str(out), "--repeats", "2", "--tied-grads", tied)
@@ -110,6 +120,7 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     for r, mem, st in zip(ranks, run["memory"], plan["stages"]):
         assert (mem["budget_bytes"], mem["fixed_bytes"], mem["status"]) == (st["rank_budget_bytes"],
                                                                             st["fixed_bytes"], st["rank_status"])
+        assert mem["planned_for"] == {"schedule": schedule, "micro_batches": m} and mem["planned_for_run"]
         assert mem["measured_tensor_peak_bytes"] == st["fixed_bytes"] + r["tensor_peak_bytes"]
         if schedule == "1f1b" and tied == "step":  # the plan's accounting: the tensors held within 5% of it
             assert mem["measured_tensor_peak_bytes"] == pytest.approx(mem["predicted_peak_bytes"], rel=0.05)
@@ -138,8 +149,9 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     if tied == "step":  # the plan's carriers are the run's
         assert [st["carrier_bytes"] for st in plan["stages"]] == pred["carrier_bytes"]
     assert pred["stash_bytes"] == [st["stash_bytes"] for st in plan["stages"]]
-    if schedule == "1f1b":
-        assert pred["peak_bytes"] == [st["peak_1f1b_bytes"] for st in plan["stages"]]
+    assert [st["in_flight"] for st in plan["stages"]] == n  # the plan holds the run's in-flight micro-batches
+    if tied == "step":  # with the plan's carriers, the run's predicted rank peaks are the plan's
+        assert pred["peak_bytes"] == [st["rank_peak_bytes"] for st in plan["stages"]]
     assert pred["comm_per_micro_batch_s"] == pytest.approx([r["send_recv_s"] / m for r in ranks])
     assert pred["step_time_with_comm_s"] == pytest.approx(
         (m + 1) * max(t + c for t, c in zip(pred["stage_times_s"], pred["comm_per_micro_batch_s"]))
@@ -264,11 +276,18 @@ def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_b
     data = {"stages": [{"status": "raised", "budget_bytes": 600, "rank_budget_bytes": 1000, "fixed_bytes": 400},
                        {"status": "feasible", "budget_bytes": 800, "fixed_bytes": 300}]}  # a plan before rank budgets
     ranks = [{"peak_bytes": 700}, {"peak_bytes": 500}]  # 1100 > 1000 (a second stash in flight); 800 <= 800
-    out = memory_check(data, ranks, {"peak_bytes": [1150, 790]})
+    out = memory_check(data, ranks, {"peak_bytes": [1150, 790]}, "1f1b", 4)
     assert [(m["measured_peak_bytes"], m["within_budget"], m["predicted_peak_bytes"]) for m in out] == [
         (1100, False, 1150), (800, True, 790)]
     assert out[0]["status"] == "raised"
-    unmetered = memory_check(data, [{"peak_bytes": None}, {"peak_bytes": 1}], {"peak_bytes": None})
+    assert [(m["planned_for"], m["planned_for_run"]) for m in out] == [(None, False)] * 2  # no pipeline hold
+    held = {"stages": [{**st, "problem": {"pipeline": {"schedule": "1f1b", "micro_batches": 4}}}
+                       for st in data["stages"]]}
+    assert [m["planned_for_run"] for m in memory_check(held, ranks, {"peak_bytes": [1, 1]}, "1f1b", 4)] == [True] * 2
+    # a 1F1B plan run under GPipe, or with another m: its budgets do not hold what the run has in flight
+    assert not any(m["planned_for_run"] for m in memory_check(held, ranks, {"peak_bytes": [1, 1]}, "gpipe", 4))
+    assert not any(m["planned_for_run"] for m in memory_check(held, ranks, {"peak_bytes": [1, 1]}, "1f1b", 8))
+    unmetered = memory_check(data, [{"peak_bytes": None}, {"peak_bytes": 1}], {"peak_bytes": None}, "1f1b", 4)
     assert unmetered[0]["within_budget"] is None and unmetered[1]["predicted_peak_bytes"] is None
 
 

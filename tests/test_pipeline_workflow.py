@@ -75,8 +75,10 @@ def test_the_methods_run_beside_ours_at_the_same_budget(study):
         if isinstance(row.same_as, str):
             assert row.cuts == table.loc[row.same_as, "cuts"]
             assert row.measured_step_s == table.loc[row.same_as, "measured_step_s"]
-        else:
-            assert (study / "results/pipeline" / WHERE / "methods_1f1b_m2" / method / "run.json").exists()
+        else:  # every method's ranks budgeted for this run's schedule and m (ours too: balanced for them)
+            run = json.loads((study / "results/pipeline" / WHERE / "methods_1f1b_m2" / method / "run.json").read_text())
+            assert all(m["planned_for"] == {"schedule": "1f1b", "micro_batches": 2} and m["planned_for_run"]
+                       for m in run["memory"])
 
 
 def test_the_figure_is_in_the_report_under_pipeline(study):

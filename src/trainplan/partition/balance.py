@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from trainplan.partition.graph import PipelineGraph
-from trainplan.partition.memory_limit import MemoryLimit, in_flight
+from trainplan.partition.memory_limit import MemoryLimit
 from trainplan.partition.partition import Partition, cuts_bottleneck, partition_graph
 from trainplan.partition.pipeline import FORMULAS, PipelineMetrics, pipeline_metrics
 from trainplan.partition.refine import total_boundary_bytes
@@ -52,12 +52,12 @@ class Evaluated:
             "boundary_bytes": self.boundary_bytes,
             **self.metrics.to_dict(),
             "stages": [{**_stage_numbers(st, sc, peak), "nodes": st.nodes}
-                       for st, sc, peak in zip(self.stages, self.scheduled, self.metrics.peak_1f1b_bytes)],
+                       for st, sc, peak in zip(self.stages, self.scheduled, self.metrics.rank_peak_bytes)],
         }
 
 
 def _stage_numbers(st: StageStats, sc: ScheduledStage, rank_peak: int) -> dict[str, Any]:
-    """A stage's numbers; ``rank_peak``: its rank's 1F1B peak (``PipelineMetrics.peak_1f1b_bytes``)."""
+    """A stage's numbers; ``rank_peak``: its rank's peak with its hold's in-flight micro-batches (``PipelineMetrics.rank_peak_bytes``)."""
     sched = sc.schedule
     hold = sc.problem.get("pipeline") or {}
     requested = int(hold.get("rank_budget_bytes", sched.budget_bytes))
@@ -112,7 +112,7 @@ def evaluate(graph: PipelineGraph, tables: RangeTables, cuts: tuple[int, ...], s
                                [int(x.schedule.peak_bytes) for x in scheduled],
                                [schedule_stash(x) for x in scheduled], micro_batches,
                                [int(h.get("gradient_sum_bytes", 0)) for h in holds],
-                               [int(h.get("carrier_bytes", 0)) for h in holds])
+                               [int(h.get("carrier_bytes", 0)) for h in holds], scheduler.schedule)
     return Evaluated(cuts, stages, scheduled, metrics, total_boundary_bytes(tables, cuts))
 
 
@@ -187,14 +187,14 @@ def iterations_dict(result: Balanced) -> dict[str, Any]:
     }
 
 
-def partition_plan(evaluated: Evaluated, micro_batches: int) -> dict[str, Any]:
+def partition_plan(evaluated: Evaluated) -> dict[str, Any]:
     """The plan of one scheduled partition: its cuts and per-stage problems and schedules (plan.json without the
     balance record; what any partition method's cuts become once :func:`evaluate` scheduled them)."""
-    k = len(evaluated.stages)
     stages = []
-    for st, sc, peak in zip(evaluated.stages, evaluated.scheduled, evaluated.metrics.peak_1f1b_bytes):
+    for st, sc, peak, n in zip(evaluated.stages, evaluated.scheduled, evaluated.metrics.rank_peak_bytes,
+                               evaluated.metrics.in_flight):
         stages.append({**_stage_numbers(st, sc, peak), "nodes": st.nodes,
-                       "in_flight": in_flight(st.index, k, micro_batches), "peak_1f1b_bytes": peak,
+                       "in_flight": n, "rank_peak_bytes": peak,
                        "problem": sc.problem, "schedule": sc.schedule.to_dict()})
     return {"cuts": list(evaluated.cuts), "boundary_bytes": evaluated.boundary_bytes, "stages": stages}
 
@@ -204,7 +204,7 @@ def plan_dict(graph: PipelineGraph, result: Balanced, settings: BalanceSettings,
     """The plan: per-stage problems and schedules of the chosen iteration, and the balance record."""
     final = result.final
     return {
-        **partition_plan(final, settings.micro_batches),
+        **partition_plan(final),
         "balance": {
             **final.metrics.to_dict(),
             "threshold": settings.threshold,

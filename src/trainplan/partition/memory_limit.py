@@ -1,4 +1,4 @@
-"""The per-stage memory a DP can evaluate exactly: parameters plus 1F1B in-flight activation stashes."""
+"""The per-stage memory a DP can evaluate exactly: parameters plus the schedule's in-flight activation stashes."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ class MemoryLimit:
 
     capacity_bytes: int
     micro_batches: int
+    schedule: str = "1f1b"
 
     def need(self, tables: RangeTables, stage: int, k: int) -> np.ndarray:
         """(n+1) x (n+1) bytes needed by stage ``stage`` of ``k`` for every forward range."""
-        return tables.fixed + in_flight(stage, k, self.micro_batches) * tables.stash
+        return tables.fixed + in_flight(stage, k, self.micro_batches, self.schedule) * tables.stash
 
     def admissible(self, tables: RangeTables, stage: int, k: int) -> np.ndarray:
         return self.need(tables, stage, k) <= self.capacity_bytes

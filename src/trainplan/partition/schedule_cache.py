@@ -41,6 +41,11 @@ class StageScheduler:
         self.reused = 0
 
     @property
+    def schedule(self) -> str:
+        """The pipeline schedule the stages are planned for (1F1B without a pipeline)."""
+        return self.budget.pipeline.schedule if self.budget.pipeline is not None else "1f1b"
+
+    @property
     def solved(self) -> int:
         return len(self._cache) - self.reused
 

@@ -25,9 +25,8 @@ PREDICTION_FORMULAS = {
                      "schedule: the slowest rank's tied_receive_s (0 without tied parameters across stages)",
     "busy_s": "m * the stage's scheduled time (plan stages[i].schedule.time, one micro-batch forward+backward)",
     "idle_s": "step_time_s - busy_s",
-    "peak_bytes": "1F1B: " + FORMULAS["peak_1f1b_bytes"] + "; GPipe: the same with all m micro-batches in "
-                  "flight, schedule peak_bytes + gradient_sum_bytes + carrier_bytes + (m - 1) * stash_bytes (carriers "
-                  "held for m micro-batches)",
+    "peak_bytes": FORMULAS["rank_peak_bytes"] + " (the run's schedule and m: carriers held for its in-flight "
+                  "micro-batches)",
 }
 MEASURED = {
     "step_s": "wall time of one schedule.step (after warm-up steps), this rank; the run's: the median over the "
@@ -53,13 +52,16 @@ MEASURED = {
                   "one metered step after the timed ones: on the CPU with freed memory returned to the system so "
                   "that resident memory tracks what is held (the timed steps keep the heap's pages, as the "
                   "profile does; the metered step's time, metered_step_s, pays a page fault per 4 KiB allocated)",
-    "memory": "per rank: the stage's rank_budget_bytes (the cap of the rank, its 1F1B in-flight stashes and "
-              "gradient sums held: the requested one, or where the status is raised the least reachable; plans "
+    "memory": "per rank: the stage's rank_budget_bytes (the cap of the rank, the in-flight stashes of the "
+              "schedule it was planned for and its gradient sums held: the requested one, or where the status is raised the least reachable; plans "
               "made before ranks had their own budget: budget_bytes), predicted_peak_bytes (prediction.peak_bytes), "
               "measured_peak_bytes = the plan's fixed_bytes (parameters and inputs, held before the step) + "
               "peak_bytes (everything the process holds), measured_tensor_peak_bytes the same with "
               "tensor_peak_bytes (torch's allocator: what the plan accounts for), status the rank's (met, or "
-              "raised to its predicted peak), within_budget = measured <= budget and tensors_within_budget",
+              "raised to its predicted peak), within_budget = measured <= budget and tensors_within_budget; "
+              "planned_for: the schedule and m the stage's budget holds in flight, planned_for_run whether they "
+              "are this run's (a budget holds only what it was planned for: a 1F1B plan run under GPipe holds "
+              "m stashes where it planned min(k - s, m))",
     "tensor_peak_bytes": "the most torch's allocator held above the step's start in one more metered step (on the "
                          "CPU from the profiler's memory events; on CUDA peak_bytes itself)",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
@@ -130,7 +132,7 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
     problems = [data["stages"][i]["problem"] for i in range(k)]
     stash = [stash_bytes(pr, st.schedule["events"]) for pr, st in zip(problems, stages)]
     sums = [held_gradient_bytes(pr, m) for pr in problems]
-    n = [m if schedule == "gpipe" else in_flight(s, k, m) for s in range(k)]  # micro-batches in flight
+    n = [in_flight(s, k, m, schedule) for s in range(k)]  # micro-batches in flight
     carriers = [copies_held(pr, i, m, link) for pr, i, link in zip(problems, n, links or [None] * k)]
     metrics = pipeline_metrics(times, peaks, stash, m, sums, carriers)
     step = metrics.gpipe_step_time_s
@@ -142,12 +144,20 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
             "formulas": PREDICTION_FORMULAS}
 
 
-def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any]) -> list[dict[str, Any]]:
+def planned_for(stage: dict[str, Any]) -> dict[str, Any] | None:
+    """The schedule and micro-batch count a plan's stage was budgeted for (None: planned alone, no pipeline)."""
+    hold = stage.get("problem", {}).get("pipeline")
+    return None if hold is None else {"schedule": hold.get("schedule", "1f1b"), "micro_batches": hold["micro_batches"]}
+
+
+def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], schedule: str,
+                 m: int) -> list[dict[str, Any]]:
     """Each rank's measured peak, counting what it held before the step (the plan's fixed bytes), against its
-    stage's budget and the predicted peak with the schedule's in-flight micro-batches (MEASURED['memory'])."""
+    stage's budget and the predicted peak with the run's ``schedule`` and ``m`` in flight (MEASURED['memory'])."""
     out = []
     for i, r in enumerate(ranks):
         stage = data["stages"][i]
+        planned = planned_for(stage)
         fixed, budget = stage.get("fixed_bytes"), stage.get("rank_budget_bytes", stage.get("budget_bytes"))
         measured = None if r["peak_bytes"] is None or fixed is None else int(fixed) + int(r["peak_bytes"])
         tensors = None if r.get("tensor_peak_bytes") is None or fixed is None else int(fixed) + int(
@@ -156,6 +166,8 @@ def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: d
                     "fixed_bytes": fixed,
                     "predicted_peak_bytes": predicted["peak_bytes"][i] if predicted["peak_bytes"] else None,
                     "measured_peak_bytes": measured, "measured_tensor_peak_bytes": tensors,
+                    "planned_for": planned,
+                    "planned_for_run": planned == {"schedule": schedule, "micro_batches": m},
                     "within_budget": None if measured is None or budget is None else measured <= int(budget),
                     "tensors_within_budget": None if tensors is None or budget is None else tensors <= int(budget)})
     return out
@@ -208,7 +220,7 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
         "timeline": {"repeat": chosen, "step_s": slowest[chosen], "ranks": timeline},
         "prediction": predicted,
         "simulated": simulation,
-        "memory": memory_check(data, ranks, predicted),
+        "memory": memory_check(data, ranks, predicted, settings.schedule, settings.micro_batches),
     }
     if all("check" in r for r in ranks):
         out["check"] = {"planned_bit_identical": all(r["check"]["planned"]["bit_identical"] for r in ranks),

@@ -77,7 +77,8 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
     rank_budget = budget_for(raw, budget.requested, peak=raw["no_recompute_peak_bytes"] + stashes) + (
         hold.sums + hold.carriers if budget.requested.fraction is not None else 0)
     raw["budget_bytes"] = max(0, rank_budget - hold.reserve)  # below the reserve: infeasible, raised by our solver
-    raw["pipeline"] = {"k": budget.pipeline.k, "micro_batches": budget.pipeline.micro_batches, "schedule": "1f1b",
+    raw["pipeline"] = {"k": budget.pipeline.k, "micro_batches": budget.pipeline.micro_batches,
+                       "schedule": budget.pipeline.schedule,
                        **hold.to_dict(), "rank_budget_bytes": rank_budget}
     return raw
 

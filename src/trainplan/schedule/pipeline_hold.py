@@ -1,4 +1,4 @@
-"""What a pipeline stage holds besides the micro-batch it runs, under 1F1B with m micro-batches.
+"""What a pipeline stage holds besides the micro-batch it runs, under 1F1B or GPipe with m micro-batches.
 
 Counted on GPT-2 small's default two-stage plan (the allocator's live tensors at each rank's peak; the sum below
 matches each rank's metered tensor peak to a few bytes), a stage s of k holds its running micro-batch as its plan
@@ -15,7 +15,9 @@ says, plus
   crosses a link, held per micro-batch in flight, each in-flight micro-batch's copy of its inputs
   (:func:`inputs_held`), and on the last stage every micro-batch's loss (:func:`loss_bytes`).
 
-So the rank's peak is the plan's peak + ``sums + carriers + (in_flight - 1) * stash``; a stage problem solved
+Under 1F1B a stage has ``min(k - s, m)`` micro-batches in flight; under GPipe, which runs every forward before any
+backward, all m (:func:`in_flight`). So the rank's peak is the plan's peak + ``sums + carriers + (in_flight - 1) *
+stash``; a stage problem solved
 for a pipeline gets the rank's budget less that reserve, with the stash of the plan without recompute (what
 the plan's own stash is measured against afterwards).
 """
@@ -29,20 +31,31 @@ from typing import Any
 from trainplan.schedule.grad_accumulation import accumulates
 
 
-def in_flight(stage: int, k: int, micro_batches: int) -> int:
-    """Micro-batches whose activations stage ``stage`` (0-based) of ``k`` holds at once under 1F1B."""
-    return min(k - stage, micro_batches)
+#: the schedules a stage can be planned for (torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B)
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def in_flight(stage: int, k: int, micro_batches: int, schedule: str = "1f1b") -> int:
+    """Micro-batches whose activations stage ``stage`` (0-based) of ``k`` holds at once: under 1F1B
+    ``min(k - stage, m)``, under GPipe all ``m`` (every forward runs before the first backward)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"pipeline schedule {schedule!r}: expected one of {SCHEDULES}")
+    return micro_batches if schedule == "gpipe" else min(k - stage, micro_batches)
 
 
 @dataclass(frozen=True)
 class PipelineHold:
-    """The pipeline a stage problem is solved for: ``k`` stages, ``micro_batches`` per step, 1F1B."""
+    """The pipeline a stage problem is solved for: ``k`` stages, ``micro_batches`` per step, its ``schedule``."""
 
     k: int
     micro_batches: int
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        in_flight(0, self.k, self.micro_batches, self.schedule)  # a bad schedule raises here, naming it
 
     def in_flight(self, stage: int) -> int:
-        return in_flight(stage, self.k, self.micro_batches)
+        return in_flight(stage, self.k, self.micro_batches, self.schedule)
 
     @property
     def accumulates(self) -> bool:
@@ -136,7 +149,7 @@ class StageHold:
     """A stage's hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without accumulation),
     the ``carriers`` it holds (with its micro-batch input copies and losses) and the ``no_recompute_stash`` bytes
     (the reserve's stash). The rank's peak with a schedule is its peak + sums + carriers + (in_flight - 1) x that
-    schedule's own stash (``PipelineMetrics.peak_1f1b_bytes``)."""
+    schedule's own stash (``PipelineMetrics.rank_peak_bytes``)."""
 
     in_flight: int
     sums: int
