@@ -79,7 +79,7 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
     grid = [(s, m) for s in args.schedules for m in args.micro_batches if s != "1f1b" or m >= args.k]
     rows = []
     for budget, (schedule, m) in ((b, g) for b in args.budgets for g in grid):
-        # every method's stages budgeted for this schedule and m: its in-flight micro-batches held in each rank's
+        # every method's stages budgeted for this schedule and m: its in-flight micro-batches held in each rank's budget
         plans = method_plans(name, "cpu", nodes, tensors, args.k, parse_budget(budget), bandwidth=bandwidth,
                              swaps=model.swaps, solver=SolverSettings(args.time_limit, 1, args.seed), allocation="cpu",
                              settings=replace(settings, micro_batches=m), memory=replace(memory, micro_batches=m),
@@ -95,9 +95,9 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
                 runs[ran] = run_plan(where / "plan.json", run_settings, args.k)
             rows.append({"model": name, "budget": budget, "method": method, "schedule": schedule, "m": m,
                          **comparison_row(plan, runs.get(ran, {}))})
-                loads.append(os.getloadavg()[0])
-                print(f"{name} b{budget} {method} {schedule} m={m}: "
-                      f"{rows[-1].get('measured_step_s', rows[-1].get('error'))}", flush=True)
+            loads.append(os.getloadavg()[0])
+            print(f"{name} b{budget} {method} {schedule} m={m}: "
+                  f"{rows[-1].get('measured_step_s', rows[-1].get('error'))}", flush=True)
     return rows
 
 
