@@ -68,13 +68,14 @@ def test_budget_fraction_out_of_range(small, fraction):
         scheduler(nodes, tensors, fraction)
 
 
-def test_balance_loop_records_consistent_numbers(small):
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_balance_loop_records_consistent_numbers(small, schedule):
     nodes, tensors, g, t = small
-    settings = BalanceSettings(threshold=0.999, max_iterations=3, micro_batches=4, tolerance=0.02)
-    memory = MemoryLimit(2**40, settings.micro_batches)
+    settings = BalanceSettings(threshold=0.999, max_iterations=3, micro_batches=4, tolerance=0.02, schedule=schedule)
+    memory = MemoryLimit(2**40, settings.micro_batches, schedule)
     first = partition_graph(g, t, 3, tolerance=settings.tolerance, memory=memory)
     sched = StageScheduler(nodes, tensors, bandwidth=1e6, budget=0.5, solver=SOLVER,
-                           pipeline=PipelineHold(3, settings.micro_batches))
+                           pipeline=PipelineHold(3, settings.micro_batches, schedule))
     result = balance(g, t, first, sched, settings, memory)
     assert 1 <= len(result.iterations) <= settings.max_iterations
     assert result.iterations[0].cuts == first.cuts
@@ -92,6 +93,7 @@ def test_balance_loop_records_consistent_numbers(small):
         assert rates[-1] <= rates[-2]
     plan = plan_dict(g, result, settings, memory)
     assert plan["balance"]["rate"] == result.final.metrics.rate
+    assert plan["balance"]["schedule"] == schedule
     assert sorted(n for s in plan["stages"] for n in s["nodes"]) == sorted(nodes.name)
     for stage in plan["stages"]:
         problem = problem_from_dict(stage["problem"])
@@ -100,7 +102,9 @@ def test_balance_loop_records_consistent_numbers(small):
         assert replay(problem, events, stage["schedule"]["budget_bytes"]).time == pytest.approx(stage["time_s"])
         # the rank holds its gradient sums and the other in-flight micro-batches' stashes: within its budget
         hold = stage["problem"]["pipeline"]
-        assert stage["in_flight"] == hold["in_flight"] == min(3 - stage["index"], 4)
+        # 1F1B: min(k - s, m) micro-batches in flight; GPipe: every forward before the first backward, all m
+        assert stage["in_flight"] == hold["in_flight"] == (min(3 - stage["index"], 4) if schedule == "1f1b" else 4)
+        assert hold["schedule"] == schedule
         assert stage["gradient_sum_bytes"] == hold["gradient_sum_bytes"] == gradient_sum_bytes(stage["problem"])
         assert stage["stash_bytes"] == stash_bytes(stage["problem"], events)
         assert stage["carrier_bytes"] == hold["carrier_bytes"]

@@ -12,6 +12,7 @@ rule partition:
         k=lambda wildcards: int(wildcards.k),
         tolerance=config["balance"]["tolerance"],
         micro_batches=config["balance"]["micro_batches"],
+        pipeline_schedule=config["balance"]["schedule"],
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
         code=code_version("partition"),
     wildcard_constraints:

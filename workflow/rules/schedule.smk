@@ -17,6 +17,7 @@ rule schedule:
         seed=config["solver"]["seed"],
         memory_model=device_memory_model,
         micro_batches=config["balance"]["micro_batches"],
+        pipeline_schedule=config["balance"]["schedule"],
         code=code_version("schedule"),
     threads: config["solver"]["workers"]
     conda:

@@ -30,14 +30,14 @@ with log_to(snakemake.log[0]) as log:
     pipeline = pipeline_graph(graph.nodes, graph.tensors)
     tables = range_tables(pipeline)
     settings = BalanceSettings(**par.balance)
-    memory = MemoryLimit(par.memory_bytes, settings.micro_batches)
+    memory = MemoryLimit(par.memory_bytes, settings.micro_batches, settings.schedule)
     partition = read_json(inp.partition, schema="partition")
     first = partition_from_dict(pipeline, partition)
     requested = wildcard_budget(wc.budget)
     solver = SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"])
     scheduler = StageScheduler(graph.nodes, graph.tensors, bandwidth=read_host_link(inp.profile_summary),
                                budget=requested, solver=solver, swap=par.memory_model["swaps"],
-                               pipeline=PipelineHold(first.k, settings.micro_batches),
+                               pipeline=PipelineHold(first.k, settings.micro_batches, settings.schedule),
                                allocation=par.memory_model["device_type"])
     for res in read_stage_schedules(inp.schedules, [stage["nodes"] for stage in partition["stages"]]):
         scheduler.reuse(res.index, res.nodes, res.problem, res.ours)

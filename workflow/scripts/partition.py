@@ -10,7 +10,7 @@ with log_to(snakemake.log[0]) as log:
     graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
     pipeline = pipeline_graph(graph.nodes, graph.tensors)
     tables = range_tables(pipeline)
-    memory = MemoryLimit(par.memory_bytes, par.micro_batches)
+    memory = MemoryLimit(par.memory_bytes, par.micro_batches, par.pipeline_schedule)
     part = partition_graph(pipeline, tables, par.k, tolerance=par.tolerance, memory=memory)
     log.info("k=%d: cuts %s, bottleneck %.4f s, boundary bytes %d -> %d after %d moves", part.k, list(part.cuts),
              max(s.time_s for s in part.stages), part.refined.start_bytes, part.refined.end_bytes,

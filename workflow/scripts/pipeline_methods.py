@@ -21,7 +21,7 @@ with log_to(snakemake.log[0]) as log:
     inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards
     graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
     k, m = int(wc.k), int(wc.m)
-    settings = replace(BalanceSettings(**par.balance), micro_batches=m)
+    settings = replace(BalanceSettings(**par.balance), micro_batches=m, schedule=wc.schedule)
     balanced = read_json(inp.plan, schema="plan")
     reuse = all(planned_for(st) == {"schedule": wc.schedule, "micro_batches": m} for st in balanced["stages"])
     methods = tuple(par.settings["methods"]) + (() if reuse else (OURS,))
@@ -30,7 +30,7 @@ with log_to(snakemake.log[0]) as log:
                          bandwidth=read_host_link(inp.profile_summary), swaps=par.memory_model["swaps"],
                          solver=SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"]),
                          settings=settings, memory=MemoryLimit(par.memory_bytes, settings.micro_batches),
-                         methods=methods, allocation=par.memory_model["device_type"], schedule=wc.schedule)
+                         methods=methods, allocation=par.memory_model["device_type"])
     if reuse:
         add_plan(plans, OURS, balanced)
     runs, rows = {}, []

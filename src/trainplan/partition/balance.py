@@ -29,6 +29,7 @@ class BalanceSettings:
     max_iterations: int  # partitions scheduled at most, the first included
     micro_batches: int
     tolerance: float  # refinement may raise the bottleneck weight by this fraction
+    schedule: str = "1f1b"  # the pipeline schedule whose in-flight micro-batches each rank's budget holds
 
 
 @dataclass
