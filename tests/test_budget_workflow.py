@@ -15,8 +15,8 @@ from trainplan.budget import parse_budget
 pytestmark = pytest.mark.workflow
 
 #: small_cnn's stage (cpu, k=1) has 16 KiB fixed; with its convolutions' measured workspaces its least reachable
-#: budget is about 218 KiB: 230KiB is met as requested, 100KB is raised
-MET, RAISED = "230KiB", "100KB"
+#: budget is about 232 KiB (storages weighed at their CPU allocation sizes): 260KiB is met as requested, 100KB is raised
+MET, RAISED = "260KiB", "100KB"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def _read(results: Path, stage: str, budget: str, name: str) -> dict:
 def test_a_byte_budget_is_each_stages_cap_and_the_meter_checks_it(study):
     requested = parse_budget(MET).bytes
     plan = _read(study, "balance", MET, "plan.json")
-    assert (plan["budget"], plan["budget_fraction"], plan["requested_budget_bytes"]) == ("230.00 KiB", None, requested)
+    assert (plan["budget"], plan["budget_fraction"], plan["requested_budget_bytes"]) == ("260.00 KiB", None, requested)
     (stage,) = plan["stages"]
     assert stage["problem"]["budget_bytes"] == stage["budget_bytes"] == requested
     assert stage["schedule"]["status"] in ("optimal", "feasible") and stage["peak_bytes"] <= requested

@@ -35,6 +35,7 @@ from trainplan.execute.pool import clone_storage
 from trainplan.execute.runner import ExecutionError, execution_order
 from trainplan.execute.state import rerun
 from trainplan.host_swap import HostCopy, from_host, to_host
+from trainplan.memory_model import storage_weight
 
 #: (dtype, storage offset, size, stride) of a slot's tensor, from the trace
 SlotMeta = tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...]]
@@ -87,19 +88,23 @@ def hand_over(t: torch.Tensor) -> torch.UntypedStorage:
 
 @dataclass
 class Probe:
-    """Live storages per stage, recorded after every event of a probed compiled run."""
+    """Live storages per stage, recorded after every event of a probed compiled run, each weighed as its stage's
+    plan weighs it (``allocation``: the device type of its allocation sizes, ``memory_model.storage_weight``)."""
 
-    fixed: list[dict[int, int]]  # per stage: data pointer -> bytes of the fixed storages it reads
+    fixed: list[dict[int, int]]  # per stage: data pointer -> weight of the fixed storages it reads
+    allocation: list[str | None] = field(default_factory=list)  # per stage; empty: data bytes
     tracked: list[list[tuple[StorageWeakRef, int, int, int]]] = field(default_factory=list)  # (ref, ptr, bytes, sid)
     after: list[tuple[int, int, int, frozenset[int]]] = field(default_factory=list)  # (stage, pos, bytes, sids)
 
     def __post_init__(self) -> None:
         self.tracked = [[] for _ in self.fixed]
+        self.allocation = self.allocation or [None] * len(self.fixed)
 
     def track(self, t: Any, stage: int, sid: int) -> None:
         if isinstance(t, torch.Tensor):
             st = t.untyped_storage()
-            self.tracked[stage].append((StorageWeakRef(st), st.data_ptr(), st.nbytes(), sid))
+            self.tracked[stage].append((StorageWeakRef(st), st.data_ptr(),
+                                        storage_weight(self.allocation[stage], st.nbytes()), sid))
 
     def event_done(self, stage: int, position: int) -> None:
         live = [x for x in self.tracked[stage] if not x[0].expired()]
@@ -459,8 +464,9 @@ def clocked_run(plan: CompiledPlan, flat: list[torch.Tensor], device: torch.devi
 def probe_run(plan: CompiledPlan, layout: GraphLayout, stages: list[StageLayout],
               flat: list[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], Probe]:
     """Run a probed compiled plan; the probe holds live storage ids and device bytes after every event."""
-    fixed = [{layout.fixed[sid].untyped_storage().data_ptr(): layout.fixed[sid].untyped_storage().nbytes()
-              for sid in st.fixed} for st in stages]
-    with probing(Probe(fixed)) as probe:
+    fixed = [{layout.fixed[sid].untyped_storage().data_ptr():
+              storage_weight(st.allocation, layout.fixed[sid].untyped_storage().nbytes()) for sid in st.fixed}
+             for st in stages]
+    with probing(Probe(fixed, [st.allocation for st in stages])) as probe:
         out = plan(*flat)
     return out, probe
