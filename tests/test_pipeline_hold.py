@@ -117,7 +117,8 @@ def test_a_rank_problem_weighs_storages_at_the_devices_allocation_sizes(tiny_gpt
     assert weighed["allocation"] == "cpu" and "allocation" not in plain
     assert [op["id"] for op in plain["ops"]] == [op["id"] for op in weighed["ops"]]
     for raw_op, op in zip(plain["ops"], weighed["ops"]):  # an op of no bytes (a view) weighs none; else its storages'
-        assert op["bytes"] == raw_op["bytes"] == 0 or op["bytes"] >= allocation_bytes("cpu", raw_op["bytes"]) > raw_op["bytes"]
+        assert op["bytes"] == raw_op["bytes"] == 0 or (
+            op["bytes"] >= allocation_bytes("cpu", raw_op["bytes"]) > raw_op["bytes"])
     assert weighed["fixed_bytes"] > plain["fixed_bytes"]
     assert weighed["pipeline"]["carrier_bytes"] > plain["pipeline"]["carrier_bytes"]
     assert weighed["no_recompute_peak_bytes"] > plain["no_recompute_peak_bytes"]

@@ -1,7 +1,8 @@
 """Snakemake adapter: build each stage's scheduling problem and solve it with our method and every baseline;
 write every stage (problem, schedules) to one schedules.json and the comparison table. Ops may be swapped only
 where the device's host memory is separate (its memory model, recorded in schedules.json). With k >= 2 stages the
-budget is each rank's in a pipeline of the balance block's micro-batches and schedule (trainplan.schedule.pipeline_hold)."""
+budget is each rank's in a pipeline of the balance block's micro-batches and schedule
+(trainplan.schedule.pipeline_hold)."""
 
 from trainplan.artifacts import read_host_link, read_profiled_graph
 from trainplan.budget import wildcard_budget
@@ -18,7 +19,8 @@ with log_to(snakemake.log[0]) as log:
     stages = [stage["nodes"] for stage in partition["stages"]]
     requested = wildcard_budget(wc.budget)
     budget = StageBudget(requested, read_host_link(inp.profile_summary), par.memory_model["swaps"],
-                         PipelineHold(int(wc.k), par.micro_batches, par.pipeline_schedule), par.memory_model["device_type"])
+                         PipelineHold(int(wc.k), par.micro_batches, par.pipeline_schedule),
+                         par.memory_model["device_type"])
     results = schedule_stages(graph.nodes, graph.tensors, stages, budget=budget,
                               solver=SolverSettings(par.time_limit_s, par.workers, par.seed))
     for res in results:

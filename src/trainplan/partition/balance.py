@@ -58,7 +58,8 @@ class Evaluated:
 
 
 def _stage_numbers(st: StageStats, sc: ScheduledStage, rank_peak: int) -> dict[str, Any]:
-    """A stage's numbers; ``rank_peak``: its rank's peak with its hold's in-flight micro-batches (``PipelineMetrics.rank_peak_bytes``)."""
+    """A stage's numbers; ``rank_peak``: its rank's peak with its hold's in-flight micro-batches
+    (``PipelineMetrics.rank_peak_bytes``)."""
     sched = sc.schedule
     hold = sc.problem.get("pipeline") or {}
     requested = int(hold.get("rank_budget_bytes", sched.budget_bytes))

@@ -32,13 +32,15 @@ def method_plans(model: str, device: str, nodes: pd.DataFrame, tensors: pd.DataF
                  allocation: str | None = None) -> dict[str, dict[str, Any]]:
     """Each method's plan of the profiled graph (``nodes`` with ``time_s``) in ``k`` stages at ``budget``, every
     stage scheduled by one scheduler (identical stages solved once) for a pipeline of ``settings.micro_batches``
-    under ``settings.schedule`` (its in-flight micro-batches held in each rank's budget): plan.json's stage fields with the
-    cuts, the partition's rate and t_max, and ``same_as`` (the first method with the same cuts); ``{"error": ...}``
-    for a method that cannot make k stages or whose stage meets no budget. ``ours``: the balance rule's plan."""
+    under ``settings.schedule`` (its in-flight micro-batches held in each rank's budget): plan.json's stage fields
+    with the cuts, the partition's rate and t_max, and ``same_as`` (the first method with the same cuts);
+    ``{"error": ...}`` for a method that cannot make k stages or whose stage meets no budget. ``ours``: the balance
+    rule's plan."""
     graph = pipeline_graph(nodes, tensors)
     tables = range_tables(graph)
+    hold = PipelineHold(k, settings.micro_batches, settings.schedule)
     scheduler = StageScheduler(nodes, tensors, bandwidth=bandwidth, budget=budget, solver=solver, swap=swaps,
-                               pipeline=PipelineHold(k, settings.micro_batches, settings.schedule), allocation=allocation)
+                               pipeline=hold, allocation=allocation)
     memory = replace(memory, schedule=settings.schedule) if memory is not None else None
     try:
         layers: Layers | str = model_layers(graph, nodes, tensors, model)

@@ -53,8 +53,9 @@ MEASURED = {
                   "that resident memory tracks what is held (the timed steps keep the heap's pages, as the "
                   "profile does; the metered step's time, metered_step_s, pays a page fault per 4 KiB allocated)",
     "memory": "per rank: the stage's rank_budget_bytes (the cap of the rank, the in-flight stashes of the "
-              "schedule it was planned for and its gradient sums held: the requested one, or where the status is raised the least reachable; plans "
-              "made before ranks had their own budget: budget_bytes), predicted_peak_bytes (prediction.peak_bytes), "
+              "schedule it was planned for and its gradient sums held: the requested one, or where the status is "
+              "raised the least reachable; plans made before ranks had their own budget: budget_bytes), "
+              "predicted_peak_bytes (prediction.peak_bytes), "
               "measured_peak_bytes = the plan's fixed_bytes (parameters and inputs, held before the step) + "
               "peak_bytes (everything the process holds), measured_tensor_peak_bytes the same with "
               "tensor_peak_bytes (torch's allocator: what the plan accounts for), status the rank's (met, or "

@@ -35,7 +35,8 @@ def split_op(problem: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def rank_peak(problem: dict[str, Any], schedule: Schedule) -> int | None:
-    """The rank's peak (its hold's in-flight micro-batches) with ``schedule`` (``PipelineMetrics.rank_peak_bytes``); None without events."""
+    """The rank's peak (its hold's in-flight micro-batches) with ``schedule`` (``PipelineMetrics.rank_peak_bytes``);
+    None without events."""
     hold = problem["pipeline"]
     if not schedule.ok or schedule.peak_bytes is None:
         return None
