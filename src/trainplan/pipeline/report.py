@@ -135,7 +135,7 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
     sums = [held_gradient_bytes(pr, m) for pr in problems]
     n = [in_flight(s, k, m, schedule) for s in range(k)]  # micro-batches in flight
     carriers = [copies_held(pr, i, m, link) for pr, i, link in zip(problems, n, links or [None] * k)]
-    metrics = pipeline_metrics(times, peaks, stash, m, sums, carriers)
+    metrics = pipeline_metrics(times, peaks, stash, m, sums, carriers, schedule)
     step = metrics.gpipe_step_time_s
     peak = [p + g + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
     return {"stage_times_s": times, "t_max_s": metrics.t_max_s, "step_time_s": step,
