@@ -82,8 +82,8 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
         # every method's stages budgeted for this schedule and m: its in-flight micro-batches held in each rank's budget
         plans = method_plans(name, "cpu", nodes, tensors, args.k, parse_budget(budget), bandwidth=bandwidth,
                              swaps=model.swaps, solver=SolverSettings(args.time_limit, 1, args.seed), allocation="cpu",
-                             settings=replace(settings, micro_batches=m, schedule=schedule),
-                             memory=replace(memory, micro_batches=m), methods=tuple(args.methods))
+                             settings=replace(settings, micro_batches=m, schedule=schedule), memory=memory,
+                             methods=tuple(args.methods))
         runs: dict[str, dict[str, Any]] = {}  # method run -> artifact
         for method, plan in plans.items():
             where = Path(f"{args.out}_plans") / name / f"k{args.k}" / f"b{budget}" / f"{schedule}_m{m}" / method

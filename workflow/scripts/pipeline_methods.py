@@ -14,7 +14,7 @@ from trainplan.io import read_json, write_json, write_table
 from trainplan.logs import log_to
 from trainplan.partition import BalanceSettings, MemoryLimit, SolverSettings
 from trainplan.pipeline.compare import OURS, add_plan, comparison_row, method_plans, run_plan
-from trainplan.pipeline.report import planned_for
+from trainplan.pipeline.report import made_for
 from trainplan.pipeline.run import RunSettings
 
 with log_to(snakemake.log[0]) as log:
@@ -23,7 +23,7 @@ with log_to(snakemake.log[0]) as log:
     k, m = int(wc.k), int(wc.m)
     settings = replace(BalanceSettings(**par.balance), micro_batches=m, schedule=wc.schedule)
     balanced = read_json(inp.plan, schema="plan")
-    reuse = all(planned_for(st) == {"schedule": wc.schedule, "micro_batches": m} for st in balanced["stages"])
+    reuse = all(made_for(st, wc.schedule, m) for st in balanced["stages"])
     methods = tuple(par.settings["methods"]) + (() if reuse else (OURS,))
     log.info("ours: %s", "the balance rule's plan" if reuse else f"balanced here for {wc.schedule} with m={m}")
     plans = method_plans(wc.model, wc.device, graph.nodes, graph.tensors, k, wildcard_budget(wc.budget),

@@ -92,13 +92,12 @@ class Probe:
     plan weighs it (``allocation``: the device type of its allocation sizes, ``memory_model.storage_weight``)."""
 
     fixed: list[dict[int, int]]  # per stage: data pointer -> weight of the fixed storages it reads
-    allocation: list[str | None] = field(default_factory=list)  # per stage; empty: data bytes
+    allocation: list[str | None]  # per stage: the device type its plan weighs storages at (None: data bytes)
     tracked: list[list[tuple[StorageWeakRef, int, int, int]]] = field(default_factory=list)  # (ref, ptr, bytes, sid)
     after: list[tuple[int, int, int, frozenset[int]]] = field(default_factory=list)  # (stage, pos, bytes, sids)
 
     def __post_init__(self) -> None:
         self.tracked = [[] for _ in self.fixed]
-        self.allocation = self.allocation or [None] * len(self.fixed)
 
     def track(self, t: Any, stage: int, sid: int) -> None:
         if isinstance(t, torch.Tensor):

@@ -41,7 +41,7 @@ def method_plans(model: str, device: str, nodes: pd.DataFrame, tensors: pd.DataF
     hold = PipelineHold(k, settings.micro_batches, settings.schedule)
     scheduler = StageScheduler(nodes, tensors, bandwidth=bandwidth, budget=budget, solver=solver, swap=swaps,
                                pipeline=hold, allocation=allocation)
-    memory = replace(memory, schedule=settings.schedule) if memory is not None else None
+    memory = replace(memory, micro_batches=hold.micro_batches, schedule=hold.schedule) if memory is not None else None
     try:
         layers: Layers | str = model_layers(graph, nodes, tensors, model)
     except PartitionError as exc:  # the methods that split at layers fail, the others run

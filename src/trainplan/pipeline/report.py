@@ -151,6 +151,11 @@ def planned_for(stage: dict[str, Any]) -> dict[str, Any] | None:
     return None if hold is None else {"schedule": hold.get("schedule", "1f1b"), "micro_batches": hold["micro_batches"]}
 
 
+def made_for(stage: dict[str, Any], schedule: str, m: int) -> bool:
+    """Whether a plan's stage was budgeted for ``schedule`` with ``m`` micro-batches in flight."""
+    return planned_for(stage) == {"schedule": schedule, "micro_batches": m}
+
+
 def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], schedule: str,
                  m: int) -> list[dict[str, Any]]:
     """Each rank's measured peak, counting what it held before the step (the plan's fixed bytes), against its
@@ -158,7 +163,6 @@ def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: d
     out = []
     for i, r in enumerate(ranks):
         stage = data["stages"][i]
-        planned = planned_for(stage)
         fixed, budget = stage.get("fixed_bytes"), stage.get("rank_budget_bytes", stage.get("budget_bytes"))
         measured = None if r["peak_bytes"] is None or fixed is None else int(fixed) + int(r["peak_bytes"])
         tensors = None if r.get("tensor_peak_bytes") is None or fixed is None else int(fixed) + int(
@@ -167,8 +171,7 @@ def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: d
                     "fixed_bytes": fixed,
                     "predicted_peak_bytes": predicted["peak_bytes"][i] if predicted["peak_bytes"] else None,
                     "measured_peak_bytes": measured, "measured_tensor_peak_bytes": tensors,
-                    "planned_for": planned,
-                    "planned_for_run": planned == {"schedule": schedule, "micro_batches": m},
+                    "planned_for": planned_for(stage), "planned_for_run": made_for(stage, schedule, m),
                     "within_budget": None if measured is None or budget is None else measured <= int(budget),
                     "tensors_within_budget": None if tensors is None or budget is None else tensors <= int(budget)})
     return out
