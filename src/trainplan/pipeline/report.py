@@ -48,10 +48,12 @@ MEASURED = {
     "transfer_s": "seconds per carrier on each link this rank is on, per direction (from send_recv_s's timings)",
     "over_simulated": "step_s / simulated.step_time_s: the schedule's own action order with this run's stage and "
                       "transfer costs",
-    "peak_bytes": "the most the rank's memory rose above what it held before the step, its gradients cleared, in "
-                  "one metered step after the timed ones: on the CPU with freed memory returned to the system so "
-                  "that resident memory tracks what is held (the timed steps keep the heap's pages, as the "
-                  "profile does; the metered step's time, metered_step_s, pays a page fault per 4 KiB allocated)",
+    "peak_bytes": "the most the rank's memory rose above what it held before the step, its gradients cleared: the "
+                  "median of as many metered steps as repeats (each in peak_bytes_readings) after the timed ones "
+                  "and one unread metered step (the meter thread's first step allocates the BLAS buffers it then "
+                  "keeps): on the CPU with freed memory returned to the system so that resident memory tracks "
+                  "what is held (the timed steps keep the heap's pages, as the profile does; the metered steps' "
+                  "median time, metered_step_s, pays a page fault per 4 KiB allocated)",
     "memory": "per rank: the stage's rank_budget_bytes (the cap of the rank, the in-flight stashes of the "
               "schedule it was planned for and its gradient sums held: the requested one, or where the status is "
               "raised the least reachable; plans made before ranks had their own budget: budget_bytes), "

@@ -243,6 +243,18 @@ def measured_step(r: Rank, *, meter: str | None) -> tuple[dict[str, Any], list[t
             "actions": actions}, losses
 
 
+def metered_peaks(r: Rank, readings: int) -> dict[str, Any]:
+    """This rank's peak bytes on the process meter (:func:`measured_step`): the median of ``readings`` metered
+    steps after one unread (the meter thread's warm-up), each reading, the method and the metered steps' median
+    time."""
+    measured_step(r, meter="process")
+    metered = [measured_step(r, meter="process")[0] for _ in range(readings)]
+    peaks = [m["peak_bytes"] for m in metered]
+    return {"peak_bytes": None if None in peaks else int(median(peaks)), "peak_bytes_readings": peaks,
+            "peak_method": metered[0]["peak_method"] + f" (median of {readings} after one unread)",
+            "metered_step_s": median(m["step_s"] for m in metered)}
+
+
 def send_recv_seconds(r: Rank, m: int) -> tuple[float, dict[str, list[float | None]]]:
     """This rank's seconds sending and receiving one step's carriers alone: for each link in turn, after a
     barrier, the m forward carriers, then the m gradients back (no compute, nobody waiting for a peer). Also the
@@ -329,12 +341,12 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
             mine["check"] = compare_with_references(grads, losses, built, mbs, reference, where=str(settings.plan),
                                                     tied=tied)
         mine["alone"] = stage_alone(r, {n: mbs[0][n] for n in r.batch}, settings.repeats)
-        # The peak from one more step with freed memory returned to the system, so that resident memory tracks
-        # what the rank holds (a step pays a page fault per 4 KiB it allocates then: ~20% of GPT-2's time).
+        # The peak from more steps with freed memory returned to the system, so that resident memory tracks
+        # what the rank holds (a step pays a page fault per 4 KiB it allocates then: ~20% of GPT-2's time): one
+        # unread, as the meter thread's first step allocates the BLAS buffers it then keeps (GPT-2's last stage:
+        # +10 MiB), then the median of ``repeats`` readings.
         memory = return_freed_memory()
-        metered, _ = measured_step(r, meter="process")
-        mine.update(peak_bytes=metered["peak_bytes"], peak_method=metered["peak_method"],
-                    metered_step_s=metered["step_s"])
+        mine.update(metered_peaks(r, settings.repeats))
         # and the tensors alone, to set against the plan's accounting (on CUDA the metered step's is that already)
         tensors = measured_step(r, meter="allocator")[0] if device.type == "cpu" else metered
         mine.update(tensor_peak_bytes=tensors["peak_bytes"], tensor_peak_method=tensors["peak_method"])
