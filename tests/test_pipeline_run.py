@@ -26,7 +26,7 @@ from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.io import write_json, write_yaml
 from trainplan.models import build_model
-from trainplan.pipeline.report import median_repeat, memory_check, rank_numbers, with_communication
+from trainplan.pipeline.report import holds_run, median_repeat, memory_check, rank_numbers, with_communication
 from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
                                  pipeline_graph, plan_dict, range_tables)
 from trainplan.schedule.pipeline_hold import PipelineHold
@@ -287,9 +287,16 @@ def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_b
     held = {"stages": [{**st, "problem": {"pipeline": {"schedule": "1f1b", "micro_batches": 4}}}
                        for st in data["stages"]]}
     assert [m["planned_for_run"] for m in memory_check(held, ranks, {"peak_bytes": [1, 1]}, "1f1b", 4)] == [True] * 2
-    # a 1F1B plan run under GPipe, or with another m: its budgets do not hold what the run has in flight
-    assert not any(m["planned_for_run"] for m in memory_check(held, ranks, {"peak_bytes": [1, 1]}, "gpipe", 4))
-    assert not any(m["planned_for_run"] for m in memory_check(held, ranks, {"peak_bytes": [1, 1]}, "1f1b", 8))
+    # a 1F1B plan run under GPipe, with more micro-batches, or with fewer in flight: its budgets do not hold the run
+    for schedule, m in (("gpipe", 4), ("1f1b", 8), ("1f1b", 1)):
+        assert not any(m["planned_for_run"] for m in memory_check(held, ranks, {"peak_bytes": [1, 1]}, schedule, m))
+    # under 1F1B with k <= m' <= m the stages hold as many micro-batches as planned (2 and 1)
+    assert [m["planned_for_run"] for m in memory_check(held, ranks, {"peak_bytes": [1, 1]}, "1f1b", 2)] == [True] * 2
+    gpipe = {"stages": [{**st, "problem": {"pipeline": {"schedule": "gpipe", "micro_batches": 4}}}
+                        for st in data["stages"]]}
+    assert holds_run(gpipe["stages"], "gpipe", 4) == [True, True]
+    assert holds_run(gpipe["stages"], "gpipe", 2) == holds_run(gpipe["stages"], "1f1b", 4) == [False, False]
+    assert holds_run(held["stages"], "gpipe", 2) == [True, False]  # stage 0: 2 in flight either way
     unmetered = memory_check(data, [{"peak_bytes": None}, {"peak_bytes": 1}], {"peak_bytes": None}, "1f1b", 4)
     assert unmetered[0]["within_budget"] is None and unmetered[1]["predicted_peak_bytes"] is None
 

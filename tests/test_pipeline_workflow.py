@@ -13,6 +13,8 @@ import pytest
 import yaml
 from workflow_run import TINY, copy_of_study, snakemake
 
+from trainplan.pipeline.report import holds_run
+
 pytestmark = pytest.mark.workflow
 WHERE = "tiny_gpt2/cpu/k2/b0.6"
 PIPELINE = {"schedules": ["1f1b"], "micro_batches": [2], "threads": 1, "warmup": 1, "repeats": 2, "check": True,
@@ -38,7 +40,7 @@ def study(tiny_study, tmp_path_factory) -> Path:
     """In a copy of the tiny study (tiny GPT-2's export and profile kept: file times kept, they do not rerun)."""
     work = tmp_path_factory.mktemp("pipeline")
     copy_of_study(tiny_study, work / "w")
-    out = snakemake(work / "w", _config(work), *TARGETS)
+    out = snakemake(work / "w", _config(work, pipeline={**PIPELINE, "schedules": ["1f1b", "gpipe"]}), *TARGETS)
     assert out.returncode == 0, out.stderr[-4000:]
     return work / "w"
 
@@ -60,6 +62,11 @@ def test_the_rule_runs_the_plan_as_a_pipeline_and_draws_each_rank(study):
         assert len(rank["step_s_repeats"]) == 2 and "actions_repeats" not in rank
         assert sorted((a["kind"], a["micro_batch"]) for a in actions) == [("B", 0), ("B", 1), ("F", 0), ("F", 1)]
         assert all(0 <= a["start_s"] < a["end_s"] <= run["timeline"]["step_s"] for a in actions)
+    # the balance rule's plan (made for 1F1B with balance.micro_batches, 8) holds this run: run as it is
+    plan = json.loads((study / "results/pipeline" / WHERE / "plan_1f1b_m2.json").read_text())
+    balanced = json.loads((study / "results/balance" / WHERE / "plan.json").read_text())
+    assert plan["cuts"] == balanced["cuts"] and plan["partition_method"] == "ours"
+    assert all(m["planned_for_run"] for m in run["memory"])
     log = (study / "logs/pipeline" / WHERE / "1f1b_m2.log").read_text()
     assert "1f1b k=2 m=2" in log  # rank 0's line, from the torchrun ranks' output
     assert (study / "benchmarks/pipeline" / WHERE / "1f1b_m2.tsv").exists()
@@ -75,10 +82,30 @@ def test_the_methods_run_beside_ours_at_the_same_budget(study):
         if isinstance(row.same_as, str):
             assert row.cuts == table.loc[row.same_as, "cuts"]
             assert row.measured_step_s == table.loc[row.same_as, "measured_step_s"]
-        else:  # every method's ranks budgeted for this run's schedule and m (ours too: balanced for them)
+        else:  # every method's ranks budgeted for what this run holds in flight (ours: the balance rule's plan,
+            # made for 1F1B with m=8, holds 1F1B with m=2 at k=2)
             run = json.loads((study / "results/pipeline" / WHERE / "methods_1f1b_m2" / method / "run.json").read_text())
-            assert all(m["planned_for"] == {"schedule": "1f1b", "micro_batches": 2} and m["planned_for_run"]
+            assert all(m["planned_for_run"] for m in run["memory"])
+            assert all(m["planned_for"] == {"schedule": "1f1b", "micro_batches": 8 if method == "ours" else 2}
                        for m in run["memory"])
+
+
+def test_a_run_the_balance_plan_does_not_hold_gets_a_plan_balanced_for_it(study):
+    """GPipe holds every micro-batch in flight, the balance rule's 1F1B plan min(k - s, m): ours is balanced again
+    for GPipe with the run's m, each rank's budget holding its m stashes."""
+    target = f"results/pipeline/{WHERE}/plan_gpipe_m2.json"
+    out = snakemake(study, study.parent / "config.yaml", target)
+    assert out.returncode == 0, out.stderr[-4000:]
+    plan = json.loads((study / target).read_text())
+    assert "balancing for gpipe with m=2" in (study / "logs/pipeline_plan" / WHERE / "gpipe_m2.log").read_text()
+    assert [st["problem"]["pipeline"]["schedule"] for st in plan["stages"]] == ["gpipe"] * 2
+    assert [st["in_flight"] for st in plan["stages"]] == [2, 2]
+    assert holds_run(plan["stages"], "gpipe", 2) == [True, True]
+    balanced = json.loads((study / "results/balance" / WHERE / "plan.json").read_text())
+    assert [st["in_flight"] for st in balanced["stages"]] == [2, 1]  # why it was not reused
+    for st in plan["stages"]:  # each rank's peak with its 2 stashes within its budget, or the budget raised to it
+        assert st["rank_peak_bytes"] <= st["rank_budget_bytes"] if st["rank_status"] == "met" else \
+            st["rank_status"] == "raised" and st["rank_peak_bytes"] == st["rank_budget_bytes"]
 
 
 def test_the_figure_is_in_the_report_under_pipeline(study):
@@ -102,3 +129,4 @@ def test_a_study_runs_every_k2_plan_under_each_schedule_and_m(tmp_path, stages, 
     assert out.returncode == 0, out.stderr[-4000:]
     jobs = _jobs(out.stdout + out.stderr)
     assert jobs.get("pipeline", 0) == jobs.get("plot_pipeline", 0) == jobs.get("pipeline_methods", 0) == expected
+    assert jobs.get("pipeline_plan", 0) == expected  # ours for each run

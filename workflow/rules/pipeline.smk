@@ -2,9 +2,42 @@
 # under each schedule and micro-batch count of the `pipeline` block; measured against the balance rule's prediction.
 
 
+# Our plan for each run: the balance rule's where its ranks' budgets hold what the run has in flight (1F1B with m
+# between k and balance.micro_batches under balance.schedule 1f1b), else balanced here for the run's schedule and m.
+rule pipeline_plan:
+    input:
+        unpack(traced_graph_inputs),
+        profile="results/profile/{model}/{device}/ops.parquet",
+        profile_summary="results/profile/{model}/{device}/summary.json",
+        plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+    output:
+        "results/pipeline/{model}/{device}/k{k}/b{budget}/plan_{schedule}_m{m}.json",
+    log:
+        "logs/pipeline_plan/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.log",
+    benchmark:
+        "benchmarks/pipeline_plan/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.tsv"
+    params:
+        balance=config["balance"],
+        solver=config["solver"],
+        memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
+        memory_model=device_memory_model,
+        code=code_version("pipeline_plan"),
+    threads: config["solver"]["workers"]
+    wildcard_constraints:
+        model=RAW_MODEL,
+        k=PIPELINE_K,
+        budget=BUDGET_WILDCARD,
+        schedule=PIPELINE_SCHEDULE,
+        m=r"[1-9][0-9]*",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/pipeline_plan.py"
+
+
 rule pipeline:
     input:
-        plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+        plan="results/pipeline/{model}/{device}/k{k}/b{budget}/plan_{schedule}_m{m}.json",
     output:
         "results/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.json",
     log:
@@ -66,14 +99,14 @@ rule plot_pipeline:
 
 
 # The partitions a user would otherwise get (`pipeline.methods`: blocks split evenly, DeepSpeed's uniform and
-# parameters methods, the exact DP) beside ours (the balance rule's plan), each scheduled at the same budget and run
-# with the same schedule and m.
+# parameters methods, the exact DP) beside ours (the pipeline_plan rule's), each scheduled at the same budget for
+# the same schedule and m, and run with them.
 rule pipeline_methods:
     input:
         unpack(traced_graph_inputs),
         profile="results/profile/{model}/{device}/ops.parquet",
         profile_summary="results/profile/{model}/{device}/summary.json",
-        plan="results/balance/{model}/{device}/k{k}/b{budget}/plan.json",
+        plan="results/pipeline/{model}/{device}/k{k}/b{budget}/plan_{schedule}_m{m}.json",
     output:
         table="results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}.csv",
         runs=directory("results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}"),

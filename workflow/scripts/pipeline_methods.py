@@ -1,7 +1,7 @@
 """Snakemake adapter: the partition methods of `pipeline.methods` and ours run as pipelines with one schedule and m
 (trainplan.pipeline.compare), a table row per method; each run's plan and artifact under the `runs` folder. Every
-method's stages are budgeted for this run's schedule and m (its in-flight micro-batches held); ours is the balance
-rule's plan where that was made for them, else balanced here for them."""
+method's stages are budgeted for this run's schedule and m (its in-flight micro-batches held); ours is the
+pipeline_plan rule's, made for them too."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +14,6 @@ from trainplan.io import read_json, write_json, write_table
 from trainplan.logs import log_to
 from trainplan.partition import BalanceSettings, MemoryLimit, SolverSettings
 from trainplan.pipeline.compare import OURS, add_plan, comparison_row, method_plans, run_plan
-from trainplan.pipeline.report import made_for
 from trainplan.pipeline.run import RunSettings
 
 with log_to(snakemake.log[0]) as log:
@@ -22,17 +21,12 @@ with log_to(snakemake.log[0]) as log:
     graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
     k, m = int(wc.k), int(wc.m)
     settings = replace(BalanceSettings(**par.balance), micro_batches=m, schedule=wc.schedule)
-    balanced = read_json(inp.plan, schema="plan")
-    reuse = all(made_for(st, wc.schedule, m) for st in balanced["stages"])
-    methods = tuple(par.settings["methods"]) + (() if reuse else (OURS,))
-    log.info("ours: %s", "the balance rule's plan" if reuse else f"balanced here for {wc.schedule} with m={m}")
     plans = method_plans(wc.model, wc.device, graph.nodes, graph.tensors, k, wildcard_budget(wc.budget),
                          bandwidth=read_host_link(inp.profile_summary), swaps=par.memory_model["swaps"],
                          solver=SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"]),
                          settings=settings, memory=MemoryLimit(par.memory_bytes, settings.micro_batches),
-                         methods=methods, allocation=par.memory_model["device_type"])
-    if reuse:
-        add_plan(plans, OURS, balanced)
+                         methods=tuple(par.settings["methods"]), allocation=par.memory_model["device_type"])
+    add_plan(plans, OURS, read_json(inp.plan, schema="plan"))
     runs, rows = {}, []
     for method, plan in plans.items():
         where = Path(snakemake.output.runs) / method

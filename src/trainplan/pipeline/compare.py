@@ -67,12 +67,17 @@ def method_plans(model: str, device: str, nodes: pd.DataFrame, tensors: pd.DataF
     return out
 
 
+def as_method(plan: dict[str, Any], method: str) -> dict[str, Any]:
+    """A plan made elsewhere (the balance rule's) with the fields of :func:`method_plans`' plans, as ``method``."""
+    return {**plan, "partition_method": method, "same_as": None,
+            "rate": plan["balance"]["rate"], "t_max_s": plan["balance"]["t_max_s"]}
+
+
 def add_plan(plans: dict[str, dict[str, Any]], method: str, plan: dict[str, Any]) -> None:
-    """Add ``method``'s plan made elsewhere (the balance rule's, as ``ours``), ``same_as`` the first method with its
-    cuts."""
+    """Add ``method``'s plan made elsewhere (one of :func:`method_plans`' or :func:`as_method`'s), ``same_as`` the
+    first method with its cuts."""
     first = next((m for m, p in plans.items() if "error" not in p and p["cuts"] == plan["cuts"]), None)
-    plans[method] = {**plan, "partition_method": method, "same_as": first,
-                     "rate": plan["balance"]["rate"], "t_max_s": plan["balance"]["t_max_s"]}
+    plans[method] = {**plan, "partition_method": method, "same_as": first}
 
 
 def run_plan(plan_path: Path, settings: RunSettings, k: int) -> dict[str, Any]:

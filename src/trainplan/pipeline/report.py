@@ -62,9 +62,9 @@ MEASURED = {
               "peak_bytes (everything the process holds), measured_tensor_peak_bytes the same with "
               "tensor_peak_bytes (torch's allocator: what the plan accounts for), status the rank's (met, or "
               "raised to its predicted peak), within_budget = measured <= budget and tensors_within_budget; "
-              "planned_for: the schedule and m the stage's budget holds in flight, planned_for_run whether they "
-              "are this run's (a budget holds only what it was planned for: a 1F1B plan run under GPipe holds "
-              "m stashes where it planned min(k - s, m))",
+              "planned_for: the schedule and m the stage's budget holds in flight, planned_for_run whether that "
+              "budget holds what this run has in flight (the same in-flight count and gradient sums, no more "
+              "micro-batches: a 1F1B plan run under GPipe holds m stashes where it planned min(k - s, m))",
     "tensor_peak_bytes": "the most torch's allocator held above the step's start in one more metered step (on the "
                          "CPU from the profiler's memory events; on CUDA peak_bytes itself)",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
@@ -153,16 +153,24 @@ def planned_for(stage: dict[str, Any]) -> dict[str, Any] | None:
     return None if hold is None else {"schedule": hold.get("schedule", "1f1b"), "micro_batches": hold["micro_batches"]}
 
 
-def made_for(stage: dict[str, Any], schedule: str, m: int) -> bool:
-    """Whether a plan's stage was budgeted for ``schedule`` with ``m`` micro-batches in flight."""
-    return planned_for(stage) == {"schedule": schedule, "micro_batches": m}
+def holds_run(stages: list[dict[str, Any]], schedule: str, m: int) -> list[bool]:
+    """Per stage of a plan, whether its budget holds what the stage holds in a run of ``schedule`` with ``m``
+    micro-batches: as many micro-batches in flight as it was planned for, gradients summed across micro-batches
+    alike, and no more micro-batches than planned (the last stage holds each one's loss). A 1F1B plan made for m
+    holds 1F1B runs with k <= m' <= m; a GPipe plan only its own m."""
+    k, out = len(stages), []
+    for i, stage in enumerate(stages):
+        hold = planned_for(stage)
+        out.append(hold is not None and m <= hold["micro_batches"] and (m > 1) == (hold["micro_batches"] > 1)
+                   and in_flight(i, k, m, schedule) == in_flight(i, k, hold["micro_batches"], hold["schedule"]))
+    return out
 
 
 def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], schedule: str,
                  m: int) -> list[dict[str, Any]]:
     """Each rank's measured peak, counting what it held before the step (the plan's fixed bytes), against its
     stage's budget and the predicted peak with the run's ``schedule`` and ``m`` in flight (MEASURED['memory'])."""
-    out = []
+    out, holds = [], holds_run(data["stages"], schedule, m)
     for i, r in enumerate(ranks):
         stage = data["stages"][i]
         fixed, budget = stage.get("fixed_bytes"), stage.get("rank_budget_bytes", stage.get("budget_bytes"))
@@ -173,7 +181,7 @@ def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: d
                     "fixed_bytes": fixed,
                     "predicted_peak_bytes": predicted["peak_bytes"][i] if predicted["peak_bytes"] else None,
                     "measured_peak_bytes": measured, "measured_tensor_peak_bytes": tensors,
-                    "planned_for": planned_for(stage), "planned_for_run": made_for(stage, schedule, m),
+                    "planned_for": planned_for(stage), "planned_for_run": holds[i],
                     "within_budget": None if measured is None or budget is None else measured <= int(budget),
                     "tensors_within_budget": None if tensors is None or budget is None else tensors <= int(budget)})
     return out
