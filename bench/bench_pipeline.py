@@ -10,9 +10,9 @@ budget for that schedule and m (their in-flight micro-batches held in each rank'
 and run as a pipeline (k torchrun processes, gloo) with them.
 Methods whose cuts coincide run once (``same_as``).
 
-Writes ``<out>.csv`` (a row per model, budget, method, schedule, m) and ``<out>.md`` (tables, the fastest method
-per setting, ours against the fastest other one, the host's load). Plans and run artifacts go under
-``<out>_plans/``.
+Writes ``<out>.csv`` (a row per model, budget, method, schedule, m), ``<out>.md`` (tables, the fastest method
+per setting, ours against the fastest other one, the host's load) and ``<out>.png`` (predicted against measured
+step time per method, a panel per setting). Plans and run artifacts go under ``<out>_plans/``.
 
     nice python bench/bench_pipeline.py                                     # the grid below (hours on 2 cores)
     python bench/bench_pipeline.py --config tests/config/config.yaml --models tiny_gpt2 --budgets 0.6 \\
@@ -44,6 +44,7 @@ from trainplan.memory_model import memory_model
 from trainplan.models import build_model
 from trainplan.partition import BalanceSettings, MemoryLimit, SolverSettings
 from trainplan.pipeline.compare import ALL_METHODS, OURS, comparison_row, method_plans, run_plan
+from trainplan.pipeline.plot import plot_methods
 from trainplan.pipeline.run import RunSettings
 from trainplan.profile.op_times import profile_model
 
@@ -143,6 +144,10 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
                 line += (f" Ours {ours.measured_step_s.iloc[0]:.4g} s against the fastest other partition "
                          f"({other.method}) {other.measured_step_s:.4g} s: x{ratio:.3f}.")
         lines += [line, ""]
+    lines += [f"![methods]({Path(args.out).name}.png)", "",
+              "*Per setting and method: the measured step time (median; whiskers: the fastest and slowest measured "
+              "step), the balance rule's prediction (open diamond) and the prediction with the measured send/recv "
+              "(filled diamond).*"]
     return "\n".join(lines)
 
 
@@ -178,9 +183,10 @@ def main() -> None:
     rows = [row for name in args.models for row in model_rows(name, models[name], config, args, loads)]
     frame = pd.DataFrame(rows)
     write_table(f"{args.out}.csv", frame)
+    plot_methods(frame, f"{args.out}.png")
     with atomic_path(f"{args.out}.md") as tmp:
         tmp.write_text(markdown(frame, args, load_label(loads), time.perf_counter() - start) + "\n")
-    print(f"wrote {args.out}.csv and {args.out}.md")
+    print(f"wrote {args.out}.csv, {args.out}.md and {args.out}.png")
 
 
 if __name__ == "__main__":

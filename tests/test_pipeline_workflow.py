@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from PIL import Image
 from workflow_run import TINY, copy_of_study, snakemake
 
 from trainplan.pipeline.report import holds_run
@@ -32,7 +33,7 @@ def _config(work: Path, **changes) -> Path:
 
 
 TARGETS = (f"results/pipeline/{WHERE}/1f1b_m2.json", f"results/plots/{WHERE}/pipeline_1f1b_m2.png",
-           f"results/pipeline/{WHERE}/methods_1f1b_m2.csv")
+           f"results/pipeline/{WHERE}/methods_1f1b_m2.csv", f"results/plots/{WHERE}/pipeline_methods_1f1b_m2.png")
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,10 @@ def test_the_rule_runs_the_plan_as_a_pipeline_and_draws_each_rank(study):
 
 def test_the_methods_run_beside_ours_at_the_same_budget(study):
     table = pd.read_csv(study / "results/pipeline" / WHERE / "methods_1f1b_m2.csv").set_index("method")
+    assert (table.measured_step_min_s <= table.measured_step_s).all()
+    assert (table.measured_step_s <= table.measured_step_max_s).all()
+    figure = Image.open(study / "results/plots" / WHERE / "pipeline_methods_1f1b_m2.png").info["Description"]
+    assert all(f"{method}: measured" in figure for method in table.index)
     assert list(table.index) == ["even_blocks", "ds_parameters", "ours"]
     assert "error" not in table or table["error"].isna().all()
     assert (table.measured_step_s > 0).all() and (table.predicted_step_comm_s > table.predicted_step_s).all()
@@ -113,6 +118,7 @@ def test_the_figure_is_in_the_report_under_pipeline(study):
     assert out.returncode == 0, out.stderr[-4000:]
     html = (study / "report.html").read_text()
     assert '"Pipeline"' in html and f"results/plots/{WHERE}/pipeline_1f1b_m2.png" in html
+    assert f"results/plots/{WHERE}/pipeline_methods_1f1b_m2.png" in html
 
 
 def _jobs(out: str) -> dict[str, int]:
@@ -129,4 +135,4 @@ def test_a_study_runs_every_k2_plan_under_each_schedule_and_m(tmp_path, stages, 
     assert out.returncode == 0, out.stderr[-4000:]
     jobs = _jobs(out.stdout + out.stderr)
     assert jobs.get("pipeline", 0) == jobs.get("plot_pipeline", 0) == jobs.get("pipeline_methods", 0) == expected
-    assert jobs.get("pipeline_plan", 0) == expected  # ours for each run
+    assert jobs.get("pipeline_plan", 0) == jobs.get("plot_pipeline_methods", 0) == expected  # ours, the figure

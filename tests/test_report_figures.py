@@ -12,6 +12,7 @@ from PIL import Image
 
 from trainplan.execute.plot import op_progress, plot_validation
 from trainplan.partition.plot import plot_balance
+from trainplan.pipeline.plot import plot_methods
 from trainplan.plots import overhead_points, plot_schedule_comparison
 from trainplan.precision.report import plot_study
 
@@ -34,6 +35,30 @@ def comparison(**extra: list) -> pd.DataFrame:
         **extra,
     }
     return pd.DataFrame(rows)
+
+
+def methods_table() -> pd.DataFrame:
+    """Two settings of bench_pipeline's table: one method failed, one made ours' cuts (it shares ours' run), a
+    rank over its budget."""
+    rows = [("1f1b", "even_blocks", None, None, 7.5, 7.4, 8.0, 8.05, 0),
+            ("1f1b", "ds_uniform", None, "no layers", None, None, None, None, None),
+            ("1f1b", "ours", None, None, 6.3, 6.2, 7.1, 6.35, 1),
+            ("gpipe", "exact_dp", None, None, 7.1, 6.5, 7.2, 6.49, 0),
+            ("gpipe", "ours", "exact_dp", None, 7.1, 6.5, 7.2, 6.49, 0)]
+    return pd.DataFrame([{"model": "gpt2", "budget": 0.7, "schedule": sched, "m": 4, "method": method,
+                          "same_as": same, "error": error, "measured_step_s": measured, "measured_step_min_s": low,
+                          "measured_step_max_s": high, "predicted_step_s": None if pred is None else pred - 0.1,
+                          "predicted_step_comm_s": pred, "over_budget_ranks": over}
+                         for sched, method, same, error, measured, low, high, pred, over in rows])
+
+
+def test_the_methods_figure_draws_each_method_that_ran_per_setting(tmp_path):
+    path = tmp_path / "methods.png"
+    plot_methods(methods_table(), str(path))
+    text = description(path)
+    assert text.count("measured") == 4 and "ds_uniform" not in text  # the failed method draws nothing
+    assert "gpt2 1f1b m=4 ours: measured 6.3 s, predicted 6.35 s with send/recv" in text
+    assert "gpt2 gpipe m=4 ours: measured 7.1 s" in text  # shares the DP's run
 
 
 def description(path: Path) -> str:
@@ -66,6 +91,7 @@ def test_overhead_figure_draws_the_case_that_was_empty(tmp_path):
          "no stage was executed"),
         (lambda p: plot_balance({"model": "m", "k": 2, "budget_fraction": 0.5, "chosen_iteration": 0,
                                  "stop_reason": "none", "iterations": []}, p), "no iteration"),
+        (lambda p: plot_methods(methods_table().assign(measured_step_s=None), p), "no method ran"),
     ],
 )
 def test_nothing_to_draw_says_why(tmp_path, draw, reason):

@@ -398,7 +398,8 @@ def pipeline_targets():
     paths = ["results/pipeline/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.json",
              "results/plots/{model}/{device}/k{k}/b{budget}/pipeline_{schedule}_m{m}.png"]
     if config["pipeline"]["methods"]:
-        paths.append("results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}.csv")
+        paths += ["results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}.csv",
+                  "results/plots/{model}/{device}/k{k}/b{budget}/pipeline_methods_{schedule}_m{m}.png"]
     return [
         path.format(model=model, device=device, k=k, budget=budget, schedule=schedule, m=m)
         for model in MODELS

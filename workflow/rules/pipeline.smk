@@ -136,3 +136,37 @@ rule pipeline_methods:
         "../envs/trainplan.yaml"
     script:
         "../scripts/pipeline_methods.py"
+
+
+rule plot_pipeline_methods:
+    input:
+        table="results/pipeline/{model}/{device}/k{k}/b{budget}/methods_{schedule}_m{m}.csv",
+    output:
+        report(
+            "results/plots/{model}/{device}/k{k}/b{budget}/pipeline_methods_{schedule}_m{m}.png",
+            caption="../report/pipeline_methods.rst",
+            category="Pipeline",
+            subcategory="{model}",
+            labels={
+                "model": "{model}",
+                "k": "{k}",
+                "budget": "{budget}",
+                "schedule": "{schedule}",
+                "m": "{m}",
+                "figure": "partition methods",
+            },
+        ),
+    log:
+        "logs/plot_pipeline_methods/{model}/{device}/k{k}/b{budget}/{schedule}_m{m}.log",
+    params:
+        code=code_version("plot_pipeline_methods"),
+    wildcard_constraints:
+        model=RAW_MODEL,
+        k=PIPELINE_K,
+        budget=BUDGET_WILDCARD,
+        schedule=PIPELINE_SCHEDULE,
+        m=r"[1-9][0-9]*",
+    conda:
+        "../envs/trainplan.yaml"
+    script:
+        "../scripts/plot_pipeline_methods.py"

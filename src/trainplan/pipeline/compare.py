@@ -104,6 +104,8 @@ def comparison_row(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     pred, ranks = run["prediction"], run["ranks"]
     return {**out, "predicted_step_s": pred["step_time_s"], "predicted_step_comm_s": pred["step_time_with_comm_s"],
             "measured_step_s": run["measured"]["step_s"],
+            "measured_step_min_s": min(run["measured"]["step_s_repeats"]),
+            "measured_step_max_s": max(run["measured"]["step_s_repeats"]),
             "measured_over_predicted_comm": run["measured"]["over_predicted_with_comm"],
             "simulated_step_s": run["simulated"]["step_time_s"],
             "measured_over_simulated": run["measured"]["over_simulated"],

@@ -1,11 +1,14 @@
 """The pipeline run's figure: one measured step per rank (each micro-batch's forward and backward, the waits between
-them) with the predicted and measured step times, and each rank's time split into compute, send/recv and idle."""
+them) with the predicted and measured step times, and each rank's time split into compute, send/recv and idle; and
+the partition methods' figure: predicted against measured step time per method."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainplan.plots import PHASE_COLORS, nothing_to_draw, save_figure
+import pandas as pd
+
+from trainplan.plots import METHOD_COLORS, PHASE_COLORS, nothing_to_draw, save_figure
 
 KIND = {"F": ("forward", PHASE_COLORS["forward"]), "B": ("backward", PHASE_COLORS["backward"])}
 WAIT_COLOR = "0.85"
@@ -79,3 +82,66 @@ def plot_timeline(run: dict[str, Any], path: str) -> None:
     simulated = f", simulated {sim['step_time_s']:.4g} s" if sim else ""
     save_figure(fig, path, description=f"{_title(run)}: measured {measured['step_s']:.4g} s, predicted "
                 f"{pred['step_time_s']:.4g} s, with send/recv {pred['step_time_with_comm_s']:.4g} s{simulated}")
+
+
+#: the settings a methods table holds, one panel each
+SETTING = ["model", "budget", "schedule", "m"]
+
+
+def _method_label(row: pd.Series) -> str:
+    if isinstance(row.get("error"), str):
+        return f"{row['method']}\n(failed)"
+    same = row.get("same_as")
+    over = row.get("over_budget_ranks")
+    notes = ([f"= {same}"] if isinstance(same, str) else []) + \
+        ([f"{int(over)} rank(s) over budget"] if isinstance(over, (int, float)) and over == over and over > 0 else [])
+    return row["method"] + (f"\n({', '.join(notes)})" if notes else "")
+
+
+def plot_methods(table: pd.DataFrame, path: str) -> None:
+    """One panel per setting (model, budget, schedule, m) of a partition-methods table (``comparison_row``'s
+    rows with those columns and ``method``): per method the measured step time (median; whiskers: the fastest and
+    slowest measured step), the balance rule's prediction (m + k - 1) t_max (open diamond) and that prediction
+    with the measured send/recv (filled diamond). A method that failed is labelled so and draws nothing; one that
+    shares another's cuts shares its run; ranks over their budget are named under the method."""
+    import matplotlib.pyplot as plt  # after trainplan.plots chose the headless backend
+
+    title = "partition methods run as pipelines"
+    ran = table[table["measured_step_s"].notna()] if "measured_step_s" in table else table.iloc[0:0]
+    if ran.empty:
+        nothing_to_draw(path, title, "no method ran")
+        return
+    settings = list(table.groupby(SETTING, sort=False))
+    cols = min(len(settings), 2)
+    rows = -(-len(settings) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.4 * rows), squeeze=False)
+    methods = list(dict.fromkeys(table["method"]))
+    described = []
+    for ax, ((model, budget, schedule, m), rows_) in zip(axes.flat, settings):
+        x = range(len(rows_))
+        for i, (_, row) in zip(x, rows_.iterrows()):
+            color = METHOD_COLORS[methods.index(row["method"]) % len(METHOD_COLORS)]
+            if isinstance(row.get("error"), str) or row.get("measured_step_s") != row.get("measured_step_s"):
+                continue
+            low, high = row.get("measured_step_min_s"), row.get("measured_step_max_s")
+            spread = None if low is None or high is None or low != low else \
+                [[row["measured_step_s"] - low], [high - row["measured_step_s"]]]
+            ax.bar(i, row["measured_step_s"], color=color, width=0.6, yerr=spread, capsize=4)
+            ax.scatter(i, row["predicted_step_s"], marker="D", facecolor="white", edgecolor="black", zorder=3)
+            ax.scatter(i, row["predicted_step_comm_s"], marker="D", color="black", zorder=3)
+            described.append(f"{model} {schedule} m={m} {row['method']}: measured {row['measured_step_s']:.4g} s, "
+                             f"predicted {row['predicted_step_comm_s']:.4g} s with send/recv")
+        ax.set_xticks(list(x), [_method_label(r) for _, r in rows_.iterrows()], fontsize=8)
+        ax.set_ylabel("step time (s)")
+        ax.set_title(f"{model}, budget {budget}, {schedule} m={m}", fontsize=10)
+    for ax in list(axes.flat)[len(settings):]:
+        ax.set_axis_off()
+    handles = [plt.Rectangle((0, 0), 1, 1, color="0.5"),
+               plt.Line2D([], [], marker="D", linestyle="", markerfacecolor="white", markeredgecolor="black"),
+               plt.Line2D([], [], marker="D", linestyle="", color="black")]
+    fig.legend(handles, ["measured (median; whiskers: fastest and slowest step)", "predicted (m + k - 1) t_max",
+                         "predicted with measured send/recv"], loc="lower center", ncol=3, fontsize=8,
+               bbox_to_anchor=(0.5, -0.02))
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    save_figure(fig, path, description="; ".join(described))
