@@ -12,7 +12,8 @@ from trainplan.partition.stages import stage_stats
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
 from trainplan.schedule.pipeline_hold import (PipelineHold, StageHold, carrier_bytes, carriers_held, gradient_sum_bytes,
-                                              in_flight, loss_bytes, split_position, stash_bytes)
+                                              in_flight, loss_bytes, pending_gradient_sends, split_position,
+                                              stash_bytes)
 from trainplan.schedule.problem import problem_from_dict
 
 
@@ -53,6 +54,11 @@ def test_a_ranks_peak_adds_the_sums_and_the_other_in_flight_stashes():
     hold = StageHold(in_flight=3, sums=50, no_recompute_stash=20, carriers=7)
     assert hold.reserve == 50 + 7 + 2 * 20
     assert carriers_held(3, out=8, into=4) == 4 * 8 + 4
+    assert carriers_held(3, out=8, into=4, pending=2) == 4 * 8 + 3 * 4
+    # gradient carriers sent back and not yet waited on: GPipe waits after its last backward; 1F1B one in cool-down
+    assert [pending_gradient_sends(s, 4, 8, "gpipe") for s in range(4)] == [7] * 4
+    assert [PipelineHold(4, 8).pending_gradient_sends(s) for s in range(4)] == [1, 1, 1, 0]
+    assert [pending_gradient_sends(s, 2, 1) for s in range(2)] == [0, 0]
     assert gradient_sum_bytes(toy()) == 7
     assert not PipelineHold(2, 1).accumulates and PipelineHold(2, 2).accumulates
 

@@ -11,7 +11,8 @@ from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
 from trainplan.pipeline.simulate import FORMULA, StageCosts, recorded_orders, simulate
-from trainplan.schedule.pipeline_hold import copies_held, held_gradient_bytes, in_flight, stash_bytes
+from trainplan.schedule.pipeline_hold import (copies_held, held_gradient_bytes, in_flight, pending_gradient_sends,
+                                              stash_bytes)
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
@@ -136,7 +137,8 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
     stash = [stash_bytes(pr, st.schedule["events"]) for pr, st in zip(problems, stages)]
     sums = [held_gradient_bytes(pr, m) for pr in problems]
     n = [in_flight(s, k, m, schedule) for s in range(k)]  # micro-batches in flight
-    carriers = [copies_held(pr, i, m, link) for pr, i, link in zip(problems, n, links or [None] * k)]
+    carriers = [copies_held(pr, i, m, link, pending_gradient_sends(s, k, m, schedule))
+                for s, (pr, i, link) in enumerate(zip(problems, n, links or [None] * k))]
     metrics = pipeline_metrics(times, peaks, stash, m, sums, carriers, schedule)
     step = metrics.gpipe_step_time_s
     peak = [p + g + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]

@@ -12,8 +12,9 @@ says, plus
   the next micro-batch makes its own (:func:`gradient_sum_bytes`); each new gradient is added into its sum where
   it is made (:mod:`trainplan.schedule.grad_accumulation`), so the stage's schedule counts it only while made;
 - the **carriers** (:func:`carriers_held`): the tensors neighbouring stages exchange, packed copies of what
-  crosses a link, held per micro-batch in flight, each in-flight micro-batch's copy of its inputs
-  (:func:`inputs_held`), and on the last stage every micro-batch's loss (:func:`loss_bytes`).
+  crosses a link, held per micro-batch in flight, the gradient carriers sent back and not yet waited on
+  (:func:`pending_gradient_sends`), each in-flight micro-batch's copy of its inputs (:func:`inputs_held`), and on
+  the last stage every micro-batch's loss (:func:`loss_bytes`).
 
 Under 1F1B a stage has ``min(k - s, m)`` micro-batches in flight; under GPipe, which runs every forward before any
 backward, all m (:func:`in_flight`). So the rank's peak is the plan's peak + ``sums + carriers + (in_flight - 1) *
@@ -56,6 +57,9 @@ class PipelineHold:
 
     def in_flight(self, stage: int) -> int:
         return in_flight(stage, self.k, self.micro_batches, self.schedule)
+
+    def pending_gradient_sends(self, stage: int) -> int:
+        return pending_gradient_sends(stage, self.k, self.micro_batches, self.schedule)
 
     @property
     def accumulates(self) -> bool:
@@ -128,19 +132,33 @@ def inputs_held(in_flight: int, input_bytes: int) -> int:
     return in_flight * input_bytes
 
 
-def carriers_held(in_flight: int, out: int, into: int) -> int:
+def pending_gradient_sends(stage: int, k: int, micro_batches: int, schedule: str = "1f1b") -> int:
+    """Gradient carriers stage ``stage`` of ``k`` has sent back and its schedule not yet waited on while it runs a
+    backward (torch.distributed.pipelining's schedules hold each send's tensor until they wait on it): GPipe waits
+    on every backward send after the last backward, so m - 1 are pending during it; 1F1B waits on each before the
+    stage's next forward, but in its cool-down each backward runs while the previous one's send is pending (one,
+    on a stage with a cool-down: two or more micro-batches in flight). Counted on GPT-2 small, k = 4, GPipe,
+    m = 4: the last stage, sent the logits' gradient (49 MiB) back, held two more than one at its peak."""
+    if schedule == "gpipe":
+        return micro_batches - 1
+    return 1 if in_flight(stage, k, micro_batches, schedule) >= 2 else 0
+
+
+def carriers_held(in_flight: int, out: int, into: int, pending: int = 0) -> int:
     """Carrier bytes a rank holds at its peak: the sender keeps each in-flight micro-batch's forward carrier
     until that micro-batch's backward (PipelineStage's cache), and one more whose send the 1F1B schedule has not
-    waited on yet; the receiver packs one gradient carrier at a time. (Counted on GPT-2 small, k = 2, m = 4:
-    stage 0 held three 4.5 MiB carriers at its peak, stage 1 one.)"""
-    return (in_flight + 1) * out + into
+    waited on yet; the receiver packs one gradient carrier at a time, besides the ``pending`` ones it sent and
+    its schedule has not waited on (:func:`pending_gradient_sends`). (Counted on GPT-2 small, k = 2, m = 4,
+    1F1B: stage 0 held three 4.5 MiB carriers at its peak, stage 1 one.)"""
+    return (in_flight + 1) * out + (1 + pending) * into
 
 
 def copies_held(problem: dict[str, Any], in_flight: int, micro_batches: int,
-                link: tuple[int, int] | None = None) -> int:
+                link: tuple[int, int] | None = None, pending: int = 0) -> int:
     """What a rank holds whatever its schedule, gradient sums apart: its carriers (``link``: its carrier bytes out
-    and in, default the problem's), its micro-batch input copies and its losses."""
-    return (carriers_held(in_flight, *(link or carrier_bytes(problem)))
+    and in, default the problem's; ``pending`` gradient carriers sent and not yet waited on), its micro-batch
+    input copies and its losses."""
+    return (carriers_held(in_flight, *(link or carrier_bytes(problem)), pending)
             + inputs_held(in_flight, problem.get("input_bytes", 0)) + micro_batches * loss_bytes(problem))
 
 
@@ -172,4 +190,5 @@ def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recom
     """Stage ``stage``'s hold under ``hold``, its stash taken from the schedule without recompute."""
     sums = gradient_sum_bytes(problem) if hold.accumulates else 0
     n = hold.in_flight(stage)
-    return StageHold(n, sums, stash_bytes(problem, no_recompute_events), copies_held(problem, n, hold.micro_batches))
+    return StageHold(n, sums, stash_bytes(problem, no_recompute_events),
+                     copies_held(problem, n, hold.micro_batches, pending=hold.pending_gradient_sends(stage)))
