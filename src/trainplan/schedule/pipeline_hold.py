@@ -138,7 +138,10 @@ def pending_gradient_sends(stage: int, k: int, micro_batches: int, schedule: str
     on every backward send after the last backward, so m - 1 are pending during it; 1F1B waits on each before the
     stage's next forward, but in its cool-down each backward runs while the previous one's send is pending (one,
     on a stage with a cool-down: two or more micro-batches in flight). Counted on GPT-2 small, k = 4, GPipe,
-    m = 4: the last stage, sent the logits' gradient (49 MiB) back, held two more than one at its peak."""
+    m = 4: the last stage, sent the logits' gradient (49 MiB) back, held two more than one at its peak. The 1F1B
+    one is read from the schedule's code, not seen at a peak: on the same model under 1F1B the middle stages'
+    tensors stayed 0.2-2 MiB under the prediction without it (carriers of 1-4 MiB), so it may count one carrier
+    more than a stage holds at its peak (a cool-down backward holds one stash fewer)."""
     if schedule == "gpipe":
         return micro_batches - 1
     return 1 if in_flight(stage, k, micro_batches, schedule) >= 2 else 0
