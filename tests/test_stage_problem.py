@@ -6,7 +6,7 @@ import pytest
 
 from trainplan.export.tables import memory_table
 from trainplan.schedule import problem_from_dict
-from trainplan.schedule.stage_problem import budget_for, no_recompute_peak, stage_problem
+from trainplan.schedule.stage_problem import budget_for, merge_further_outputs, no_recompute_peak, stage_problem
 
 
 def _timed(tables):
@@ -46,3 +46,47 @@ def test_second_stage_receives_boundary_inputs(tiny_gpt2):
     # Received storages cost no compute (only views of them taken in this stage) and cannot be recomputed.
     assert received and all(op["id"].startswith("in:") and not op["recompute"] for op in received)
     assert all(op["time"] == pytest.approx(1e-3 * len(op["nodes"])) for op in received)
+
+
+def _extra(op_id: str, kernel: str, *, swap: bool = False, **flags) -> dict:
+    return {"id": op_id, "time": 0.0, "bytes": 10, "inputs": [kernel], "recompute": False, "swap": swap,
+            "nodes": [f"getitem_{op_id[-1]}"], "storages": [int(op_id[-1])], "phase": "forward", "of": kernel,
+            **flags}
+
+
+def test_further_outputs_no_schedule_tells_apart_become_one_op():
+    ops = {op["id"]: op for op in [
+        {"id": "k", "time": 1.0, "bytes": 10, "inputs": [], "recompute": True, "swap": False, "nodes": ["k"],
+         "storages": [0], "phase": "forward"},
+        _extra("k#1", "k"), _extra("k#2", "k"), _extra("k#3", "k"), _extra("k#4", "k", swap=True),
+        _extra("k#5", "k"), _extra("k#6", "k", gradient=True),
+        {"id": "a", "time": 1.0, "bytes": 10, "inputs": ["k#1", "k#2", "k#4"], "recompute": True, "swap": False,
+         "nodes": ["a"], "storages": [7], "phase": "backward"},
+        {"id": "b", "time": 1.0, "bytes": 10, "inputs": ["k#3"], "recompute": True, "swap": False, "nodes": ["b"],
+         "storages": [8], "phase": "backward"},
+    ]}
+    keep = merge_further_outputs(ops, ["k#5", "k#6", "b"])
+    # k#1 and k#2: read by a alone, kept alike -> one op of both storages; k#3 (read by b), k#4 (may be swapped),
+    # k#5 and k#6 (kept, marked apart) stay
+    assert list(ops) == ["k", "k#1", "k#3", "k#4", "k#5", "k#6", "a", "b"]
+    assert ops["k#1"]["storages"] == [1, 2] and ops["k#1"]["bytes"] == 20
+    assert ops["k#1"]["nodes"] == ["getitem_1", "getitem_2"]
+    assert ops["a"]["inputs"] == ["k#1", "k#4"]
+    assert keep == ["k#5", "k#6", "b"]
+
+
+def test_merged_problem_holds_what_the_unmerged_one_holds(tiny_gpt2):
+    """Without swaps the further outputs merge; with swaps allowed they do not: the same storages, and the same
+    peak and time when every op runs once in order."""
+    _, _, _, tables = tiny_gpt2
+    names = tables.nodes.name.tolist()
+    apart = stage_problem(_timed(tables), tables.tensors, names, bandwidth=1e10)
+    merged = stage_problem(_timed(tables), tables.tensors, names, bandwidth=1e10, swap=False)
+    assert len(merged["ops"]) < len(apart["ops"])
+    assert sorted(s for op in merged["ops"] for s in op["storages"]) == sorted(
+        s for op in apart["ops"] for s in op["storages"])
+    assert no_recompute_peak(merged) == no_recompute_peak(apart)
+    assert sorted(n for op in merged["ops"] for n in op["nodes"]) == sorted(tables.nodes.name)
+    assert sum(op["time"] for op in merged["ops"]) == pytest.approx(sum(op["time"] for op in apart["ops"]))
+    assert sum(op["bytes"] for op in merged["ops"]) == sum(op["bytes"] for op in apart["ops"])
+    assert problem_from_dict({**merged, "budget_bytes": budget_for(merged, 0.5)}).n == len(merged["ops"])

@@ -193,6 +193,7 @@ def stage_problem(
         if (outputs | partials) & sids:  # a forward graph output is the loss; the others are gradients
             backward = ops[op_id]["phase"] == "backward" or bool(grads & sids)
             ops[op_id]["gradient" if backward else "loss"] = True
+    keep = merge_further_outputs(ops, keep)
     # A received storage is placed just before its first reader: a stage receives a gradient from the
     # next stage only when its backward needs it, not at its start (which would deadlock the pipeline).
     ordered: list[dict[str, Any]] = []
@@ -212,6 +213,45 @@ def stage_problem(
         "keep": keep,
         **({"allocation": allocation} if allocation else {}),
     }
+
+
+def merge_further_outputs(ops: dict[str, dict[str, Any]], keep: list[str]) -> list[str]:
+    """Make the further outputs of one kernel that no schedule can tell apart one op; returns ``keep`` without
+    the ops merged away.
+
+    Two further outputs of a kernel (``of``) are never recomputed; where neither may be swapped, read by the
+    same ops, kept alike and marked alike (gradient, loss, phase), every schedule makes them at the kernel's
+    first compute and may free them only after the same last reader: as one op they hold the same bytes at
+    every moment. A fused op's saved tensors (all read by its backward op alone) and a backward kernel's
+    parameter gradients (all kept to the end) so become one op each. Where a swap is allowed they stay apart
+    (one may be worth swapping and the other not).
+    """
+    readers: dict[str, list[str]] = {}
+    for op_id, op in ops.items():
+        for src in op["inputs"]:
+            readers.setdefault(src, []).append(op_id)
+    kept = set(keep)
+    first: dict[tuple[Any, ...], str] = {}
+    merged: dict[str, str] = {}  # merged away -> the op it is now part of
+    for op_id, op in ops.items():
+        if op.get("of") is None or op["swap"]:
+            continue
+        key = (op["of"], tuple(readers.get(op_id, ())), op_id in kept, op.get("gradient", False),
+               op.get("loss", False), op["phase"])
+        into = first.setdefault(key, op_id)
+        if into != op_id:
+            target = ops[into]
+            for key in ("storages", "nodes"):  # its views (getitems of the kernel's tuple) go with it
+                target[key] += op[key]
+            for key in ("bytes", "time", "workspace"):
+                if key in op:
+                    target[key] = target.get(key, 0) + op[key]
+            merged[op_id] = into
+    for op_id in merged:
+        del ops[op_id]
+    for op in ops.values():
+        op["inputs"] = [x for x in op["inputs"] if x not in merged]
+    return [x for x in keep if x not in merged]
 
 
 def _added_into_outputs(nodes: pd.DataFrame, storage_of: dict[str, int], outputs: set[int]) -> set[int]:
