@@ -123,7 +123,8 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
         "and the budget.", "",
     ]
     cols = ["method", "cuts", "same_as", "planned_rate", "predicted_step_s", "predicted_step_comm_s", "measured_step_s",
-            "measured_over_predicted_comm", "simulated_step_s", "measured_over_simulated", "rank_status",
+            "measured_over_predicted_comm", "simulated_step_s", "measured_over_simulated", "co_run_slowdown",
+            "rank_status",
             "rank_predicted_mib", "tensor_peak_mib", "held_peak_mib", "budget_mib", "error"]
     for (model, budget, schedule, m), part in frame.groupby(["model", "budget", "schedule", "m"], sort=False):
         lines += [f"## {model}, budget {budget}, {schedule}, m={m}", "",

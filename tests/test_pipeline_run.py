@@ -188,6 +188,8 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     assert sim["costs"]["tied_reduce_s"] == pred["tied_reduce_s"]
     assert busy < sim["step_time_s"] == pytest.approx(max(sim["rank_end_s"]) + pred["tied_reduce_s"])
     assert run["measured"]["over_simulated"] == pytest.approx(run["measured"]["step_s"] / sim["step_time_s"])
+    assert run["measured"]["co_run_slowdown"] == pytest.approx(
+        [r["compute_s"] / (m * (r["alone"]["forward_s"] + r["alone"]["backward_s"])) for r in ranks])
 
 
 def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):

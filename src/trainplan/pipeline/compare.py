@@ -109,6 +109,7 @@ def comparison_row(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             "measured_over_predicted_comm": run["measured"]["over_predicted_with_comm"],
             "simulated_step_s": run["simulated"]["step_time_s"],
             "measured_over_simulated": run["measured"]["over_simulated"],
+            "co_run_slowdown": str([None if x is None else round(x, 3) for x in run["measured"]["co_run_slowdown"]]),
             "compute_ms": str([round(r["compute_s"] * 1e3, 2) for r in ranks]),
             "send_recv_ms": str([round(r["send_recv_s"] * 1e3, 2) for r in ranks]),
             "idle_ms": str([round(r["idle_s"] * 1e3, 2) for r in ranks]),

@@ -49,6 +49,9 @@ MEASURED = {
     "transfer_s": "seconds per carrier on each link this rank is on, per direction (from send_recv_s's timings)",
     "over_simulated": "step_s / simulated.step_time_s: the schedule's own action order with this run's stage and "
                       "transfer costs",
+    "co_run_slowdown": "per rank: compute_s / (m * (alone forward_s + backward_s)): how much slower the stage "
+                       "computed a micro-batch inside the pipeline, its peers computing beside it, than alone (ranks "
+                       "sharing a host's cores and caches); the prediction assumes 1",
     "peak_bytes": "the most the rank's memory rose above what it held before the step, its gradients cleared: the "
                   "median of as many metered steps as repeats (each in peak_bytes_readings) after the timed ones "
                   "and one unread metered step (the meter thread's first step allocates the BLAS buffers it then "
@@ -197,6 +200,12 @@ def median_repeat(ranks: list[dict[str, Any]]) -> tuple[int, list[float]]:
     return order[(len(order) - 1) // 2], slowest
 
 
+def co_run_slowdown(rank: dict[str, Any], m: int) -> float | None:
+    """The rank's compute time per micro-batch in the pipeline over its stage's forward and backward alone."""
+    alone = rank["alone"]["forward_s"] + rank["alone"]["backward_s"]
+    return rank["compute_s"] / (m * alone) if alone > 0 else None
+
+
 def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], *,
              device: str, backend: str, memory: str) -> dict[str, Any]:
     """The run's record: settings, per-rank numbers (rank order), the combined loss, the balance rule's
@@ -231,6 +240,7 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
                      "over_predicted_with_comm": step / predicted["step_time_with_comm_s"]
                      if predicted["step_time_with_comm_s"] > 0 else None,
                      "over_simulated": step / simulation["step_time_s"] if simulation["step_time_s"] > 0 else None,
+                     "co_run_slowdown": [co_run_slowdown(r, settings.micro_batches) for r in ranks],
                      "definitions": MEASURED},
         "ranks": ranks,
         "timeline": {"repeat": chosen, "step_s": slowest[chosen], "ranks": timeline},
