@@ -95,6 +95,7 @@ def test_plans_on_the_fused_model_next_to_the_raw_model(tiny_study: Path, tmp_pa
         assert stage["measured_peak_bytes"] == stage["predicted_storage_peak_bytes"]
         assert stage["predicted_storage_peak_bytes"] <= stage["predicted_peak_bytes"] <= stage["budget_bytes"]
     assert fused.measured_peak_bytes == max(s["measured_peak_bytes"] for s in report["stages"])
+    assert fused.counted_peak_bytes == report["memory"]["peak_bytes_counted"] >= fused.measured_peak_bytes
     spec = cfg["models"]["tiny_gpt2"]
     model = build_model("tiny_gpt2+inductor", fused_spec("tiny_gpt2", spec, {"builtin": "inductor"}, seed=0,
                                                           compiler="fx"), seed=0)

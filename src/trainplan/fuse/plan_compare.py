@@ -10,7 +10,9 @@ the traced step), read from the artifacts of the same workflow run:
 - ``solve_s``: our scheduler's solve time summed over the stages of the ``schedule`` rule;
 - ``planned_s`` (the balance plan's stage times summed: one micro-batch's step, what validation runs),
   ``t_max_s`` and ``gpipe_step_s`` of the plan, its stage budgets and predicted peak;
-- ``measured_s``, ``measured_peak_bytes`` and ``status`` from executing the plan (``validate``).
+- ``measured_s``, ``measured_peak_bytes`` and ``status`` from executing the plan (``validate``): the peak of the
+  storages the plan's events hold; ``counted_peak_bytes`` the whole run's peak counting everything it holds (the
+  process's on the CPU), which sees what a fused op allocates inside its kernels too.
 
 A fused op's time is its own profiled time (the profile runs the fused kernels), so planned and measured times
 of the two graphs compare the fused step with the raw one.
@@ -48,6 +50,7 @@ def plan_row(*, model: str, graph: str, graph_summary: dict[str, Any], partition
         "status": str(validation["status"]), "measured_s": float(validation["measured_time_s"]),
         "measured_peak_bytes": (max(p for p in measured_peaks if p is not None)
                                 if any(p is not None for p in measured_peaks) else np.nan),
+        "counted_peak_bytes": (validation.get("memory") or {}).get("peak_bytes_counted", np.nan),
     }
 
 
@@ -55,7 +58,8 @@ def compare_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The rows with each fused model's ratios to the raw model of the same model, k and budget."""
     table = pd.DataFrame(rows).sort_values(["model", "k", "budget", "graph"], ignore_index=True)
     raw = table[table.graph == "raw"].set_index(["model", "k", "budget"])
-    for column in ("graph_ops", "problem_ops", "solve_s", "planned_s", "measured_s", "peak_bytes", "measured_peak_bytes"):
+    for column in ("graph_ops", "problem_ops", "solve_s", "planned_s", "measured_s", "peak_bytes",
+                   "measured_peak_bytes", "counted_peak_bytes"):
         ref = [raw[column].get((m, k, b), np.nan) for m, k, b in zip(table.model, table.k, table.budget)]
         table[f"{column}_vs_raw"] = table[column] / np.asarray(ref, dtype=float)
     return table

@@ -63,6 +63,9 @@ def plot_plan_compare(table: pd.DataFrame, path: str) -> None:
         for ax, column, scale in ((axes[2], "measured_s", 1.0), (axes[3], "measured_peak_bytes", 2**-20)):
             ax.scatter(x, rows[column] * scale, marker="_", s=300, color="black", zorder=3,
                        label="measured (validate)" if j == 0 else None)
+        if "counted_peak_bytes" in rows:
+            axes[3].scatter(x, rows.counted_peak_bytes / 2**20, marker="x", color="red", zorder=4,
+                            label="measured, all the run holds" if j == 0 else None)
     titles = ("scheduling ops (all stages)", "our solve time (s, all stages)", "step time, one micro-batch (s)",
               "peak (MiB, largest stage)")
     for ax, title in zip(axes, titles):
@@ -70,6 +73,7 @@ def plot_plan_compare(table: pd.DataFrame, path: str) -> None:
         ax.set_title(title)
     axes[0].legend(fontsize=8)
     axes[2].legend(fontsize=7)
+    axes[3].legend(fontsize=7)
     fig.suptitle("planning on the fused model (each forward group one fused op) vs the raw model, same budgets")
     save_figure(fig, path, description="raw vs fused model: ops, solve time, planned and measured step time and peak")
 
