@@ -227,6 +227,7 @@ class _FusedGroup(torch.autograd.Function):
         outs = [r.build(inputs, roots) for r in ops.split.outputs]
         updates = [r.build(inputs, roots) for _, r in ops.split.updates]
         ctx.mark_non_differentiable(*updates)
+        ctx.set_materialize_grads(False)  # else autograd makes a zeros gradient for every new running statistic
         outs += updates
         return tuple(outs) if len(outs) > 1 else outs[0]
 
