@@ -241,11 +241,11 @@ def merge_further_outputs(ops: dict[str, dict[str, Any]], keep: list[str]) -> li
         into = first.setdefault(key, op_id)
         if into != op_id:
             target = ops[into]
-            for key in ("storages", "nodes"):  # its views (getitems of the kernel's tuple) go with it
-                target[key] += op[key]
-            for key in ("bytes", "time", "workspace"):
-                if key in op:
-                    target[key] = target.get(key, 0) + op[key]
+            for field in ("storages", "nodes"):  # its views (getitems of the kernel's tuple) go with it
+                target[field] += op[field]
+            for field in ("bytes", "time", "workspace"):
+                if field in op:
+                    target[field] = target.get(field, 0) + op[field]
             merged[op_id] = into
     for op_id in merged:
         del ops[op_id]
