@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from host_load import matmul_gflops
+from host_load import load_label, matmul_gflops
 
 REPO = Path(__file__).resolve().parents[1]
 #: models the default config does not hold
@@ -63,12 +63,6 @@ def study_config(base: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     return config
 
 
-def load_words(loads: list[float]) -> str:
-    """The load averages seen: the workflow keeps both cores busy itself, so they cannot tell another process."""
-    return (f"1-minute load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores, the workflow's "
-            "own jobs included (they keep the cores busy: run it with nothing else on the host)")
-
-
 def run_workflow(config_file: Path, workdir: Path, loads: list[float]) -> float:
     """Snakemake up to the comparison table; the 1-minute load average sampled every 10 s into ``loads``."""
     done = threading.Event()
@@ -96,7 +90,7 @@ def targets(table: pd.DataFrame) -> list[str]:
     for row in table[table.graph != "raw"].itertuples():
         raw = table[(table.model == row.model.split("+")[0]) & (table.graph == "raw") & (table.k == row.k)
                     & (table.budget == row.budget)]
-        raw_peak = int(raw.counted_peak_bytes.iloc[0]) if len(raw) else 0
+        raw_peak = float(raw.counted_peak_bytes.iloc[0]) if len(raw) else float("nan")
         lines.append(
             f"- {row.model.split('+')[0]}, budget {row.budget}: scheduling ops x{row.problem_ops_vs_raw:.2f} of raw's "
             f"(target <= 0.2), step ops x{row.graph_ops_vs_raw:.2f}; solve x{row.solve_s_vs_raw:.2f} of raw's "
@@ -119,8 +113,7 @@ def markdown(table: pd.DataFrame, args: argparse.Namespace, seconds: float, gflo
         "# Plans on the fused models against the raw ones (bench/bench_fuse_plan.py)", "",
         f"`{' '.join(['python', 'bench/bench_fuse_plan.py', *sys.argv[1:]])}`", "",
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, fused with `{args.target}`, one stage, "
-        f"solver "
-        f"{args.time_limit} s, the workflow at --cores 2; {load}; host speed {gflops:.0f} GFLOP/s (2048 x 2048 "
+        f"solver {args.time_limit} s, the workflow at --cores 2; {load}; host speed {gflops:.0f} GFLOP/s (2048 x 2048 "
         f"fp32 matmul, 2 threads) at the start; {seconds / 60:.1f} min.", "",
         "Columns as `results/fuse/cpu/plan_compare.csv` (docs/fuse.md): `graph_ops` the traced step's ops, "
         "`problem_ops` the scheduling ops, `solve_s` our solver (schedule rule), `planned_s` the plan's predicted "
@@ -156,7 +149,7 @@ def main() -> None:
     table = pd.read_csv(workdir / TARGET)
     table.to_csv(out.with_suffix(".csv"), index=False)
     shutil.copyfile(workdir / "results/plots/fuse/cpu/plan_compare.png", out.with_suffix(".png"))
-    out.with_suffix(".md").write_text(markdown(table, args, seconds, gflops, load_words(loads)))
+    out.with_suffix(".md").write_text(markdown(table, args, seconds, gflops, load_label(loads, fills_cores=True)))
     print(f"wrote {out}.csv, {out}.md and {out}.png")
 
 

@@ -9,12 +9,17 @@ import time
 MATMUL_N = 2048  # the reference: an N x N fp32 matmul (17 GFLOP), long enough to time, short enough to repeat
 
 
-def load_label(loads: list[float]) -> str:
+def load_label(loads: list[float], *, fills_cores: bool = False) -> str:
     """'alone on the host' or '**measured under load**', with the 1-minute load averages sampled during the run;
-    under load when any sample exceeds the core count (the bench itself keeps about one core busy)."""
+    under load when any sample exceeds the core count (the bench itself keeps about one core busy). A bench that
+    keeps every core busy itself (``fills_cores``: a workflow at --cores = the host's) gets the averages only, as
+    they cannot tell another process from its own."""
     cores = os.cpu_count() or 1
     lo, hi = min(loads), max(loads)
     seen = f"{hi:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}"
+    if fills_cores:
+        return (f"1-minute load average {seen} on {cores} cores, the bench's own work included (it keeps the cores "
+                "busy: run it with nothing else on the host)")
     if hi > cores:
         return f"**measured under load** (1-minute load average {seen} on {cores} cores)"
     return f"run alone on the host (1-minute load average {seen} on {cores} cores)"

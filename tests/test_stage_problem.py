@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainplan.export.tables import memory_table
-from trainplan.schedule import problem_from_dict
+from trainplan.schedule import problem_from_dict, replay, solve
 from trainplan.schedule.stage_problem import budget_for, merge_further_outputs, no_recompute_peak, stage_problem
 
 
@@ -90,3 +90,25 @@ def test_merged_problem_holds_what_the_unmerged_one_holds(tiny_gpt2):
     assert sum(op["time"] for op in merged["ops"]) == pytest.approx(sum(op["time"] for op in apart["ops"]))
     assert sum(op["bytes"] for op in merged["ops"]) == sum(op["bytes"] for op in apart["ops"])
     assert problem_from_dict({**merged, "budget_bytes": budget_for(merged, 0.5)}).n == len(merged["ops"])
+
+
+def test_a_schedule_of_the_merged_problem_runs_the_same_on_the_unmerged_one(tiny_gpt2):
+    """A schedule with recomputes, solved on the merged problem and expanded to the further outputs apart (each merged
+    op's events on every op it holds, in order), replays on the unmerged problem without swaps to the same time and
+    peak: the merge hides no choice a schedule has."""
+    _, _, _, tables = tiny_gpt2
+    names = tables.nodes.name.tolist()
+    merged = stage_problem(_timed(tables), tables.tensors, names, bandwidth=1e10, swap=False)
+    apart = stage_problem(_timed(tables), tables.tensors, names, bandwidth=1e10)
+    for op in apart["ops"]:
+        op["swap"] = False
+    budget = budget_for(merged, 0.6)
+    schedule = solve(problem_from_dict({**merged, "budget_bytes": budget}), 5.0, 1, 0)
+    assert schedule.ok and sum(kind == "compute" for kind, _ in schedule.events) > len(merged["ops"])  # recomputes
+    assert len(merged["ops"]) < len(apart["ops"])
+    kept = {op["id"] for op in merged["ops"]}
+    holds = {op["id"]: [op["id"]] + [a["id"] for a in apart["ops"] if a["id"] not in kept and a["storages"][0] in
+                                     op["storages"]] for op in merged["ops"]}
+    events = [(kind, held) for kind, op_id in schedule.events for held in holds[op_id]]
+    again = replay(problem_from_dict({**apart, "budget_bytes": schedule.budget_bytes}), events)
+    assert again.time == pytest.approx(schedule.time) and again.peak_bytes == schedule.peak_bytes
