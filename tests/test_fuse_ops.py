@@ -170,14 +170,17 @@ def test_a_fused_models_spec_builds_the_same_traced_step_as_fusing_by_hand(fused
 
 def test_a_group_with_batch_norm_updates_the_running_statistics_outside_its_op(tmp_path):
     """The small CNN's stem-to-pooling group holds two batch norms in training mode: its forward op returns their
-    new running statistics and the call copies them in (traced as copy_ nodes), once per step, planned or not."""
+    new running statistics and the call copies them in (traced as one _foreach_copy_ node, so that the problem
+    holds the four as one op), once per step, planned or not."""
     spec = fused_spec("small_cnn", SMALL_CNN, {"builtin": "inductor"}, seed=0, compiler="fx")
     model = build_model("small_cnn+inductor", spec, seed=0)
     raw = build_model("small_cnn", SMALL_CNN, seed=0)
     assert model.module.fusion["groups_fused"] == 2 and model.module.fusion["groups_unfused"] == 0
     assert all(torch.equal(a, b) for a, b in zip(model.module.model.buffers(), raw.module.buffers()))  # build: untouched
     traced, _ = trace_training_step(model)
-    assert sum(n.target == torch.ops.aten.copy_.default for n in traced.gm.graph.nodes) == 4  # 2 x mean and var
+    copies = [n for n in traced.gm.graph.nodes if n.target == torch.ops.aten._foreach_copy_.default]
+    assert len(copies) == 1 and len(copies[0].args[0]) == 4  # 2 x mean and var
+    assert not any(n.target == torch.ops.aten.copy_.default for n in traced.gm.graph.nodes)
     # no gradient is made for the statistics (no zeros in backward: ResNet-50's fused step had 106)
     assert not any(n.target == torch.ops.aten.zeros.default for n in traced.gm.graph.nodes)
     planned = trainplan.plan(model.module, model.batch, 0.8, time_limit_s=2, progress=False, cache_dir=tmp_path,
@@ -198,3 +201,7 @@ def test_a_group_with_batch_norm_updates_the_running_statistics_outside_its_op(t
                    device=torch.device("cpu"), measure=True)
     assert [r.bytes_after for r in run.records] == predict(stages[0].problem, stages[0].events).bytes_after
     assert any(op.get("of", "").endswith("_fwd") for op in stages[0].raw["ops"])
+    # the four statistics, read by the one copy alone, are one further output of the forward op
+    (copy_op,) = [op for op in stages[0].raw["ops"] if copies[0].name in op["nodes"]]
+    (statistics,) = copy_op["inputs"]
+    assert stages[0].raw["ops"][[op["id"] for op in stages[0].raw["ops"]].index(statistics)].get("of", "").endswith("_fwd")

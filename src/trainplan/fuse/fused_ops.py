@@ -7,7 +7,10 @@ node and one backward node per group, with the saved tensors as the forward node
 Views are kept out of the ops (a custom op may not return an alias of its input): an output or saved tensor that
 is a view of an input or of a computed tensor is rebuilt outside the op by replaying its view ops on the base.
 Likewise an input the group writes in place (batch norm's running statistics): the forward op returns its new
-value (AOT autograd's functional graph does) and the call copies it into the input outside the op.
+value (AOT autograd's functional graph does) and the call copies the new values into their inputs outside the op,
+all in one ``_foreach_copy_`` (one node of the step reading them all, so the planning graph holds them as one
+further output of the forward op rather than one op and one copy per statistic: ResNet-50 has 106). Outside the
+op, a recompute of the forward op does not write the statistics again; a rerun of the copy writes the same values.
 """
 
 from __future__ import annotations
@@ -213,9 +216,9 @@ class GroupOps:
         results = _FusedGroup.apply(self, *inputs)
         results = list(results) if isinstance(results, tuple) else [results]
         n_out = len(self.split.outputs)
-        with torch.no_grad():  # inputs the group writes in place (batch norm's running statistics)
-            for (i, _), value in zip(self.split.updates, results[n_out:]):
-                inputs[i].copy_(value)
+        if self.split.updates:  # inputs the group writes in place (batch norm's running statistics)
+            with torch.no_grad():
+                torch._foreach_copy_([inputs[i] for i, _ in self.split.updates], results[n_out:])
         return tuple(results[:n_out]) if n_out > 1 else results[0]
 
 
