@@ -24,7 +24,8 @@ from trainplan.fuse.fused_ops import NAMESPACE, _runner, fuse_model
 from trainplan.fuse.planned import fused_spec
 from trainplan.fuse.support import inductor_table
 from trainplan.fuse.train_step import partition_forward
-from trainplan.models import build_model
+from trainplan.models import BuiltModel, build_model
+from trainplan.schedule.stage_problem import stage_problem
 
 TINY = {**TINY_GPT2, "inputs": {"batch_size": 4, "seq_len": 32}}  # activations dominate: 0.6 recomputes
 
@@ -194,14 +195,103 @@ def test_a_group_with_batch_norm_updates_the_running_statistics_outside_its_op(t
         torch.testing.assert_close(a.grad, b.grad, msg=name)
     for (name, a), b in zip(model.module.model.named_buffers(), raw.module.buffers()):
         torch.testing.assert_close(a, b, msg=name)
-    # the fused forward's further outputs (what its backward saves) are held from its compute on: predicted so
+    # the fused forward's outputs and saved tensors are one op, made (and remade) by each compute: predicted so
     stages, (traced, flat) = planned.step.stages, trace_training_step(model)
     layout = GraphLayout.build(traced.gm, [t.detach() for t in flat], graph_tables(traced).tensors)
     run = run_plan(stage_layouts(stages, layout), [st.events for st in stages], layout, traced.gm,
                    device=torch.device("cpu"), measure=True)
     assert [r.bytes_after for r in run.records] == predict(stages[0].problem, stages[0].events).bytes_after
-    assert any(op.get("of", "").endswith("_fwd") for op in stages[0].raw["ops"])
-    # the four statistics, read by the one copy alone, are one further output of the forward op
+    forward = {op["id"] for op in stages[0].raw["ops"] if op["id"].endswith("_fwd")}
+    assert forward and not any(op.get("of") in forward for op in stages[0].raw["ops"])
     (copy_op,) = [op for op in stages[0].raw["ops"] if copies[0].name in op["nodes"]]
-    (statistics,) = copy_op["inputs"]
-    assert stages[0].raw["ops"][[op["id"] for op in stages[0].raw["ops"]].index(statistics)].get("of", "").endswith("_fwd")
+    assert len(copy_op["inputs"]) == 1 and copy_op["inputs"][0] in forward  # the four statistics: the op's own
+
+
+class _BatchNormChain(torch.nn.Module):
+    """Four conv-BN-ReLU blocks and a linear head: each block fused on its own, so that a plan can drop a block's
+    saved tensors after its forward and remake them (its statistics with them) for its backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Conv2d(c, 8, 3, padding=1),
+                                                                torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+                                            for c in (3, 8, 8, 8)))
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.head(self.blocks(x).mean(dim=(2, 3))), labels)
+
+
+def _bn_chain() -> BuiltModel:
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    batch = {"x": torch.randn(4, 3, 32, 32, generator=gen), "labels": torch.randint(0, 10, (4,), generator=gen)}
+    return BuiltModel("bn_chain", _BatchNormChain(), batch, lambda loss: loss)
+
+
+def _blocks(built: BuiltModel) -> list[dict]:
+    """One group per conv-BN-ReLU block of the forward graph (its convolution to its ReLU, without the
+    ``num_batches_tracked`` update)."""
+    groups: list[dict] = []
+    for node in trace_forward(built).gm.graph.nodes:
+        if node.op != "call_function" or node.name.startswith("add_"):
+            continue
+        if node.name.startswith("convolution"):
+            groups.append({"id": len(groups), "nodes": []})
+        elif not groups or groups[-1]["nodes"][-1].startswith("relu"):
+            continue  # past a block's ReLU: the head's ops stay as they are
+        groups[-1]["nodes"].append(node.name)
+    return groups
+
+
+def test_a_plan_recomputes_a_batch_norm_group_whole_and_keeps_eagers_gradients_and_statistics(tmp_path):
+    """A fused forward op and the tensors its backward saves are one op of the problem: recomputed, the op remakes
+    them all. The recomputed batch-norm blocks read their running statistics after the step's copy has updated
+    them; in training mode only the new statistics depend on them, and those the copy took at the first compute."""
+    built, eager = _bn_chain(), _bn_chain()
+    groups = _blocks(built)
+    assert [len(g["nodes"]) for g in groups] == [4, 4, 4, 4]
+    model = fuse_model(built, groups, compile_with_inductor=False)
+    assert model.built.module.fusion["groups_fused"] == 4
+    planned = trainplan.plan(model.built.module, built.batch, 0.5, time_limit_s=3, progress=False, cache_dir=tmp_path,
+                             on_infeasible="raise_budget")
+    report, stage = planned.report, planned.step.stages[0]
+    assert report.planned_budget_bytes < 0.8 * report.no_recompute_peak_bytes  # below what no recompute holds
+    computes = Counter(o for kind, o in stage.events if kind == "compute")
+    recomputed = [o for o, c in computes.items() if c > 1 and o.endswith("_fwd")]
+    assert recomputed
+    ops = {op["id"]: op for op in stage.raw["ops"]}
+    assert all(len(ops[o]["storages"]) > 1 for o in recomputed)  # its saved tensors with it
+    loss = planned(built.batch)
+    loss.backward()
+    want = eager.module(**eager.batch)
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for (name, a), b in zip(built.module.named_parameters(), eager.module.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+    for (name, a), b in zip(built.module.named_buffers(), eager.module.buffers()):
+        torch.testing.assert_close(a, b, msg=name)
+    traced, flat = trace_training_step(model.built)
+    layout = GraphLayout.build(traced.gm, [t.detach() for t in flat], graph_tables(traced).tensors)
+    run = run_plan(stage_layouts([stage], layout), [stage.events], layout, traced.gm, device=torch.device("cpu"),
+                   measure=True)
+    predicted = predict(stage.problem, stage.events)
+    assert [r.bytes_after for r in run.records] == predicted.bytes_after
+    assert max(predicted.bytes_after) <= report.planned_budget_bytes
+
+
+def test_a_group_drawing_random_numbers_is_never_recomputed():
+    """A group holding a dropout: its forward op is named ``..._random_fwd`` and its problem op may not be
+    recomputed (a recompute would draw another mask)."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(32, 1))
+    built = BuiltModel("dropout_mlp", module, {"input": torch.randn(8, 16)}, lambda out: out.square().mean())
+    groups, _ = partition_forward(trace_forward(built), inductor_table())
+    model = fuse_model(built, groups, compile_with_inductor=False)
+    traced, _ = trace_training_step(model.built)
+    tables = graph_tables(traced)
+    problem = stage_problem(tables.nodes.assign(time_s=1e-3), tables.tensors, tables.nodes.name.tolist(),
+                            bandwidth=1e10)
+    fused = {op["id"]: op["recompute"] for op in problem["ops"] if op["id"].endswith("_fwd")}
+    assert any(o.endswith("_random_fwd") for o in fused) and not any(fused[o] for o in fused if "_random" in o)
+    assert len(fused) > 1 and all(fused[o] for o in fused if "_random" not in o)

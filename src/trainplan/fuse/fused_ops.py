@@ -31,6 +31,7 @@ from trainplan.fuse.errors import FuseError
 from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.inductor import CallArgs, error_line, tensors_of
 from trainplan.models import BuiltModel, default_loss
+from trainplan.schedule.stage_problem import RANDOM_OPS
 
 #: namespace of the fused ops (``torch.ops.trainplan_fused.<name>_fwd``)
 NAMESPACE = "trainplan_fused"
@@ -230,6 +231,8 @@ class _FusedGroup(torch.autograd.Function):
         outs = [r.build(inputs, roots) for r in ops.split.outputs]
         updates = [r.build(inputs, roots) for _, r in ops.split.updates]
         ctx.mark_non_differentiable(*updates)
+        if ops.backward is None:  # no output needs a gradient (a dropout's mask), though an input may
+            ctx.mark_non_differentiable(*outs)
         ctx.set_materialize_grads(False)  # else autograd makes a zeros gradient for every new running statistic
         outs += updates
         return tuple(outs) if len(outs) > 1 else outs[0]
@@ -292,7 +295,9 @@ def group_ops(sub: torch.fx.GraphModule, args: Sequence[torch.Tensor], *, compil
     if not roots:
         raise FuseError("the group computes nothing of its own (views of its inputs only): left as its ops")
     outputs = [r.build(inputs, roots) for r in split.outputs]
-    name = f"group_{_digest(sub, args, compile_with_inductor)}"
+    random = any(str(n.target).startswith(RANDOM_OPS) for n in sub.graph.nodes if n.op == "call_function")
+    # a plan recomputes a fused forward op whole (trainplan.schedule.stage_problem), unless it draws random numbers
+    name = f"group_{_digest(sub, args, compile_with_inductor)}{'_random' if random else ''}"
     forward = _register(f"{name}_fwd", _runner(split.forward, inputs, compile_with_inductor), _meta(roots))
     if split.backward is None:
         return GroupOps(name, forward, None, split, _meta(outputs), [])

@@ -4,7 +4,9 @@ The problem works on storages, not fx nodes: every node that allocates storage b
 output is its first new storage, and each further new storage of a multi-output kernel becomes an op
 ``name#i`` (``of`` the first) that reads the first and may not be recomputed (no kernel recomputes one output
 alone), taken as soon as the kernel first runs; the first op's ``workspace`` is the bytes of those further
-outputs, which the kernel holds while it runs.
+outputs, which the kernel holds while it runs. A fused group's forward op (``trainplan.fuse.fused_ops``) is the
+exception: its outputs and the tensors its backward saves are one op, since it is recomputed whole and a recompute
+remakes them all (a plan may so drop a group's saved tensors after its forward and remake them for its backward).
 View/alias nodes (no new storage) are folded into the op that produced their base, and their time is
 added to it. An op whose storage a later node changes in place may be neither recomputed nor swapped.
 Storages read by the stage but produced by another stage are boundary inputs: zero-time ops, placed
@@ -37,6 +39,13 @@ RANDOM_OPS = ("aten.rand", "aten.randn", "aten.bernoulli", "aten.native_dropout"
 #: parameter (``trainplan.loop.update_op``: a recompute would apply it twice)
 OPTIMIZER_STEP = "trainplan.optimizer_step"
 ONCE_PER_STEP = (*RANDOM_OPS, OPTIMIZER_STEP)
+#: a fused group's forward op (``trainplan.fuse.fused_ops``: ``trainplan_fused.group_<digest>[_random]_fwd``);
+#: ``_random``: the group holds a random op, so that a recompute would draw anew
+FUSED_OPS, FUSED_FORWARD, FUSED_RANDOM = "trainplan_fused.", "_fwd.", "_random_fwd."
+
+
+def _fused_forward(op: str) -> bool:
+    return op.startswith(FUSED_OPS) and FUSED_FORWARD in op
 
 
 def _storage_tables(tensors: pd.DataFrame, allocation: str | None) -> tuple[dict[str, int], set[int], dict[int, int]]:
@@ -140,10 +149,12 @@ def stage_problem(
         op_name = str(row.op)
         mutates = is_inplace(op_name)
         if own or not out_storages or mutates:
-            op = new_op(name, own[:1])
+            whole = _fused_forward(op_name)  # its saved tensors with it: remade by each of its computes
+            op = new_op(name, own if whole else own[:1])
             # A further output is taken from the kernel's run: it reads the first output and the kernel's
             # inputs (all are held while the kernel runs) and cannot be recomputed alone: keep or swap it.
-            extras = [new_op(f"{name}#{i}", [sid], inputs=[name]) for i, sid in enumerate(own[1:], start=1)]
+            extras = [] if whole else [new_op(f"{name}#{i}", [sid], inputs=[name])
+                                       for i, sid in enumerate(own[1:], start=1)]
             for extra in extras:
                 extra.update(recompute=False, of=name)
             # the kernel makes all its outputs at once: while it runs, the further ones are held too
@@ -156,7 +167,7 @@ def stage_problem(
         op["time"] += float(row.time_s)
         if getattr(row, "workspace_bytes", 0):  # temporaries a node allocates and frees within (measured)
             op["workspace"] = op.get("workspace", 0) + int(row.workspace_bytes)
-        if op_name.startswith(ONCE_PER_STEP):
+        if op_name.startswith(ONCE_PER_STEP) or (op_name.startswith(FUSED_OPS) and FUSED_RANDOM in op_name):
             op["recompute"] = False
         for tid in row.inputs:
             sid = storage_of[tid]
