@@ -21,7 +21,7 @@ from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.fused_ops import NAMESPACE, _runner, fuse_model
-from trainplan.fuse.planned import fused_spec
+from trainplan.fuse.planned import fused_spec, gradients_vs_unfused
 from trainplan.fuse.support import inductor_table
 from trainplan.fuse.train_step import partition_forward
 from trainplan.models import BuiltModel, build_model
@@ -295,3 +295,17 @@ def test_a_group_drawing_random_numbers_is_never_recomputed():
     fused = {op["id"]: op["recompute"] for op in problem["ops"] if op["id"].endswith("_fwd")}
     assert any(o.endswith("_random_fwd") for o in fused) and not any(fused[o] for o in fused if "_random" in o)
     assert len(fused) > 1 and all(fused[o] for o in fused if "_random" not in o)
+
+
+def test_the_check_against_the_unfused_model_passes_and_fails_a_fused_model_computing_otherwise():
+    """gradients_vs_unfused (the export's check of a fused model): the fused tiny GPT-2 passes; one whose layer
+    norms divide by another epsilon, checked against the model of the spec given, does not."""
+    spec = fused_spec("tiny_gpt2", TINY, {"builtin": "inductor"}, seed=0, compiler="fx")
+    check = gradients_vs_unfused(build_model("tiny_gpt2+inductor", spec, seed=0), spec, rtol=1e-4, atol=1e-5)
+    assert check["fused"]["within_tolerance"] and check["eager"]["within_tolerance"]
+    assert check["fused"]["loss"] == pytest.approx(check["fused"]["exact_loss"], rel=1e-5)
+    other = {**TINY, "config": {**TINY["config"], "layer_norm_epsilon": 0.5}}
+    wrong = build_model("tiny_gpt2+inductor", fused_spec("tiny_gpt2", other, {"builtin": "inductor"}, seed=0,
+                                                         compiler="fx"), seed=0)
+    check = gradients_vs_unfused(wrong, spec, rtol=1e-4, atol=1e-5)
+    assert not check["fused"]["within_tolerance"] and check["fused"]["worst_ratio"] > 1.0

@@ -222,6 +222,15 @@ def model_spec(wildcards):
     return planned_spec(wildcards.model)
 
 
+def fused_check(wildcards):
+    """For a fused model '<model>+<target>', the tolerances its gradients are checked with against the unfused
+    model's (fuse.train's grad_rtol and grad_atol: trainplan.fuse.planned.gradients_vs_unfused); else none."""
+    if "+" not in wildcards.model:
+        return {}
+    train = config["fuse"]["train"]
+    return {"rtol": train["grad_rtol"], "atol": train["grad_atol"]}
+
+
 def device_spec(wildcards):
     """The config entry of the device named by the wildcard."""
     return config["devices"][wildcards.device]

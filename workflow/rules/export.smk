@@ -13,6 +13,7 @@ rule export:
     params:
         spec=model_spec,
         seed=config["seed"],
+        fused_check=fused_check,
         code=code_version("export"),
     conda:
         "../envs/trainplan.yaml"

@@ -7,6 +7,7 @@ import torch
 from trainplan.artifacts import write_graph
 from trainplan.export.tables import graph_tables, memory_table
 from trainplan.export.trace import trace_training_step
+from trainplan.fuse.planned import gradients_vs_unfused
 from trainplan.io import write_table
 from trainplan.logs import log_to
 from trainplan.models import build_model, on_device
@@ -30,9 +31,13 @@ with log_to(snakemake.log[0]) as log:
     }
     fusion = getattr(built.module, "fusion", None)  # a fused model '<model>+<target>' (trainplan.fuse.planned)
     if fusion:
-        summary["fusion"] = fusion
         log.info("fused model: %d groups (%d forward ops) as fused ops, %d of them as fx graphs, %d left as ops",
                  fusion["groups_fused"], fusion["ops_fused"], fusion["groups_fx"], fusion["groups_unfused"])
+        check = gradients_vs_unfused(built, snakemake.params.spec, **snakemake.params.fused_check)
+        summary["fusion"] = {**fusion, "gradients_vs_unfused": check}
+        log.info("fused model's gradients against the unfused model's (both against float64): worst ratio %.3g at "
+                 "%s (eager's own: %.3g), within tolerance: %s", check["fused"]["worst_ratio"],
+                 check["fused"]["worst_at"], check["eager"]["worst_ratio"], check["fused"]["within_tolerance"])
     log.info("model %s on %s: %d ops (%d forward, %d backward), peak %.1f MiB at %s",
              name, backend, summary["n_ops"], summary["n_forward"], summary["n_backward"],
              summary["peak_bytes"] / 2**20, summary["peak_node"])

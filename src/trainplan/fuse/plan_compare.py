@@ -12,7 +12,10 @@ the traced step), read from the artifacts of the same workflow run:
   ``t_max_s`` and ``gpipe_step_s`` of the plan, its stage budgets and predicted peak;
 - ``measured_s``, ``measured_peak_bytes`` and ``status`` from executing the plan (``validate``): the peak of the
   storages the plan's events hold; ``counted_peak_bytes`` the whole run's peak counting everything it holds (the
-  process's on the CPU), which sees what a fused op allocates inside its kernels too.
+  process's on the CPU), which sees what a fused op allocates inside its kernels too;
+- on a fused model ``grad_check_ratio`` and ``grads_within_tolerance``: its step's loss and gradients against the
+  unfused model's, both against the step in float64 (the export's check, ``fuse.planned.gradients_vs_unfused``;
+  the validated plan's gradients equal its own model's step).
 
 A fused op's time is its own profiled time (the profile runs the fused kernels), so planned and measured times
 of the two graphs compare the fused step with the raw one.
@@ -51,7 +54,17 @@ def plan_row(*, model: str, graph: str, graph_summary: dict[str, Any], partition
         "measured_peak_bytes": (max(p for p in measured_peaks if p is not None)
                                 if any(p is not None for p in measured_peaks) else np.nan),
         "counted_peak_bytes": (validation.get("memory") or {}).get("peak_bytes_counted", np.nan),
+        **_gradient_check(fusion),
     }
+
+
+def _gradient_check(fusion: dict[str, Any]) -> dict[str, Any]:
+    """A fused model's gradients against the unfused model's (the export's check, both against float64): the worst
+    error over its tolerance (<= 1 passes) and the verdict; NaN and None for a raw model."""
+    check = (fusion.get("gradients_vs_unfused") or {}).get("fused")
+    if check is None:
+        return {"grad_check_ratio": np.nan, "grads_within_tolerance": None}
+    return {"grad_check_ratio": float(check["worst_ratio"]), "grads_within_tolerance": bool(check["within_tolerance"])}
 
 
 def compare_table(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -73,3 +73,26 @@ def fused_model(model: str, spec: dict[str, Any], target: dict[str, Any], seed: 
     fused = fuse_built(built, target_table(model, target), min_ops=min_ops,
                        compile_with_inductor=compiler == "inductor")
     return fused.built.module, built.batch
+
+
+def gradients_vs_unfused(fused: BuiltModel, spec: dict[str, Any], *, rtol: float, atol: float) -> dict[str, Any]:
+    """A fused model's loss and gradients (``fused``, built from the :func:`fused_spec` ``spec``) against the unfused
+    model's: both steps checked against the model's step in float64 (:func:`trainplan.fuse.train_step.
+    check_against_exact`: each parameter's error at most ``rtol`` or 3x eager's own relative error there, above a
+    floor of ``atol``), on the unfused model's weights and batch. Returns the ``fused`` and ``eager`` results."""
+    from torch.func import functional_call
+
+    from trainplan.fuse.forward import trace_forward
+    from trainplan.fuse.train_step import check_against_exact
+    from trainplan.models import build_model
+
+    kwargs = spec["kwargs"]
+    raw = build_model(kwargs["model"], kwargs["spec"], seed=kwargs["seed"])
+    fg = trace_forward(raw)
+    params = {f"model.{name}": p for name, p in zip(fg.param_names, fg.params)}  # FusedModule holds the model
+
+    def fused_step(*_inputs: Any) -> Any:
+        return functional_call(fused.module, params, kwargs=raw.batch)
+
+    results = check_against_exact(raw, fg, {"eager": fg.gm, "fused": fused_step}, rtol, atol)
+    return {**results, "rtol": rtol, "atol": atol}
