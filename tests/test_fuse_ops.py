@@ -284,7 +284,8 @@ def test_a_group_drawing_random_numbers_is_never_recomputed():
     """A group holding a dropout: its forward op is named ``..._random_fwd`` and its problem op may not be
     recomputed (a recompute would draw another mask)."""
     torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(32, 1))
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                 torch.nn.Linear(32, 1))
     built = BuiltModel("dropout_mlp", module, {"input": torch.randn(8, 16)}, lambda out: out.square().mean())
     groups, _ = partition_forward(trace_forward(built), inductor_table())
     model = fuse_model(built, groups, compile_with_inductor=False)
