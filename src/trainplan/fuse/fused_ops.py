@@ -8,9 +8,9 @@ Views are kept out of the ops (a custom op may not return an alias of its input)
 is a view of an input or of a computed tensor is rebuilt outside the op by replaying its view ops on the base.
 Likewise an input the group writes in place (batch norm's running statistics): the forward op returns its new
 value (AOT autograd's functional graph does) and the call copies the new values into their inputs outside the op,
-all in one ``_foreach_copy_`` (one node of the step reading them all, so the planning graph holds them as one
-further output of the forward op rather than one op and one copy per statistic: ResNet-50 has 106). Outside the
-op, a recompute of the forward op does not write the statistics again; a rerun of the copy writes the same values.
+all in one ``_foreach_copy_`` (one node of the step reading them all, so the planning graph holds them with the
+forward op rather than as one op and one copy per statistic: ResNet-50 has 106). Outside the op, a recompute of the
+forward op does not write the statistics again; a rerun of the copy writes the same values.
 """
 
 from __future__ import annotations
