@@ -19,9 +19,10 @@ from trainplan.execute import GraphLayout, run_plan, stage_layouts
 from trainplan.execute.predict import predict
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
+from trainplan.fuse import fused_ops
 from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.fused_ops import NAMESPACE, _runner, fuse_model
-from trainplan.fuse.planned import fused_spec, gradients_vs_unfused
+from trainplan.fuse.planned import float64_check, fused_spec, gradients_vs_unfused
 from trainplan.fuse.support import inductor_table
 from trainplan.fuse.train_step import partition_forward
 from trainplan.models import BuiltModel, build_model
@@ -298,15 +299,24 @@ def test_a_group_drawing_random_numbers_is_never_recomputed():
     assert len(fused) > 1 and all(fused[o] for o in fused if "_random" not in o)
 
 
-def test_the_check_against_the_unfused_model_passes_and_fails_a_fused_model_computing_otherwise():
-    """gradients_vs_unfused (the export's check of a fused model): the fused tiny GPT-2 passes; one whose layer
-    norms divide by another epsilon, checked against the model of the spec given, does not."""
+def test_the_check_against_the_unfused_model_passes_and_fails_a_fused_kernel_computing_otherwise(monkeypatch):
+    """gradients_vs_unfused (the export's check of a fused model): the fused tiny GPT-2 passes in float32, and its
+    groups fused in float64 give the float64 step's gradients to round-off; with every fused half's outputs 0.1%
+    off (a kernel computing otherwise), the float32 check fails, the float64 one runs and fails too."""
     spec = fused_spec("tiny_gpt2", TINY, {"builtin": "inductor"}, seed=0, compiler="fx")
     check = gradients_vs_unfused(build_model("tiny_gpt2+inductor", spec, seed=0), spec, rtol=1e-4, atol=1e-5)
-    assert check["fused"]["within_tolerance"] and check["eager"]["within_tolerance"]
+    assert check["passed"] and check["fused"]["within_tolerance"] and "float64" not in check
     assert check["fused"]["loss"] == pytest.approx(check["fused"]["exact_loss"], rel=1e-5)
-    other = {**TINY, "config": {**TINY["config"], "layer_norm_epsilon": 0.5}}
-    wrong = build_model("tiny_gpt2+inductor", fused_spec("tiny_gpt2", other, {"builtin": "inductor"}, seed=0,
-                                                         compiler="fx"), seed=0)
-    check = gradients_vs_unfused(wrong, spec, rtol=1e-4, atol=1e-5)
+    assert float64_check(spec)["max_rel_err"] < 1e-12
+    runner = fused_ops._runner
+
+    def off(gm, example, compile_with_inductor):
+        run = runner(gm, example, compile_with_inductor)
+        return lambda inputs: [t * 1.001 if t.is_floating_point() else t for t in run(inputs)]
+
+    digest = fused_ops._digest
+    monkeypatch.setattr(fused_ops, "_runner", off)
+    monkeypatch.setattr(fused_ops, "_digest", lambda *args: f"{digest(*args)}off")  # ops of their own names
+    check = gradients_vs_unfused(build_model("tiny_gpt2+inductor", spec, seed=0), spec, rtol=1e-4, atol=1e-5)
     assert not check["fused"]["within_tolerance"] and check["fused"]["worst_ratio"] > 1.0
+    assert not check["passed"] and check["float64"]["max_rel_err"] > 1e-4

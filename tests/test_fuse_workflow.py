@@ -87,9 +87,9 @@ def test_plans_on_the_fused_model_next_to_the_raw_model(tiny_study: Path, tmp_pa
     assert graph["n_ops"] == fused.graph_ops and graph["fusion"]["groups_fused"] == fused.groups_fused
     # the fused model's gradients against the unfused model's, both against float64 (the export's check)
     check = graph["fusion"]["gradients_vs_unfused"]
-    assert check["fused"]["within_tolerance"] and check["eager"]["within_tolerance"]
+    assert check["passed"] and check["fused"]["within_tolerance"] and "float64" not in check  # run where float32 fails
     assert fused.grad_check_ratio == pytest.approx(check["fused"]["worst_ratio"]) and fused.grad_check_ratio <= 1.0
-    assert fused.grads_within_tolerance == True and pd.isna(raw.grad_check_ratio)  # noqa: E712 (a CSV's object column)
+    assert fused.grads_passed == True and pd.isna(raw.grad_check_ratio)  # noqa: E712 (a CSV's object column)
     fused_nodes = pd.read_parquet(work / "results/export/tiny_gpt2+inductor/cpu/nodes.parquet")
     ops = fused_nodes.op[fused_nodes.op.str.startswith(f"{NAMESPACE}.")]  # one node per fused op
     assert ops.is_unique and ops.str.contains("_fwd").sum() == fused.groups_fused and ops.str.contains("_bwd").any()

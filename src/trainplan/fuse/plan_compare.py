@@ -13,9 +13,10 @@ the traced step), read from the artifacts of the same workflow run:
 - ``measured_s``, ``measured_peak_bytes`` and ``status`` from executing the plan (``validate``): the peak of the
   storages the plan's events hold; ``counted_peak_bytes`` the whole run's peak counting everything it holds (the
   process's on the CPU), which sees what a fused op allocates inside its kernels too;
-- on a fused model ``grad_check_ratio`` and ``grads_within_tolerance``: its step's loss and gradients against the
-  unfused model's, both against the step in float64 (the export's check, ``fuse.planned.gradients_vs_unfused``;
-  the validated plan's gradients equal its own model's step).
+- on a fused model ``grad_check_ratio``, ``grad_float64_rel_err`` and ``grads_passed``: its step's loss and
+  gradients against the unfused model's, both against the step in float64, and where that fails the groups fused
+  in float64 against the float64 step (the export's check, ``fuse.planned.gradients_vs_unfused``; the validated
+  plan's gradients equal its own model's step).
 
 A fused op's time is its own profiled time (the profile runs the fused kernels), so planned and measured times
 of the two graphs compare the fused step with the raw one.
@@ -59,12 +60,15 @@ def plan_row(*, model: str, graph: str, graph_summary: dict[str, Any], partition
 
 
 def _gradient_check(fusion: dict[str, Any]) -> dict[str, Any]:
-    """A fused model's gradients against the unfused model's (the export's check, both against float64): the worst
-    error over its tolerance (<= 1 passes) and the verdict; NaN and None for a raw model."""
-    check = (fusion.get("gradients_vs_unfused") or {}).get("fused")
-    if check is None:
-        return {"grad_check_ratio": np.nan, "grads_within_tolerance": None}
-    return {"grad_check_ratio": float(check["worst_ratio"]), "grads_within_tolerance": bool(check["within_tolerance"])}
+    """A fused model's gradients against the unfused model's (the export's check, ``fuse.planned.
+    gradients_vs_unfused``): the float32 step's worst error over its tolerance (<= 1 passes), the float64 check's
+    worst relative error where that ran, and the verdict; NaN and None for a raw model."""
+    check = fusion.get("gradients_vs_unfused")
+    if not check:
+        return {"grad_check_ratio": np.nan, "grad_float64_rel_err": np.nan, "grads_passed": None}
+    return {"grad_check_ratio": float(check["fused"]["worst_ratio"]),
+            "grad_float64_rel_err": float(check["float64"]["max_rel_err"]) if "float64" in check else np.nan,
+            "grads_passed": bool(check["passed"])}
 
 
 def compare_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
