@@ -3,6 +3,9 @@ load it)."""
 
 from __future__ import annotations
 
+#: aten ops whose result depends on random state: recomputing them would not reproduce the value
+RANDOM_OPS = ("aten.rand", "aten.randn", "aten.bernoulli", "aten.native_dropout", "aten.randperm", "aten.randint")
+
 
 def is_inplace(op: str) -> bool:
     """True for an aten op that mutates an input (``aten.add_.Tensor``, ``aten.copy_.default``)."""

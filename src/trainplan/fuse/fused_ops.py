@@ -26,12 +26,12 @@ import torch
 from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
+from trainplan.aten_ops import RANDOM_OPS
 from trainplan.export.trace import flat_inputs
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.inductor import CallArgs, error_line, tensors_of
 from trainplan.models import BuiltModel, default_loss
-from trainplan.schedule.stage_problem import RANDOM_OPS
 
 #: namespace of the fused ops (``torch.ops.trainplan_fused.<name>_fwd``)
 NAMESPACE = "trainplan_fused"

@@ -26,15 +26,13 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.aten_ops import is_inplace
+from trainplan.aten_ops import RANDOM_OPS, is_inplace
 from trainplan.budget import Budget, parse_budget
 from trainplan.export.memory import FIXED_KINDS
 from trainplan.memory_model import storage_weight
 from trainplan.schedule.baselines import no_recompute
 from trainplan.schedule.problem import problem_from_dict
 
-#: aten ops whose result depends on random state: recomputing them would not reproduce the value.
-RANDOM_OPS = ("aten.rand", "aten.randn", "aten.bernoulli", "aten.native_dropout", "aten.randperm", "aten.randint")
 #: ops a plan runs once per step: a random op (a recompute would draw anew) and an optimizer's update of a
 #: parameter (``trainplan.loop.update_op``: a recompute would apply it twice)
 OPTIMIZER_STEP = "trainplan.optimizer_step"
