@@ -96,8 +96,8 @@ def targets(table: pd.DataFrame) -> list[str]:
             f"(target <= 0.2), step ops x{row.graph_ops_vs_raw:.2f}; solve x{row.solve_s_vs_raw:.2f} of raw's "
             f"(target <= 0.33); measured step x{row.measured_s_vs_raw:.3f} (target < 1); measured peak (all the run "
             f"holds) {row.counted_peak_bytes / 2**20:.1f} MiB against raw's {raw_peak / 2**20:.1f} MiB, budget "
-            f"{row.budget_bytes / 2**20:.1f} MiB ({row.status}); gradients against the unfused model's (both against "
-            f"float64) at {row.grad_check_ratio:.3g} of the tolerance"
+            f"{row.budget_bytes / 2**20:.1f} MiB ({row.budget_status}; validation {row.status}); gradients against the "
+            f"unfused model's (both against float64) at {row.grad_check_ratio:.3g} of the tolerance"
             + ("" if pd.isna(row.grad_float64_rel_err) else
                f", the groups in float64 at {row.grad_float64_rel_err:.2g} of the float64 step's")
             + f" ({'passed' if row.grads_passed == True else 'failed'})")  # noqa: E712 (read from a CSV)
@@ -107,7 +107,7 @@ def targets(table: pd.DataFrame) -> list[str]:
 def markdown(table: pd.DataFrame, args: argparse.Namespace, seconds: float, gflops: float, load: str) -> str:
     cols = ["model", "graph", "budget", "graph_ops", "problem_ops", "groups_fused", "groups_fx", "ops_fused",
             "solve_s", "planned_s", "measured_s", "budget_bytes", "peak_bytes", "measured_peak_bytes",
-            "counted_peak_bytes", "recomputes", "status", "grad_check_ratio",
+            "counted_peak_bytes", "recomputes", "budget_status", "status", "grad_check_ratio",
             "grad_float64_rel_err", "grads_passed"]
     shown = table[[c for c in cols if c in table]].copy()
     for c in ("budget_bytes", "peak_bytes", "measured_peak_bytes", "counted_peak_bytes"):

@@ -100,6 +100,8 @@ def test_plans_on_the_fused_model_next_to_the_raw_model(tiny_study: Path, tmp_pa
         assert stage["measured_peak_bytes"] == stage["predicted_storage_peak_bytes"]
         assert stage["predicted_storage_peak_bytes"] <= stage["predicted_peak_bytes"] <= stage["budget_bytes"]
     assert fused.measured_peak_bytes == max(s["measured_peak_bytes"] for s in report["stages"])
+    plan = json.loads((work / "results/balance/tiny_gpt2+inductor/cpu/k1/b0.6/plan.json").read_text())
+    assert fused.budget_status == ",".join(sorted({st["status"] for st in plan["stages"]}))
     assert fused.counted_peak_bytes == report["memory"]["peak_bytes_counted"] >= fused.measured_peak_bytes
     spec = cfg["models"]["tiny_gpt2"]
     model = build_model("tiny_gpt2+inductor", fused_spec("tiny_gpt2", spec, {"builtin": "inductor"}, seed=0,

@@ -9,7 +9,8 @@ the traced step), read from the artifacts of the same workflow run:
   of them Inductor failed on, run as their fx graphs) and ``ops_fused`` (forward ops inside them);
 - ``solve_s``: our scheduler's solve time summed over the stages of the ``schedule`` rule;
 - ``planned_s`` (the balance plan's stage times summed: one micro-batch's step, what validation runs),
-  ``t_max_s`` and ``gpipe_step_s`` of the plan, its stage budgets and predicted peak;
+  ``t_max_s`` and ``gpipe_step_s`` of the plan, its stage budgets and predicted peak, ``budget_status`` (the
+  stages' schedule statuses: ``raised`` where the requested budget was below what any schedule reaches);
 - ``measured_s``, ``measured_peak_bytes`` and ``status`` from executing the plan (``validate``): the peak of the
   storages the plan's events hold; ``counted_peak_bytes`` the whole run's peak counting everything it holds (the
   process's on the CPU), which sees what a fused op allocates inside its kernels too;
@@ -50,6 +51,8 @@ def plan_row(*, model: str, graph: str, graph_summary: dict[str, Any], partition
         "gpipe_step_s": float(plan["balance"]["gpipe_step_time_s"]),
         "budget_bytes": int(sum(st["budget_bytes"] for st in stages)),
         "peak_bytes": int(max(st["peak_bytes"] for st in stages)),
+        # the stages' schedule statuses: "raised" where a requested budget was below what any schedule reaches
+        "budget_status": ",".join(sorted({str(st["status"]) for st in stages})),
         "recomputes": int(sum(st["schedule"].get("recomputes", 0) for st in stages)),
         "status": str(validation["status"]), "measured_s": float(validation["measured_time_s"]),
         "measured_peak_bytes": (max(p for p in measured_peaks if p is not None)
