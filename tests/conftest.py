@@ -23,6 +23,11 @@ TINY_GPT2: dict[str, Any] = {
     "inputs": {"batch_size": 2, "seq_len": 16},
 }
 SMALL_CNN: dict[str, Any] = {"source": "callable", "callable": "trainplan.zoo:small_cnn", "kwargs": {}}
+#: three bottleneck blocks (two stages), 32x32 images
+TINY_RESNET: dict[str, Any] = {"source": "transformers", "architecture": "ResNetForImageClassification",
+                               "config": {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [2, 1],
+                                          "layer_type": "bottleneck", "num_labels": 4},
+                               "inputs": {"batch_size": 2, "image_size": 32}}
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from trainplan.execute.predict import predict
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.fuse import fused_ops
-from trainplan.fuse.forward import trace_forward
+from trainplan.fuse.forward import forward_groups, trace_forward
 from trainplan.fuse.fused_ops import NAMESPACE, _runner, fuse_model
 from trainplan.fuse.planned import float64_check, fused_spec, gradients_vs_unfused
 from trainplan.fuse.support import inductor_table
@@ -230,30 +230,17 @@ def _bn_chain() -> BuiltModel:
     return BuiltModel("bn_chain", _BatchNormChain(), batch, lambda loss: loss)
 
 
-def _blocks(built: BuiltModel) -> list[dict]:
-    """One group per conv-BN-ReLU block of the forward graph (its convolution to its ReLU, without the
-    ``num_batches_tracked`` update)."""
-    groups: list[dict] = []
-    for node in trace_forward(built).gm.graph.nodes:
-        if node.op != "call_function" or node.name.startswith("add_"):
-            continue
-        if node.name.startswith("convolution"):
-            groups.append({"id": len(groups), "nodes": []})
-        elif not groups or groups[-1]["nodes"][-1].startswith("relu"):
-            continue  # past a block's ReLU: the head's ops stay as they are
-        groups[-1]["nodes"].append(node.name)
-    return groups
-
-
 def test_a_plan_recomputes_a_batch_norm_group_whole_and_keeps_eagers_gradients_and_statistics(tmp_path):
     """A fused forward op and the tensors its backward saves are one op of the problem: recomputed, the op remakes
     them all. The recomputed batch-norm blocks read their running statistics after the step's copy has updated
     them; in training mode only the new statistics depend on them, and those the copy took at the first compute."""
     built, eager = _bn_chain(), _bn_chain()
-    groups = _blocks(built)
-    assert [len(g["nodes"]) for g in groups] == [4, 4, 4, 4]
+    _, _, groups = forward_groups(trace_forward(built), inductor_table(), max_ops=4)  # the chain cut at each block
+    blocks = [g["nodes"] for g in groups if g["nodes"][0].startswith("convolution")]
+    assert [[n.rstrip("_0123456789") for n in b] for b in blocks] == [["convolution", "native_batch_norm", "getitem",
+                                                                       "relu"]] * 4
     model = fuse_model(built, groups, compile_with_inductor=False)
-    assert model.built.module.fusion["groups_fused"] == 4
+    assert model.built.module.fusion["groups_fused"] == 5  # and the head's linear and loss
     planned = trainplan.plan(model.built.module, built.batch, 0.5, time_limit_s=3, progress=False, cache_dir=tmp_path,
                              on_infeasible="raise_budget")
     report, stage = planned.report, planned.step.stages[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import TINY_RESNET
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model
@@ -13,10 +14,6 @@ from trainplan.partition import PartitionError, pipeline_graph, range_tables
 from trainplan.partition.layers import model_layers
 from trainplan.partition.methods import METHODS, balanced_parts, even_blocks, method_cuts, uniform_parts
 
-TINY_RESNET = {"architecture": "ResNetForImageClassification",
-               "config": {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [2, 1], "layer_type": "bottleneck",
-                          "num_labels": 4},
-               "inputs": {"batch_size": 2, "image_size": 32}}
 
 
 @pytest.mark.parametrize(("items", "parts", "expected"), [(4, 2, [0, 2, 4]), (5, 2, [0, 3, 5]), (7, 3, [0, 3, 5, 7]),

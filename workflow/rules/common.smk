@@ -214,7 +214,7 @@ def planned_spec(name):
         return config["models"][model]
     settings = config["fuse"]["fused_ops"]
     return fused_spec(model, config["models"][model], fused_target(target), seed=config["seed"],
-                      min_ops=settings["min_ops"], compiler=settings["compiler"])
+                      min_ops=settings["min_ops"], max_ops=settings["max_ops"], compiler=settings["compiler"])
 
 
 def model_spec(wildcards):

@@ -4,7 +4,7 @@ It works on names and edges only, as a user's GROUPS.json would be checked: ever
 disjoint, weakly connected, all members eligible; exactly one input op and one output op, the ones the
 group names; contracting every group leaves a DAG (depth-first search, not the partitioner's sort); and
 maximality: no two groups joined by an edge (singletons included) can be merged into one that keeps a
-single input op, a single output op and an acyclic contraction.
+single input op, a single output op and an acyclic contraction (and, under a cap, at most ``max_ops`` ops).
 """
 
 from __future__ import annotations
@@ -58,12 +58,14 @@ def _connected(members: set[str], preds: dict[str, list[str]], succs: dict[str, 
 
 
 def check_grouping(nodes: Iterable[str], edges: Sequence[tuple[str, str]], eligible: set[str],
-                   groups: Sequence[dict[str, Any]], *, maximal: bool = True, cycle_check_merges: bool = True) -> list[str]:
+                   groups: Sequence[dict[str, Any]], *, maximal: bool = True, cycle_check_merges: bool = True,
+                   max_ops: int | None = None) -> list[str]:
     """Every violated property, as text (empty when the grouping is valid).
 
     ``groups`` are GROUPS.json entries (``nodes``, ``input``, ``output``). Eligible nodes in no group
     count as singletons for maximality. ``cycle_check_merges`` re-checks acyclicity for every merge
-    candidate (quadratic; turn it off on large graphs, where SISO merges are checked alone).
+    candidate (quadratic; turn it off on large graphs, where SISO merges are checked alone). Under ``max_ops``
+    (``trainplan.fuse.split``) a union of more ops is no merge candidate.
     """
     nodes = list(nodes)
     preds: dict[str, list[str]] = {n: [] for n in nodes}
@@ -107,6 +109,8 @@ def check_grouping(nodes: Iterable[str], edges: Sequence[tuple[str, str]], eligi
                 continue
             tried.add(pair)
             union = sets[pair[0]] | sets[pair[1]]
+            if max_ops is not None and len(union) > max_ops:
+                continue
             ins, outs = _ends(union, preds, succs)
             if len(ins) != 1 or len(outs) != 1:
                 continue

@@ -22,6 +22,7 @@ from trainplan.fuse.errors import FuseError
 from trainplan.fuse.exported import OUTPUT
 from trainplan.fuse.graph import OpGraph, TensorInfo, build_graph
 from trainplan.fuse.partitioner import Fusion, fuse_graph
+from trainplan.fuse.split import split_groups
 from trainplan.fuse.support import GETITEM, SupportTable, support_masks
 from trainplan.models import BuiltModel
 
@@ -88,16 +89,22 @@ def op_graph(gm: torch.fx.GraphModule) -> OpGraph:
     return build_graph([*names, OUTPUT], [*kinds, "output"], edges, [*ins, []], [*outs, []])
 
 
-def forward_groups(fg: ForwardGraph, table: SupportTable) -> tuple[OpGraph, Fusion, list[dict[str, Any]]]:
+def forward_groups(fg: ForwardGraph, table: SupportTable, max_ops: int | None = None
+                   ) -> tuple[OpGraph, Fusion, list[dict[str, Any]]]:
     """The seed's rule on the forward graph for ``table``: the partitioner's graph, its result and the groups
-    (GROUPS.json entries, topological order), verified by the independent checker (a violation raises)."""
+    (GROUPS.json entries, topological order), verified by the independent checker (a violation raises). Under
+    ``max_ops`` the groups of more ops are split at their cuts (``trainplan.fuse.split``; ``fusion`` is the
+    partitioner's result before)."""
     graph = op_graph(fg.gm)
     supported, broken = support_masks(graph, table)
     fusion = fuse_graph(graph, supported, broken)
     groups = fusion.to_dict(graph)["groups"]
+    if max_ops is not None:
+        groups = split_groups(graph, groups, max_ops)
     eligible = {graph.names[u] for u in range(graph.n) if fusion.eligible[u]}
     edges = [(graph.names[u], graph.names[v]) for u, v in graph.edges()]
-    problems = check_grouping(graph.names, edges, eligible, groups, cycle_check_merges=graph.n <= 3000)
+    problems = check_grouping(graph.names, edges, eligible, groups, cycle_check_merges=graph.n <= 3000,
+                              max_ops=max_ops)
     if problems:
         raise AssertionError(f"model '{fg.model}': forward grouping violates the rule: {problems[:3]}")
     return graph, fusion, groups

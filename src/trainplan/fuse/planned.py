@@ -29,13 +29,14 @@ COMPILERS = ("inductor", "fx")
 
 
 def fused_spec(model: str, spec: dict[str, Any], target: dict[str, Any], *, seed: int, min_ops: int = 2,
-               compiler: str = "inductor") -> dict[str, Any]:
+               max_ops: int | None = None, compiler: str = "inductor") -> dict[str, Any]:
     """The model spec of ``model`` (config entry ``spec``) with its forward groups for ``target`` fused:
-    ``target`` is a built-in (``{builtin: inductor}``, ``{builtin: inductor-no-matmul}``) or a support table's document (its YAML's content, so that a change
-    to the table changes the spec)."""
+    ``target`` is a built-in (``{builtin: inductor}``, ``{builtin: inductor-no-matmul}``) or a support table's
+    document (its YAML's content, so that a change to the table changes the spec); groups of more than ``max_ops``
+    ops split at their cuts (``trainplan.fuse.split``)."""
     return {"source": "callable", "callable": CALLABLE,
             "kwargs": {"model": model, "spec": spec, "target": target, "seed": seed, "min_ops": min_ops,
-                       "compiler": compiler}}
+                       "max_ops": max_ops, "compiler": compiler}}
 
 
 def target_table(model: str, target: dict[str, Any]) -> SupportTable:
@@ -49,19 +50,20 @@ def target_table(model: str, target: dict[str, Any]) -> SupportTable:
                     f"a support table, got {target!r}")
 
 
-def fuse_built(built: BuiltModel, table: SupportTable, *, min_ops: int = 2, compile_with_inductor: bool = True
-               ) -> FusedModel:
-    """``built`` with the groups of its forward graph for ``table`` (``forward_groups``) of >= ``min_ops`` ops as
-    fused ops."""
+def fuse_built(built: BuiltModel, table: SupportTable, *, min_ops: int = 2, max_ops: int | None = None,
+               compile_with_inductor: bool = True) -> FusedModel:
+    """``built`` with the groups of its forward graph for ``table`` (``forward_groups``, those of more than
+    ``max_ops`` ops split) of >= ``min_ops`` ops as fused ops."""
     from trainplan.fuse.forward import forward_groups, trace_forward
     from trainplan.fuse.fused_ops import fuse_model
 
-    _, _, groups = forward_groups(trace_forward(built), table)
+    _, _, groups = forward_groups(trace_forward(built), table, max_ops)
     return fuse_model(built, groups, min_ops=min_ops, compile_with_inductor=compile_with_inductor)
 
 
 def fused_model(model: str, spec: dict[str, Any], target: dict[str, Any], seed: int = 0, min_ops: int = 2,
-                compiler: str = "inductor") -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+                max_ops: int | None = None, compiler: str = "inductor"
+                ) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The callable of :func:`fused_spec`: model ``model`` built from ``spec`` with ``seed`` (its weights and batch
     as the raw model's), its forward groups fused; the module (``fusion``: which groups run fused and how) and
     the batch."""
@@ -70,7 +72,7 @@ def fused_model(model: str, spec: dict[str, Any], target: dict[str, Any], seed: 
     if compiler not in COMPILERS:
         raise FuseError(f"fused model '{model}': compiler must be one of {list(COMPILERS)}, got '{compiler}'")
     built = build_model(model, spec, seed=seed)
-    fused = fuse_built(built, target_table(model, target), min_ops=min_ops,
+    fused = fuse_built(built, target_table(model, target), min_ops=min_ops, max_ops=max_ops,
                        compile_with_inductor=compiler == "inductor")
     return fused.built.module, built.batch
 
@@ -128,7 +130,7 @@ def float64_check(spec: dict[str, Any]) -> dict[str, Any]:
     batch = {k: v.double() if v.is_floating_point() else v for k, v in raw.batch.items()}
     model = BuiltModel(raw.name, raw.module.double(), batch, raw.loss_fn)
     fused = fuse_built(model, target_table(kwargs["model"], kwargs["target"]), min_ops=kwargs["min_ops"],
-                       compile_with_inductor=kwargs["compiler"] == "inductor")
+                       max_ops=kwargs.get("max_ops"), compile_with_inductor=kwargs["compiler"] == "inductor")
     fused.built.module(**batch).backward()
     raw.loss_fn(exact(**batch)).backward()
     pairs = [(name, p.grad if p.grad is not None else torch.zeros_like(p), e.grad if e.grad is not None else
