@@ -34,6 +34,7 @@ import pandas as pd
 import yaml
 
 from host_load import load_label, matmul_gflops
+from trainplan.budget import parse_budget
 
 REPO = Path(__file__).resolve().parents[1]
 #: models the default config does not hold
@@ -55,7 +56,7 @@ def study_config(base: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         raise SystemExit(f"unknown model(s) {missing}: neither in {args.config} nor in {sorted(EXTRA_MODELS)}")
     config["study"] = {key: [] for key in config["study"]} | {"plan": list(args.models)}
     config["stages"] = [1]
-    config["budgets"] = [float(b) for b in args.budgets]
+    config["budgets"] = [b if parse_budget(b).bytes is not None else float(b) for b in args.budgets]
     config["fuse"]["targets"][args.target] = {"builtin": args.target}
     config["fuse"]["plan"] = [args.target]
     config["solver"]["time_limit_s"] = args.time_limit
@@ -136,7 +137,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(REPO / "config" / "config.yaml"))
     ap.add_argument("--models", nargs="+", default=["gpt2", "llama24"])
-    ap.add_argument("--budgets", nargs="+", default=["0.7", "0.5"])
+    ap.add_argument("--budgets", nargs="+", default=["0.7", "0.5"],
+                    help="fractions of each graph's own no-recompute peak (0.5) or bytes, the same for both (280MiB)")
     ap.add_argument("--target", default="inductor", choices=["inductor", "inductor-no-matmul"],
                     help="the support table the fused model is grouped with (docs/fuse.md)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="the solver's limit per schedule (s)")
