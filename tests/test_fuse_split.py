@@ -116,8 +116,10 @@ def test_a_fused_resnet_split_into_blocks_plans_below_its_unsplit_trunk_and_trai
         planned = trainplan.plan(built.module, built.batch, 0.1, time_limit_s=3, progress=False,
                                  cache_dir=tmp_path / str(cap), on_infeasible="raise_budget")
         least[cap], models[cap] = planned.report.planned_budget_bytes, (built, planned)
-    sizes = [f["n_ops"] for f in models[16][0].module.fusion["fused"]]
-    assert max(sizes) <= 16 and max(f["n_ops"] for f in models[None][0].module.fusion["fused"]) > 16
+    split, whole = models[16][0].module.fusion, models[None][0].module.fusion
+    assert max(f["n_ops"] for f in split["fused"]) <= 16 < max(f["n_ops"] for f in whole["fused"])
+    assert split["groups_split"] == 1 and whole["groups_split"] == 0  # the trunk: stem, 3 blocks, pooling
+    assert [f["n_ops"] for f in split["fused"] if "split_from" in f] == [5, 13, 13, 16, 3]
     assert least[16] < 0.85 * least[None]
     built, planned = models[16]
     computes = {}

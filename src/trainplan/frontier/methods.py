@@ -54,11 +54,12 @@ class Prepared:
 
 def _fused(built: BuiltModel) -> tuple[torch.nn.Module, dict[str, Any]]:
     """``built``'s model with its forward groups (Inductor's support table without the matrix products:
-    ``fuse.support.without_matmuls``) as fused ops, and how many."""
+    ``fuse.support.without_matmuls``; groups of more than ``MAX_OPS`` split) as fused ops, and how many."""
     from trainplan.fuse.planned import fuse_built
+    from trainplan.fuse.split import MAX_OPS
     from trainplan.fuse.support import builtin_table
 
-    model = fuse_built(built, builtin_table("inductor-no-matmul"))
+    model = fuse_built(built, builtin_table("inductor-no-matmul"), max_ops=MAX_OPS)
     return model.built.module, {"fused_groups": len(model.fused), "fused_ops": sum(f["n_ops"] for f in model.fused),
                                 "unfused_groups": len(model.unfused)}
 

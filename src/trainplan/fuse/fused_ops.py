@@ -383,7 +383,8 @@ def fuse_model(built: BuiltModel, groups: list[dict[str, Any]], *, min_ops: int 
             unfused.append({"group": group["id"], "n_ops": len(group["nodes"]), "error": error_line(exc)})
             continue
         setattr(gm, f"fused_{k}", _GroupCall(ops))
-        fused.append({"group": group["id"], "n_ops": len(group["nodes"]), "op": ops.name, **how})
+        split = {"split_from": group["split_from"]} if "split_from" in group else {}  # trainplan.fuse.split
+        fused.append({"group": group["id"], **split, "n_ops": len(group["nodes"]), "op": ops.name, **how})
     with torch.no_grad():
         for buffer, before in buffers:
             buffer.copy_(before)
@@ -392,5 +393,6 @@ def fuse_model(built: BuiltModel, groups: list[dict[str, Any]], *, min_ops: int 
     module = FusedModule(built.module, gm, batch_names)
     module.fusion = {"groups_fused": len(fused), "ops_fused": sum(f["n_ops"] for f in fused),
                      "groups_fx": sum(f["runs"] == "fx" for f in fused), "groups_unfused": len(unfused),
+                     "groups_split": len({f["split_from"] for f in fused if "split_from" in f}),
                      "fused": fused, "unfused": unfused}
     return FusedModel(BuiltModel(f"{built.name}+fused", module, built.batch, default_loss), fused, unfused)

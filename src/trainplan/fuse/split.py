@@ -22,6 +22,11 @@ from typing import Any
 
 from trainplan.fuse.graph import OpGraph
 
+#: the default cap (config ``fuse.fused_ops.max_ops``): leaves GPT-2's groups (at most 23 forward ops: an MLP block)
+#: and Llama's whole and cuts ResNet-50's trunk (228 ops) into its residual blocks (13-16 ops); a lower cap cuts
+#: nothing more there (a block has no cut inside) but would cut GPT-2's blocks where they have cuts
+MAX_OPS = 24
+
 
 def cuts(graph: OpGraph, nodes: Sequence[int]) -> list[tuple[int, int, frozenset[int]]]:
     """The cuts ``(v, w, A)`` of the group ``nodes`` (one input op, one output op), smallest ``A`` first."""
