@@ -25,8 +25,8 @@ from trainplan.execute import (
     validate_plan,
 )
 from trainplan.execute.compile import clocked_run, compile_plan
-from trainplan.execute.diagnose import StageTime, Tolerances, stage_report
-from trainplan.execute.measure import time_runs
+from trainplan.execute.diagnose import StageTime, Tolerances, off_by_speed_drift, stage_report
+from trainplan.execute.measure import Timings, time_runs
 from trainplan.execute.predict import predict
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import make_step_fn, trace_training_step
@@ -332,6 +332,46 @@ def test_the_verdict_rests_on_the_raw_time_and_a_busy_machine_is_unreliable(mlp,
     assert rep["time_rel_err_load_adjusted"] == pytest.approx(measured / baseline - 1)
     assert bool(rep["unreliable"]) == (status == "unreliable") and bool(rep["reasons"]) == (status == "failed")
     assert all("step time" in r and "stage 0" in r for r in rep["reasons"] + rep["unreliable"])
+
+
+@pytest.mark.parametrize(("measured", "baseline", "drift"), [
+    (1.12, 1.08, True),  # 12% off, but the host ran 8% slower than at the profile: within 10% at its speed now
+    (1.12, 1.00, False),  # the host's speed as at the profile: the plan itself is off
+    (1.25, 1.08, False),  # still 16% off at the host's speed now
+    (1.05, 1.08, False),  # passes on its raw time
+])
+def test_a_time_miss_the_hosts_speed_explains_is_told_apart(mlp, measured, baseline, drift):
+    _, traced, flat, tables = mlp
+    stages, result = execute(traced, flat, tables, plan_for(tables, [tables.nodes.name.tolist()], no_recompute))
+    st = stages[0]
+    times = StageTime([measured * float(st.schedule["time"])], [baseline * st.problem.compute_time])
+    rep = stage_report(st, result.records, predict(st.problem, st.events), times, Tolerances(), host_shared=False)
+    assert off_by_speed_drift(rep, Tolerances()) == drift
+    assert rep["status"] == ("passed" if measured < 1.1 else "failed")  # the verdict stays on the raw time
+
+
+@pytest.mark.parametrize(("attempts", "status", "taken"), [(3, "passed", 2), (1, "failed", 1)])
+def test_a_stage_off_by_the_hosts_speed_is_timed_again_and_judged_on_the_new_timing(mlp, monkeypatch, attempts,
+                                                                                    status, taken):
+    """The first timing finds the stage 12% off its plan while its no-recompute run took 1.08x its profile; the
+    second, at the profiled speed, 3% off: with attempts left the validation times again and passes on the raw
+    time of the second; with none it fails."""
+    built, _, _, tables = mlp
+    plan = plan_for(tables, [tables.nodes.name.tolist()], no_recompute)
+    (stage,) = parse_plan(plan)
+    planned, profiled = float(stage.schedule["time"]), stage.problem.compute_time
+    readings = iter([(1.12, 1.08), (1.03, 1.00)])
+
+    def timed(*_args, **_kwargs) -> Timings:
+        plan_x, base_x = next(readings)
+        return Timings([[plan_x * planned]], [[base_x * profiled]], [[0.0]], [0], [0])
+
+    monkeypatch.setattr("trainplan.execute.validate.time_runs", timed)
+    v = validate_plan(built, plan, parse_plan(plan), tables.tensors,
+                      settings=ValidateSettings(repeats=1, warmup=0, attempts=attempts, allocator_check=False))
+    assert v.report["status"] == status, v.report["reasons"]
+    assert v.report["timing_attempts"] == taken
+    assert v.report["stages"][0]["time_rel_err"] == pytest.approx(0.03 if taken == 2 else 0.12)
 
 
 def test_the_load_adjusted_time_recosts_compute_at_the_load_and_transfers_at_the_link_now(mlp):
