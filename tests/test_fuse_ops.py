@@ -130,6 +130,19 @@ def test_a_compiled_half_takes_its_traced_layouts_and_copies_only_other_ones(mon
     assert traced_b.stride() == plain_b.stride() == (16, 1)
 
 
+def test_a_half_compiled_from_inputs_requiring_grad_is_an_inference_graph():
+    """A backward half's example holds parameters, which require grad: compiled from them as they are, Inductor
+    builds a training graph of the half (its outputs carrying an autograd graph and the tensors saved for it);
+    the runner compiles it for inference, so the outputs hold nothing beyond their values."""
+    gm = torch.fx.symbolic_trace(lambda x, w: (torch.relu(x @ w), x.sin()))
+    x, w = torch.randn(4, 8), torch.randn(8, 16, requires_grad=True)
+    run = _runner(gm, [x, w], compile_with_inductor=True)
+    for inputs in ([x, w], [x.requires_grad_(), w]):
+        outs = run(inputs)
+        assert [o.requires_grad for o in outs] == [False, False]
+        torch.testing.assert_close(outs[0], torch.relu(x @ w).detach())
+
+
 def test_a_group_inductor_fails_on_runs_as_its_fx_graphs(fused, monkeypatch):
     built, reference, groups, _ = fused
     largest = max(groups, key=lambda g: len(g["nodes"]))

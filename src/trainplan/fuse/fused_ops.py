@@ -262,13 +262,21 @@ def _runner(gm: torch.fx.GraphModule, example: list[torch.Tensor], compile_with_
     may hand a view's values in another layout than the traced one: it is compiled for the traced layouts (a dense
     one each: an overlapping or gapped input, such as an expanded one, is compiled as contiguous) and an input in
     another layout is copied into its compiled one (compiled for contiguous inputs, every call copied the
-    transposed weights a linear layer reads)."""
+    transposed weights a linear layer reads).
+
+    Compiled for inference: a backward half's example holds the parameters, which require grad, and from those
+    Inductor would compile a training graph (a forward and a backward of the half itself), saving tensors for a
+    second backward that never runs (ResNet-50's stem: a bool mask of the whole stem activation, stored element
+    by element). Without ``layout_optimization``: a group's inputs and outputs keep the model's layout, so
+    channels-last convolutions inside it transpose at every boundary (ResNet-50's groups: a copy in and two
+    stores out per convolution)."""
     if not compile_with_inductor:
         return lambda inputs: list(gm(*inputs))
-    dense = [t if is_non_overlapping_and_dense_or_false(t) else t.contiguous() for t in example]
+    dense = [t.detach() if is_non_overlapping_and_dense_or_false(t) else t.detach().contiguous() for t in example]
     layouts = [(tuple(t.shape), tuple(t.stride())) for t in dense]
     try:
-        compiled = torch._inductor.compile(gm, dense)
+        with torch._inductor.config.patch(layout_optimization=False):
+            compiled = torch._inductor.compile(gm, dense)
     except Exception as exc:  # the caller runs the group as its fx graphs instead
         raise InductorFailed(error_line(exc)) from exc
 
