@@ -143,6 +143,24 @@ def test_a_half_compiled_from_inputs_requiring_grad_is_an_inference_graph():
         torch.testing.assert_close(outs[0], torch.relu(x @ w).detach())
 
 
+def test_a_half_with_a_convolution_runs_in_the_models_layout_without_transposes():
+    """A group's inputs and outputs keep the model's (NCHW) layout: Inductor's layout optimisation, which runs a
+    convolution channels-last, would transpose at the group's boundary (it does, compiled plainly)."""
+    from torch._inductor.utils import run_and_get_code
+
+    def block(x, w, g, b):
+        y = torch.ops.aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return (torch.relu(y * g.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)),)
+
+    gm = torch.fx.symbolic_trace(block)
+    args = [torch.randn(2, 64, 28, 28), torch.randn(64, 64, 3, 3), torch.randn(64), torch.randn(64)]
+    (out,), code = run_and_get_code(lambda: _runner(gm, args, compile_with_inductor=True)(args))
+    _, plain = run_and_get_code(lambda: torch._inductor.compile(gm, args)(*args))
+    assert not any("transpose_mxn" in c for c in code) and any("transpose_mxn" in c for c in plain)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, block(*args)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_a_group_inductor_fails_on_runs_as_its_fx_graphs(fused, monkeypatch):
     built, reference, groups, _ = fused
     largest = max(groups, key=lambda g: len(g["nodes"]))
