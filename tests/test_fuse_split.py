@@ -58,12 +58,42 @@ def test_a_residual_chain_is_cut_at_each_blocks_add_and_split_into_the_fewest_pi
     assert split_groups(graph, [group], graph.n) == [group]
 
 
-def test_a_segment_larger_than_the_cap_stays_whole() -> None:
+def test_a_segment_larger_than_the_cap_splits_into_runs_with_one_input_op_and_one_output_op() -> None:
+    """A block has no cut inside (its input feeds its first op and its add): under a cap of 2 the chain splits into
+    runs of consecutive ops, each with one input op and one output op: the stem alone (it feeds two ops of the
+    block), the two convolutions, the add with the ReLU after it (the add its one op reading outside it)."""
     graph = _residual_chain(3)
     (group,) = _doc(graph, fuse_graph(graph, [True] * graph.n))
     pieces = split_groups(graph, [group], 2)
-    assert [len(p["nodes"]) for p in pieces] == [4, 4, 4, 1]  # blocks of 4 ops have no cut inside
+    assert [p["nodes"] for p in pieces] == [["s"], ["c1_0", "c2_0"], ["add_0", "r_0"], ["c1_1", "c2_1"],
+                                            ["add_1", "r_1"], ["c1_2", "c2_2"], ["add_2", "r_2"]]
+    assert [(p["input"], p["output"]) for p in pieces][2] == ("add_0", "r_0")
     assert _check(graph, range(graph.n), pieces, max_ops=2) == []
+    assert split_groups(graph, [group], 3) == pieces  # no run of 3 has one input op and one output op
+
+
+def _fewest_runs(graph, names: list[str], cap: int) -> int:
+    """The fewest runs of consecutive ``names`` (a topological order), each within ``cap`` and with one input op
+    and one output op, by breadth-first search over the positions where a run may end."""
+    preds = {n: set() for n in graph.names}
+    succs = {n: set() for n in graph.names}
+    for u, v in graph.edges():
+        succs[graph.names[u]].add(graph.names[v])
+        preds[graph.names[v]].add(graph.names[u])
+
+    def one_in_one_out(run: list[str]) -> bool:
+        inside = set(run)
+        return (sum(1 for m in run if not preds[m] or not preds[m] <= inside) == 1
+                and sum(1 for m in run if not succs[m] or not succs[m] <= inside) == 1)
+
+    depth, frontier = {0: 0}, [0]
+    while frontier:
+        at = frontier.pop(0)
+        for end in range(at + 1, min(at + cap, len(names)) + 1):
+            if end not in depth and one_in_one_out(names[at:end]):
+                depth[end] = depth[at] + 1
+                frontier.append(end)
+    return depth[len(names)]
 
 
 def _fewest(sizes: list[int], cap: int) -> int:
@@ -79,8 +109,8 @@ def _fewest(sizes: list[int], cap: int) -> int:
 @pytest.mark.parametrize("seed", range(4))
 def test_random_groupings_split_keep_the_rule_and_are_the_fewest_pieces(seed: int) -> None:
     rng = random.Random(seed)
-    split_any = 0
-    for _ in range(30):
+    split_any = over_cap = 0
+    for _ in range(60):
         n = rng.randint(8, 70)
         graph = random_dag(n, rng.randrange(10**6), max_preds=rng.randint(1, 3), window=rng.randint(2, 8))
         mask = random_mask(n, rng.randrange(10**6), rng.choice([0.8, 1.0]))
@@ -98,10 +128,14 @@ def test_random_groupings_split_keep_the_rule_and_are_the_fewest_pieces(seed: in
             split_any += 1
             nodes = [index[m] for m in group["nodes"]]
             bounds = [0] + [len(a) for _, _, a in cuts(graph, nodes)] + [len(nodes)]
-            assert len(parts) == _fewest([b - a for a, b in zip(bounds, bounds[1:])], cap)
-            for part in parts:  # a piece over the cap is one segment: no cut inside it
-                assert len(part["nodes"]) <= cap or not cuts(graph, [index[m] for m in part["nodes"]])
-    assert split_any > 0
+            sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+            assert all(len(part["nodes"]) <= cap for part in parts)
+            if max(sizes) <= cap:  # runs of the segments between cuts
+                assert len(parts) == _fewest(sizes, cap)
+            else:  # a segment over the cap: runs of the group's order
+                over_cap += 1
+                assert len(parts) == _fewest_runs(graph, group["nodes"], cap)
+    assert split_any > 0 and over_cap > 0
 
 
 def test_a_fused_resnet_split_into_blocks_plans_below_its_unsplit_trunk_and_trains_as_eager(tmp_path) -> None:

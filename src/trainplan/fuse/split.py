@@ -11,8 +11,14 @@ the only edge from ``A`` (``v`` and its ancestors in the group) to the other mem
 under the seed's rule. The ``A`` of two cuts are nested (what ``A_1`` does not hold is reached through ``w_1``), so
 a group's cuts form a chain and cut it into segments (ResNet-50's trunk: one per residual block, at the block's
 ``add_ -> relu``). Pieces are runs of consecutive segments, greedily as long as they stay within ``max_ops`` (the
-fewest pieces); a segment larger than ``max_ops`` is a piece alone. Only the maximality the seed's merge gives
-is given up, and only for unions larger than ``max_ops`` (``check_grouping``'s ``max_ops``).
+fewest pieces). A segment larger than ``max_ops`` has no cut, but the group still splits into **runs** of
+consecutive ops of its topological order, each with one input op and one output op (a residual block: ``conv1
+bn1 relu1``, ``conv2 bn2 relu2``, ``conv3 bn3``, ``add relu``, whose ``add`` is its only op reading outside it):
+contracting runs of one topological order leaves a DAG (every edge goes forward). Such a group is split into the
+fewest runs within ``max_ops`` (a dynamic programme over its order; an op alone is such a run, so they always
+exist and ``max_ops`` is a strict cap). Only the
+maximality the seed's merge gives is given up, and only for unions larger than ``max_ops`` (``check_grouping``'s
+``max_ops``).
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from typing import Any
 from trainplan.fuse.graph import OpGraph
 
 #: the default cap (config ``fuse.fused_ops.max_ops``): leaves GPT-2's groups (at most 23 forward ops: an MLP block)
-#: and Llama's whole and cuts ResNet-50's trunk (228 ops) into its residual blocks (13-16 ops); a lower cap cuts
-#: nothing more there (a block has no cut inside) but would cut GPT-2's blocks where they have cuts
+#: and Llama's whole and cuts ResNet-50's trunk (228 ops) into its residual blocks (13-16 ops); a lower cap splits
+#: the blocks into runs (finer recompute, more scheduling ops and smaller kernels)
 MAX_OPS = 24
 
 
@@ -51,7 +57,8 @@ def cuts(graph: OpGraph, nodes: Sequence[int]) -> list[tuple[int, int, frozenset
 def split_group(graph: OpGraph, nodes: Sequence[int], first: int, last: int, max_ops: int
                 ) -> list[tuple[list[int], int, int]]:
     """The group ``nodes`` (topological order, input op ``first``, output op ``last``) as pieces ``(members,
-    input op, output op)`` of at most ``max_ops`` ops where its cuts allow; itself when it has at most ``max_ops``."""
+    input op, output op)`` of at most ``max_ops`` ops: runs of the segments between its cuts, or where a segment is
+    over the cap the group as :func:`runs` of its order; itself when it has at most ``max_ops``."""
     if len(nodes) <= max_ops:
         return [(list(nodes), first, last)]
     chain = cuts(graph, nodes)
@@ -63,9 +70,41 @@ def split_group(graph: OpGraph, nodes: Sequence[int], first: int, last: int, max
         while end + 1 < len(bounds) and len(bounds[end + 1][0]) - len(bounds[at][0]) <= max_ops:
             end += 1
         inside = bounds[end][0] - bounds[at][0]
+        if len(inside) > max_ops:  # a segment over the cap: the whole group as runs of its order
+            return runs(graph, nodes, max_ops)
         pieces.append(([u for u in nodes if u in inside], bounds[at][1], bounds[end][2]))
         at = end
     return pieces
+
+
+def _ends(graph: OpGraph, order: Sequence[int], lo: int, hi: int) -> tuple[int, int] | None:
+    """The input op and output op of ``order[lo:hi]`` where it has one of each, else None."""
+    members = set(order[lo:hi])
+    ins = [u for u in order[lo:hi] if not graph.preds[u] or not set(graph.preds[u]) <= members]
+    outs = [u for u in order[lo:hi] if not graph.succs[u] or not set(graph.succs[u]) <= members]
+    return (ins[0], outs[0]) if len(ins) == 1 and len(outs) == 1 else None
+
+
+def runs(graph: OpGraph, order: Sequence[int], max_ops: int) -> list[tuple[list[int], int, int]]:
+    """``order`` (a topological order of a group's ops) as the fewest runs of consecutive ops, at most ``max_ops``
+    (>= 1) each and each with one input op and one output op: ``(members, input op, output op)``."""
+    n = len(order)
+    best: list[tuple[int, int, tuple[int, int]] | None] = [None] * (n + 1)  # (runs, where the last starts, its ends)
+    best[0] = (0, 0, (-1, -1))
+    for hi in range(1, n + 1):
+        for lo in range(max(0, hi - max_ops), hi):
+            before = best[lo]
+            if before is None or (best[hi] is not None and before[0] + 1 >= best[hi][0]):
+                continue
+            ends = _ends(graph, order, lo, hi)
+            if ends is not None:
+                best[hi] = (before[0] + 1, lo, ends)
+    out, hi = [], n
+    while hi:
+        _, lo, (first, last) = best[hi]  # type: ignore[misc]
+        out.append((list(order[lo:hi]), first, last))
+        hi = lo
+    return out[::-1]
 
 
 def split_groups(graph: OpGraph, groups: Sequence[dict[str, Any]], max_ops: int) -> list[dict[str, Any]]:
