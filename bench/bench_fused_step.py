@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ONE_RUN = """
 import json, os, statistics, sys, torch, yaml
-from trainplan.fuse.planned import fuse_built, target_table
-from trainplan.fuse.train_step import _speedup, alternate
+from trainplan.fuse.planned import fused_model
+from trainplan.fuse.train_step import alternate, speedup_vs
 from trainplan.models import build_model
 from trainplan.timing import keep_freed_memory
 cfg = yaml.safe_load(open(sys.argv[1]))
@@ -37,23 +37,24 @@ torch.set_num_threads(settings["threads"])
 keep_freed_memory()
 spec = cfg["models"][model]
 eager = build_model(model, spec, seed=cfg["seed"])
-fused = fuse_built(build_model(model, spec, seed=cfg["seed"]), target_table(model, {"builtin": "inductor"}),
-                   min_ops=ops["min_ops"], max_ops=ops["max_ops"]).built
+fused, batch = fused_model(model, spec, {"builtin": "inductor"}, seed=cfg["seed"], **ops)  # as the workflow's
 whole = build_model(model, spec, seed=cfg["seed"])
 compiled = torch.compile(whole.module)
-def step(built, module):
+def step(module, batch, loss_fn, params):
     def run():
-        built.module.zero_grad(set_to_none=True)
-        built.loss_fn(module(**built.batch)).backward()
+        params.zero_grad(set_to_none=True)
+        loss_fn(module(**batch)).backward()
     return run
 load = [os.getloadavg()[0]]
-samples = alternate({"eager": step(eager, eager.module), "fused": step(fused, fused.module),
-                     "compile": step(whole, compiled)}, rounds, settings["warmup"] + 1)
+samples = alternate({"eager": step(eager.module, eager.batch, eager.loss_fn, eager.module),
+                     "fused": step(fused, batch, lambda loss: loss, fused),
+                     "compile": step(compiled, whole.batch, whole.loss_fn, whole.module)},
+                    rounds, settings["warmup"])  # the first warm-up round compiles
 load.append(os.getloadavg()[0])
 out = {name: statistics.median(s) for name, s in samples.items()}
 for name in ("fused", "compile"):
-    out[name + "_vs_eager"] = _speedup(samples, "eager", name, cfg["seed"])
-out["fusion"] = {k: v for k, v in fused.module.fusion.items() if k not in ("fused", "unfused")}
+    out[name + "_vs_eager"] = speedup_vs(samples, "eager", name, cfg["seed"])
+out["fusion"] = {k: v for k, v in fused.fusion.items() if k not in ("fused", "unfused")}
 out["load"] = load
 print("RESULT " + json.dumps(out))
 """

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainplan.fuse.graph import OpGraph
+from trainplan.fuse.prune import input_ops, output_ops
 
 #: the default cap (config ``fuse.fused_ops.max_ops``): leaves GPT-2's groups (at most 23 forward ops: an MLP block)
 #: and Llama's whole and cuts ResNet-50's trunk (228 ops) into its residual blocks (13-16 ops); a lower cap splits
@@ -77,11 +78,9 @@ def split_group(graph: OpGraph, nodes: Sequence[int], first: int, last: int, max
     return pieces
 
 
-def _ends(graph: OpGraph, order: Sequence[int], lo: int, hi: int) -> tuple[int, int] | None:
-    """The input op and output op of ``order[lo:hi]`` where it has one of each, else None."""
-    members = set(order[lo:hi])
-    ins = [u for u in order[lo:hi] if not graph.preds[u] or not set(graph.preds[u]) <= members]
-    outs = [u for u in order[lo:hi] if not graph.succs[u] or not set(graph.succs[u]) <= members]
+def _ends(graph: OpGraph, members: set[int]) -> tuple[int, int] | None:
+    """The input op and output op of ``members`` where it has one of each, else None."""
+    ins, outs = input_ops(graph, members), output_ops(graph, members)
     return (ins[0], outs[0]) if len(ins) == 1 and len(outs) == 1 else None
 
 
@@ -96,7 +95,7 @@ def runs(graph: OpGraph, order: Sequence[int], max_ops: int) -> list[tuple[list[
             before = best[lo]
             if before is None or (best[hi] is not None and before[0] + 1 >= best[hi][0]):
                 continue
-            ends = _ends(graph, order, lo, hi)
+            ends = _ends(graph, set(order[lo:hi]))
             if ends is not None:
                 best[hi] = (before[0] + 1, lo, ends)
     out, hi = [], n

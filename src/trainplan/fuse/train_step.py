@@ -119,7 +119,9 @@ def alternate(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int) -> di
     return samples
 
 
-def _speedup(samples: dict[str, list[float]], base: str, new: str, seed: int) -> dict[str, Any]:
+def speedup_vs(samples: dict[str, list[float]], base: str, new: str, seed: int) -> dict[str, Any]:
+    """Median ``base`` / median ``new`` seconds, its paired bootstrap 95% interval, and whether it lies
+    above 1 (``faster``) or below (``slower``)."""
     low, high = paired_speedup_ci(samples[base], samples[new], seed)
     return {"speedup": statistics.median(samples[base]) / statistics.median(samples[new]), "ci95": [low, high],
             "faster": low > 1.0, "slower": high < 1.0}
@@ -252,7 +254,7 @@ def _time_groups(fg: ForwardGraph, groups: list[dict[str, Any]], compiled: dict[
         leaves = _leaves(c["args"])
         times = alternate({"eager": lambda: _forward_backward(c["sub"], leaves),
                            "fused": lambda: _forward_backward(c["fn"], leaves)}, rounds, warmup)
-        verdict = _speedup(times, "eager", "fused", seed)
+        verdict = speedup_vs(times, "eager", "fused", seed)
         kernels = _eager_kernels(c["sub"], c["args"])
         rows.append({"group": group["id"], "n_ops": len(group["nodes"]), "input": group["input"],
                      "output": group["output"], "ops": " ".join(group["ops"]), "eager_s": statistics.median(times["eager"]),
@@ -358,7 +360,7 @@ def measure_train_step(built: BuiltModel, table: SupportTable, *, min_ops: int, 
     summary["samples_s"] = samples
     for name in samples:
         if name != "eager":
-            summary[f"{name}_vs_eager"] = _speedup(samples, "eager", name, seed)
+            summary[f"{name}_vs_eager"] = speedup_vs(samples, "eager", name, seed)
     if "whole" in samples:
         gain = summary["eager_step_s"] - summary["whole_step_s"]
         summary["kept_of_whole_gain"] = {name: (summary["eager_step_s"] - summary[f"{name}_step_s"]) / gain
