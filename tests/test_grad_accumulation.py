@@ -13,7 +13,7 @@ from trainplan.schedule import replay
 from trainplan.schedule.baselines import no_recompute, no_recompute_events
 from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
 from trainplan.schedule.grad_accumulation import (accumulate_where_made, accumulated_ops, accumulated_storages,
-                                                  accumulates, held_alone)
+                                                  accumulates, held_alone, tied_partials_as_zeros)
 from trainplan.schedule.pipeline_hold import PipelineHold, gradient_sum_bytes, held_gradient_bytes
 from trainplan.schedule.problem import problem_from_dict
 
@@ -58,6 +58,22 @@ def test_a_gradient_is_held_only_while_made_and_run_alone_it_is_held_again():
     assert held_alone(p) is p
 
 
+def test_a_tied_partial_read_as_zeros_is_aliased_by_a_plain_add_and_made_anew_by_a_row_sum():
+    """A received partial (stand-in, 64 B) summed with the stage's own gradient ``g`` (64 B): a plain add
+    (``plain_sum``) of zeros is ``g`` itself (alias, no bytes); ``embedding_grad_add`` into the zeros makes the
+    table, held while it runs."""
+    def problem(plain: bool) -> dict:
+        ops = [{"id": "in:p", "time": 0.0, "bytes": 64, "boundary": True, "tied_partial": True, "storages": [1]},
+               {"id": "g", "time": 1.0, "bytes": 64, "phase": "backward", "storages": [2]},
+               {"id": "sum", "time": 1.0, "bytes": 64, "inputs": ["in:p", "g"] if plain else ["in:p"],
+                "phase": "backward", "gradient": True, "storages": [3], **({"plain_sum": True} if plain else {})}]
+        return {"ops": ops, "fixed_bytes": 0, "budget_bytes": 1000, "bandwidth": 1.0, "keep": ["sum"]}
+    plain, rows = (accumulate_where_made(tied_partials_as_zeros(problem(p))) for p in (True, False))
+    assert [op["bytes"] for op in plain["ops"]] == [op["bytes"] for op in rows["ops"]] == [0, 64, 0]
+    assert plain["ops"][2]["alias"] and plain["ops"][2].get("workspace", 0) == 0
+    assert not rows["ops"][2].get("alias") and rows["ops"][2]["workspace"] == rows["ops"][2]["accumulated_bytes"] == 64
+
+
 def test_pipeline_stage_problems_sum_their_gradients_where_made_and_plans_read_them_alone(tiny_gpt2):
     built, _, _, tables = tiny_gpt2
     wte = built.module.transformer.wte.weight
@@ -79,11 +95,14 @@ def test_pipeline_stage_problems_sum_their_gradients_where_made_and_plans_read_t
     for st in stages:
         raw = budgeted_stage_problem(nodes, tables.tensors, st.nodes, budget, st.index)
         moved = sum(op.get("accumulated_bytes", 0) for op in raw["ops"])
-        # the embedding's gradient plus the zeros standing in for the LM head's partial: that gradient itself
+        # the embedding's rows added into the zeros standing in for the LM head's partial (embedding_grad_add):
+        # the embedding's gradient table, made, added into its sum and dropped (held while it runs)
         zeros = {op["id"] for op in raw["ops"] if "stand_in_bytes" in op}
         adds = [op for op in raw["ops"] if zeros.intersection(op.get("inputs", ()))]
         assert len(adds) == len(zeros) == (st.index == 0)
-        assert all(op["alias"] and op["bytes"] == op.get("workspace", 0) == 0 for op in adds)
+        table = wte.numel() * wte.element_size()
+        assert all(not op.get("alias") and op["bytes"] == 0 and op["accumulated_bytes"] == table <= op["workspace"]
+                   for op in adds)
         # every gradient the stage makes and no op of it reads (here: all of them, the tied partial too)
         assert moved == gradient_sum_bytes(raw) > 0
         events = no_recompute_events(problem_from_dict({**raw, "budget_bytes": 2**62}))

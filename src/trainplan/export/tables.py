@@ -11,14 +11,16 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import flop_registry
 
-from trainplan.export import loss_head_op
+from trainplan.export import embedding_grad_op, loss_head_op
 from trainplan.export.memory import memory_profile
 from trainplan.export.trace import TracedStep, backward_seq_nr, module_path
 
 FORWARD, BACKWARD = "forward", "backward"
 #: trainplan's own ops: their FLOPs and the bytes a call holds besides its outputs (``workspace_bytes``), from
 #: the fake values of their arguments
-_OWN_OPS = {loss_head_op.linear_cross_entropy._opoverload: (loss_head_op.flops, loss_head_op.workspace_bytes)}
+_OWN_OPS = {loss_head_op.linear_cross_entropy._opoverload: (loss_head_op.flops, loss_head_op.workspace_bytes),
+            embedding_grad_op.embedding_grad_add._opoverload: (embedding_grad_op.flops,
+                                                               embedding_grad_op.workspace_bytes)}
 
 
 @dataclass

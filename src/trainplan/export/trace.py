@@ -10,6 +10,7 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
+from trainplan.export.embedding_grads import fold_embedding_gradient_sums
 from trainplan.export.loss_head import chunk_loss_head
 from trainplan.export.traced_step import TracedStep
 from trainplan.models import BuiltModel
@@ -144,7 +145,9 @@ def make_step_fn(built: BuiltModel, param_names: list[str], buffer_names: list[s
 
 def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tensor]]:
     """Trace ``built``'s training step with fake tensors; return the graph and the real flat inputs. With
-    ``built.loss_chunk_bytes``, the graph's loss head is chunked (``export.loss_head.chunk_loss_head``)."""
+    ``built.loss_chunk_bytes``, the graph's loss head is chunked (``export.loss_head.chunk_loss_head``); a tied
+    embedding's gradient is scattered into the weight's other gradient
+    (``export.embedding_grads.fold_embedding_gradient_sums``)."""
     param_names, buffer_names, batch_names, flat = flat_inputs(built)
     for p in built.module.parameters():
         p.requires_grad_(True)
@@ -162,4 +165,4 @@ def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tenso
     traced = TracedStep(built.name, gm, param_names, buffer_names, batch_names, loss_node.name)
     if built.loss_chunk_bytes is not None:
         traced = chunk_loss_head(traced, built.loss_chunk_bytes)
-    return traced, flat
+    return fold_embedding_gradient_sums(traced), flat

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainplan.fuse.errors import FuseError
-from trainplan.fuse.support import SupportTable, builtin_table, table_from_dict
+from trainplan.fuse.support import SupportTable, builtin_table, table_from_dict, without
 
 if TYPE_CHECKING:
     import torch
@@ -50,14 +50,20 @@ def target_table(model: str, target: dict[str, Any]) -> SupportTable:
                     f"a support table, got {target!r}")
 
 
+#: forward ops no fused op takes: an embedding's backward stays an op of the traced step, where a tied weight's
+#: two gradients are summed row by row (``trainplan.export.embedding_grads``); inside a fused op its gradient would
+#: be a dense table added outside (GPT-2 small: a third 147 MiB tensor at the end of the backward)
+UNFUSED_OPS = ("embedding",)
+
+
 def fuse_built(built: BuiltModel, table: SupportTable, *, min_ops: int = 2, max_ops: int | None = None,
                compile_with_inductor: bool = True) -> FusedModel:
-    """``built`` with the groups of its forward graph for ``table`` (``forward_groups``, those of more than
-    ``max_ops`` ops split) of >= ``min_ops`` ops as fused ops."""
+    """``built`` with the groups of its forward graph for ``table`` less UNFUSED_OPS (``forward_groups``, those of
+    more than ``max_ops`` ops split) of >= ``min_ops`` ops as fused ops."""
     from trainplan.fuse.forward import forward_groups, trace_forward
     from trainplan.fuse.fused_ops import fuse_model
 
-    _, _, groups = forward_groups(trace_forward(built), table, max_ops)
+    _, _, groups = forward_groups(trace_forward(built), without(table, UNFUSED_OPS, "no-embedding"), max_ops)
     return fuse_model(built, groups, min_ops=min_ops, compile_with_inductor=compile_with_inductor)
 
 

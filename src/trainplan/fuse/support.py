@@ -181,13 +181,19 @@ def inductor_table() -> SupportTable:
 MATMULS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear")
 
 
+def without(table: SupportTable, names: tuple[str, ...], suffix: str) -> SupportTable:
+    """``table`` less the ops ``aten.<name>.*`` of ``names``, named ``<table>-<suffix>``."""
+    prefixes = tuple(f"aten.{m}." for m in names)
+    ops = tuple(op for op in table.ops if not op.startswith(prefixes))
+    return SupportTable(f"{table.name}-{suffix}", ops, table.rules,
+                        {**table.source, "without": [*table.source.get("without", ()), *names]})
+
+
 def without_matmuls(table: SupportTable) -> SupportTable:
     """``table`` less the matrix products (MATMULS), so groups are pointwise and reduction work around them: in
     GPT-2 small's fused step (2 x 128, CPU) the matmuls inside Inductor's code took 0.10 s more than eager's
     (aten::mm 1.06 against 0.96 s) while its fused kernels saved 0.13 s of pointwise work."""
-    prefixes = tuple(f"aten.{m}." for m in MATMULS)
-    ops = tuple(op for op in table.ops if not op.startswith(prefixes))
-    return SupportTable(f"{table.name}-no-matmul", ops, table.rules, {**table.source, "without": list(MATMULS)})
+    return without(table, MATMULS, "no-matmul")
 
 
 def builtin_table(name: str) -> SupportTable | None:

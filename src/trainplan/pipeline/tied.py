@@ -9,7 +9,8 @@ addition reads zeros (one zero broadcast to the partial's shape, no storage of i
 schedule's step the sum is sent once and added, scaled by 1/m as PipelineStage scales the rest.
 
 A partial qualifies (:func:`tied_partials`) when the gradient of a parameter is ``aten.add.Tensor`` of a value on
-a storage a later stage makes, that storage is read by nothing else (views of it aside), and the value is the
+a storage a later stage makes (or ``trainplan::embedding_grad_add`` into it: an embedding's rows added into the
+partial, ``export.embedding_grads``), that storage is read by nothing else (views of it aside), and the value is the
 parameter's shape, contiguous from offset 0, in its dtype (so the sum is the parameter's gradient's shape).
 The gradient then equals the single-process step's up to float round-off (the micro-batches' terms are summed
 in another order); every other gradient stays bit-identical.
@@ -24,10 +25,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from trainplan.aten_ops import GRADIENT_SUMS
 from trainplan.execute.layout import GraphLayout, StageLayout
 from trainplan.export.trace import TracedStep
 
-ADD = torch.ops.aten.add.Tensor
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,11 @@ def tied_partials(traced: TracedStep, flat: list[torch.Tensor], layout: GraphLay
     grads = next(n for n in traced.gm.graph.nodes if n.op == "output").args[0][1:1 + len(traced.param_names)]
     out: dict[int, TiedPartial] = {}
     for i, grad in enumerate(grads):
-        if not isinstance(grad, torch.fx.Node) or grad.target is not ADD or grad.name not in stage_of:
+        terms = GRADIENT_SUMS.get(str(grad.target), 0) if isinstance(grad, torch.fx.Node) else 0
+        if not terms or grad.name not in stage_of:
             continue
         param = flat[i]
-        for arg in grad.args[:2]:
+        for arg in grad.args[:terms]:
             if not isinstance(arg, torch.fx.Node) or len(_storages(layout, arg)) != 1:
                 continue
             (sid,) = _storages(layout, arg)

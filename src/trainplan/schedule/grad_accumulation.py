@@ -12,8 +12,9 @@ further output is already in its kernel's workspace) and records them as ``accum
 
 A tied weight's partial gradient that another stage makes is added once per step (``trainplan.pipeline.tied``):
 per micro-batch the receiving stage reads zeros in its place, one broadcast element; :func:`tied_partials_as_zeros`
-makes that boundary input hold no bytes (recorded as ``stand_in_bytes``), and the gradient adding them is its other
-input, held as it is (``alias``).
+makes that boundary input hold no bytes (recorded as ``stand_in_bytes``); the gradient adding them is its other
+input, held as it is (``alias``), where it is a plain add (``plain_sum``); a ``trainplan::embedding_grad_add`` into
+zeros makes the embedding's gradient table, held while it runs as every accumulated gradient.
 
 Run alone, one micro-batch, the gradients are held to the end of the step and the partial is received:
 :func:`held_alone` gives that problem back, its budget raised by the gradients' bytes (which the rank's budget
@@ -34,14 +35,14 @@ def accumulated_ops(problem: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def accumulate_where_made(problem: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``problem`` in which each of :func:`accumulated_ops` holds its bytes only while it runs; one that
-    adds a tied partial received as zeros (:func:`tied_partials_as_zeros`) is its other input (``alias``: the
+    """A copy of ``problem`` in which each of :func:`accumulated_ops` holds its bytes only while it runs; a plain
+    add of a tied partial received as zeros (:func:`tied_partials_as_zeros`) is its other input (``alias``: the
     run holds that value as its result) and holds none."""
     out = copy.deepcopy(problem)
     zeros = {op["id"] for op in out["ops"] if op.get("tied_partial") and "stand_in_bytes" in op}
     for op in accumulated_ops(out):
         op["accumulated_bytes"] = int(op["bytes"])
-        if zeros.intersection(op.get("inputs", ())):
+        if op.get("plain_sum") and zeros.intersection(op.get("inputs", ())):
             op["alias"] = True
         elif op.get("of") is None:  # a further output's bytes are in its kernel's workspace already
             op["workspace"] = int(op.get("workspace", 0)) + int(op["bytes"])

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainplan.aten_ops import RANDOM_OPS, is_inplace
+from trainplan.aten_ops import GRADIENT_SUMS, PLAIN_SUM, RANDOM_OPS, is_inplace
 from trainplan.budget import Budget, parse_budget
 from trainplan.export.memory import FIXED_KINDS
 from trainplan.memory_model import storage_weight
@@ -120,6 +120,7 @@ def stage_problem(
     updated: dict[int, str] = {}  # parameter -> the optimizer_step op of the stage that updates it
 
     phase_of = dict(zip(nodes.name, nodes.phase)) if "phase" in nodes else {}
+    plain_sums: set[str] = set()  # ops computing an ``aten.add.Tensor``
 
     def new_op(op_id: str, storages: list[int], *, time: float = 0.0, inputs: list[str] | None = None,
                is_boundary: bool = False) -> dict[str, Any]:
@@ -162,6 +163,8 @@ def stage_problem(
             base = source(out_storages[0])
             op = ops.get(base) or boundary[base]
         op["nodes"].append(name)
+        if op_name == PLAIN_SUM:
+            plain_sums.add(op["id"])
         op["time"] += float(row.time_s)
         if getattr(row, "workspace_bytes", 0):  # temporaries a node allocates and frees within (measured)
             op["workspace"] = op.get("workspace", 0) + int(row.workspace_bytes)
@@ -210,9 +213,12 @@ def stage_problem(
         ordered += [boundary.pop(src) for src in op["inputs"] if src in boundary]
         ordered.append(op)
     ordered += list(boundary.values())  # received but only viewed, never read by a compute op
+    tied = {op["id"] for op in ordered if op.get("boundary") and partials.intersection(op["storages"])}
     for op in ordered:
-        if op.get("boundary") and partials.intersection(op["storages"]):
+        if op["id"] in tied:
             op["tied_partial"] = True
+        elif op["id"] in plain_sums and tied.intersection(op["inputs"]):
+            op["plain_sum"] = True  # with the partial read as zeros, its result is its other term
     return {
         "ops": ordered,
         "fixed_bytes": int(sum(size[s] for s in fixed_used)),
@@ -264,13 +270,14 @@ def merge_further_outputs(ops: dict[str, dict[str, Any]], keep: list[str]) -> li
 
 
 def _added_into_outputs(nodes: pd.DataFrame, storage_of: dict[str, int], outputs: set[int]) -> set[int]:
-    """Storages an ``aten.add.Tensor`` adds into a graph output: where one is made by another stage than the
-    addition's, a tied weight's partial gradient, which a pipeline sums across micro-batches where it is made
-    and does not send per micro-batch (``trainplan.pipeline.tied``)."""
+    """Storages a gradient sum (``aten_ops.GRADIENT_SUMS``, its whole terms) adds into a graph output: where one is
+    made by another stage than the sum's, a tied weight's partial gradient, which a pipeline sums across
+    micro-batches where it is made and does not send per micro-batch (``trainplan.pipeline.tied``)."""
     out: set[int] = set()
     for row in nodes.itertuples():
-        if str(row.op) == "aten.add.Tensor" and any(storage_of[t] in outputs for t in row.outputs):
-            out.update(storage_of[t] for t in row.inputs)
+        terms = GRADIENT_SUMS.get(str(row.op), 0)
+        if terms and any(storage_of[t] in outputs for t in row.outputs):
+            out.update(storage_of[t] for t in row.inputs[:terms])
     return out
 
 
