@@ -15,11 +15,16 @@ def _timed(tables):
 
 @pytest.mark.parametrize("fixture", ["tiny_gpt2", "small_cnn"])
 def test_whole_graph_problem_matches_export_liveness(fixture, request):
+    """The in-order peak is the export's liveness peak, once the temporaries a node holds inside its run
+    (``workspace_bytes``: tiny GPT-2's ``embedding_grad_add``) are left out; with them, at most their largest more."""
     _, _, _, tables = request.getfixturevalue(fixture)
-    raw = stage_problem(_timed(tables), tables.tensors, tables.nodes.name.tolist(), bandwidth=1e10)
+    nodes = _timed(tables)
+    raw = stage_problem(nodes.assign(workspace_bytes=0), tables.tensors, nodes.name.tolist(), bandwidth=1e10)
     _, summary = memory_table(tables)
     assert raw["fixed_bytes"] == summary["fixed_bytes"]
     assert no_recompute_peak(raw) == summary["peak_bytes"]
+    with_temporaries = no_recompute_peak(stage_problem(nodes, tables.tensors, nodes.name.tolist(), bandwidth=1e10))
+    assert summary["peak_bytes"] <= with_temporaries <= summary["peak_bytes"] + nodes.workspace_bytes.max()
     # Every fx node runs in exactly one op, and every op's time is the sum of its nodes' times.
     members = [n for op in raw["ops"] for n in op["nodes"]]
     assert sorted(members) == sorted(tables.nodes.name)
