@@ -19,6 +19,16 @@ import torch
 
 from trainplan.execute.measure import peak_during
 
+#: a parameter above this many bytes is updated in row chunks of at most this many, where the optimizer is
+#: elementwise (ELEMENTWISE): its temporaries are then chunk-sized (AdamW's are two parameter-sized tensors: 294 MiB
+#: for GPT-2 small's tied embedding, the floor of its planned step); smaller chunks hold less and call the
+#: optimizer's ``step()`` more often (each call is Python work over the param groups: ~0.1 ms)
+CHUNK_BYTES = 16 * 2**20
+#: optimizers whose update of an entry reads only that entry of the parameter, gradient and state (and scalars
+#: from the step count), so that updating the rows apart gives the same values; exact types (a subclass may not be)
+ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam,
+               torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Adagrad)
+
 
 class ParamUpdates:
     """``update(index, grad)``: ``optimizer`` steps ``params[index]`` with ``grad``, alone."""
@@ -48,11 +58,65 @@ class ParamUpdates:
         if not self.trained[index]:
             return
         p = self.params[index]
+        rows = chunk_rows(self.optimizer, p)
+        if rows is not None:
+            self._step_rows(p, grad, rows)
+            return
         p.grad = grad
         try:
-            type(self.optimizer).step(self.optimizer)  # the class's step: a scheduler's wrapper counts user calls
+            self._step()
         finally:
             p.grad = None
+
+    def _step(self) -> None:
+        type(self.optimizer).step(self.optimizer)  # the class's step: a scheduler's wrapper counts user calls
+
+    def _step_rows(self, p: torch.nn.Parameter, grad: torch.Tensor, rows: int) -> None:
+        """Step ``p`` ``rows`` rows at a time: each chunk a Parameter on ``p``'s rows, alone in ``p``'s param group,
+        with its state the rows of ``p``'s (scalars such as the step count copied in, and the last chunk's kept).
+        On the first step the optimizer makes each chunk's state, copied into ``p``'s as it comes."""
+        group = next(g for g in self.optimizer.param_groups if any(q is p for q in g["params"]))
+        members, state = group["params"], self.optimizer.state
+        full: dict = state.pop(p, {})
+        made = bool(full)  # else the first step: each chunk's state is made by the optimizer
+        before = dict(full)  # every chunk starts from the scalars (the step count) as they were
+        try:
+            for start in range(0, p.shape[0], rows):
+                chunk = torch.nn.Parameter(p.detach()[start:start + rows])
+                chunk.grad = grad[start:start + rows]
+                if made:
+                    state[chunk] = {k: v[start:start + rows] if _rowwise(v, p) else
+                                    v.clone() if isinstance(v, torch.Tensor) else v for k, v in before.items()}
+                group["params"] = [chunk]
+                self._step()
+                for k, v in state.pop(chunk, {}).items():
+                    if not _rowwise(v, chunk):
+                        full[k] = v
+                        continue
+                    if k not in full:
+                        full[k] = torch.empty_like(p)
+                    target = full[k][start:start + rows]
+                    if target.data_ptr() != v.data_ptr():
+                        target.copy_(v)
+        finally:
+            group["params"] = members
+            if full:
+                state[p] = full
+
+
+def chunk_rows(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> int | None:
+    """Rows per chunk of ``p``'s update (CHUNK_BYTES), or None where it is updated whole: a small or
+    non-contiguous parameter, or an optimizer not in ELEMENTWISE."""
+    size = p.numel() * p.element_size()
+    if type(optimizer) not in ELEMENTWISE or size <= CHUNK_BYTES or p.dim() == 0 or not p.is_contiguous():
+        return None
+    row = size // p.shape[0]
+    return max(1, CHUNK_BYTES // max(row, 1))
+
+
+def _rowwise(value: object, p: torch.Tensor) -> bool:
+    """Whether an optimizer state entry is per entry of ``p`` (its shape), not a scalar or other value."""
+    return isinstance(value, torch.Tensor) and value.shape == p.shape
 
 
 def scratch_updates(updates: ParamUpdates) -> ParamUpdates:
