@@ -94,7 +94,7 @@ class ParamUpdates:
                         full[k] = v
                         continue
                     if k not in full:
-                        full[k] = torch.empty_like(p)
+                        full[k] = torch.empty(p.shape, dtype=v.dtype, device=v.device)
                     target = full[k][start:start + rows]
                     if target.data_ptr() != v.data_ptr():
                         target.copy_(v)

@@ -30,7 +30,6 @@ from trainplan.execute.layout import GraphLayout, StageLayout
 from trainplan.export.trace import TracedStep
 
 
-
 @dataclass(frozen=True)
 class TiedPartial:
     """The partial gradient on plan storage ``storage``: made by stage ``producer``, added into parameter
