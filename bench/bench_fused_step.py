@@ -48,10 +48,11 @@ fused, batch = fused_model(model, spec, {"builtin": "inductor"}, seed=cfg["seed"
 whole = build_model(model, spec, seed=cfg["seed"])
 compiled = torch.compile(whole.module)
 raw = build_model(model, spec, seed=cfg["seed"])
-plain, _ = fused_model(model, spec, {"builtin": "inductor"}, seed=cfg["seed"], **ops)
+fused_to_plan, _ = fused_model(model, spec, {"builtin": "inductor"}, seed=cfg["seed"], **ops)
 cache = tempfile.mkdtemp(prefix="fused_step_plans_")
 planned = trainplan.plan(raw.module, raw.batch, 1.0, loss_fn=raw.loss_fn, cache_dir=cache, progress=False)
-planned_fused = trainplan.plan(plain, batch, 1.0, loss_fn=lambda loss: loss, cache_dir=cache, progress=False)
+planned_fused = trainplan.plan(fused_to_plan, batch, 1.0, loss_fn=lambda loss: loss, cache_dir=cache,
+                               progress=False)
 def step(module, batch, loss_fn, params):
     def run():
         params.zero_grad(set_to_none=True)

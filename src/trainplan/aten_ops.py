@@ -12,6 +12,7 @@ def is_inplace(op: str) -> bool:
     parts = op.split(".")
     return len(parts) >= 2 and parts[1].endswith("_") and not parts[1].startswith("_")
 
+
 #: ops that make a weight's gradient as the sum of its uses' gradients (autograd's add of a tied weight's two
 #: gradients; ``trainplan::embedding_grad_add``, the pass ``export.embedding_grads`` puts in its place for an
 #: embedding) -> how many of their leading inputs are whole terms of the sum (the rest: the embedding's rows)

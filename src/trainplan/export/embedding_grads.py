@@ -52,7 +52,9 @@ def fold_embedding_gradient_sums(traced: TracedStep) -> TracedStep:
         if add.target is not aten.add.Tensor or add.kwargs.get("alpha", 1) != 1 or len(add.args) != 2:
             continue
         left, right = add.args
-        table, other = (_embedding_grad(right), left) if _embedding_grad(right) else (_embedding_grad(left), right)
+        table, other = _embedding_grad(right), left
+        if table is None:
+            table, other = _embedding_grad(left), right
         if table is None or not _same_table(other, table):
             continue
         grad_out, indices = table.args[:2]

@@ -146,7 +146,7 @@ def make_step_fn(built: BuiltModel, param_names: list[str], buffer_names: list[s
 def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tensor]]:
     """Trace ``built``'s training step with fake tensors; return the graph and the real flat inputs. With
     ``built.loss_chunk_bytes``, the graph's loss head is chunked (``export.loss_head.chunk_loss_head``); a tied
-    embedding's gradient is scattered into the weight's other gradient
+    embedding's gradient is added row by row into the weight's other gradient
     (``export.embedding_grads.fold_embedding_gradient_sums``)."""
     param_names, buffer_names, batch_names, flat = flat_inputs(built)
     for p in built.module.parameters():
