@@ -45,7 +45,7 @@ from trainplan.models import build_model
 from trainplan.partition import BalanceSettings, MemoryLimit, SolverSettings
 from trainplan.pipeline.compare import ALL_METHODS, OURS, comparison_row, method_plans, run_plan
 from trainplan.pipeline.plot import plot_methods
-from trainplan.pipeline.run import RunSettings
+from trainplan.pipeline.run import MULTI_STAGE, RunSettings
 from trainplan.profile.op_times import profile_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,12 +78,15 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
     memory = MemoryLimit(int(config["devices"]["cpu"]["memory_gib"] * 2**30), settings.micro_batches)
     model = memory_model("cpu", None)
     grid = [(s, m) for s in args.schedules for m in args.micro_batches if s != "1f1b" or m >= args.k]
+    v = {s: args.stages_per_rank if s in MULTI_STAGE else 1 for s in args.schedules}
     rows = []
     for budget, (schedule, m) in ((b, g) for b in args.budgets for g in grid):
-        # every method's stages budgeted for this schedule and m: its in-flight micro-batches held in each rank's budget
+        # every method's stages budgeted for this schedule and m: its in-flight micro-batches held in each rank's
+        # budget (a multi-stage schedule's stages: as 1F1B's, one per device; its run's ranks hold several)
+        held = "1f1b" if schedule in MULTI_STAGE else schedule
         plans = method_plans(name, "cpu", nodes, tensors, args.k, parse_budget(budget), bandwidth=bandwidth,
                              swaps=model.swaps, solver=SolverSettings(args.time_limit, 1, args.seed), allocation="cpu",
-                             settings=replace(settings, micro_batches=m, schedule=schedule), memory=memory,
+                             settings=replace(settings, micro_batches=m, schedule=held), memory=memory,
                              methods=tuple(args.methods))
         runs: dict[str, dict[str, Any]] = {}  # method run -> artifact
         for method, plan in plans.items():
@@ -92,8 +95,9 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
             if "error" not in plan and ran not in runs:
                 write_json(where / "plan.json", {**plan, "memory_model": model.to_dict()})
                 run_settings = RunSettings(where / "plan.json", name, spec, schedule, m, where / "run.json", args.seed,
-                                           args.warmup, args.threads, False, "cpu", args.repeats, args.tied_grads)
-                runs[ran] = run_plan(where / "plan.json", run_settings, args.k)
+                                           args.warmup, args.threads, False, "cpu", args.repeats, args.tied_grads,
+                                           v[schedule])
+                runs[ran] = run_plan(where / "plan.json", run_settings, run_settings.ranks(args.k))
             rows.append({"model": name, "budget": budget, "method": method, "schedule": schedule, "m": m,
                          **comparison_row(plan, runs.get(ran, {}))})
             loads.append(os.getloadavg()[0])
@@ -112,9 +116,11 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
         f"{args.warmup} warm-up, solver {args.time_limit} s per stage, tied gradients reduced once per "
         f"{args.tied_grads.replace('_', '-')}; {load}; {seconds / 60:.1f} min.", "",
         "Every method's stages scheduled at the same budget for the schedule and m they run with (each rank's "
-        "budget holds that schedule's in-flight micro-batches). Predicted: the "
-        "balance rule's (m + k - 1) t_max; +comm: (m + k - 1) max_s (t_s + c_s) + r, c_s the stage's measured "
-        "send/recv per micro-batch, r the measured once-per-step tied reduction (docs/pipeline_run.md); "
+        "budget holds that schedule's in-flight micro-batches; interleaved1f1b's stages as 1F1B's, one per device, "
+        f"run {args.stages_per_rank} per rank). Predicted: the balance rule's (m + k - 1) t_max (with v stages "
+        "per rank on R = k / v ranks: m max_r sum_(s on r) t_s + (R - 1) t_max); +comm: (m + k - 1) max_s (t_s + "
+        "c_s) + r, c_s the stage's measured send/recv per micro-batch (v > 1: docs/pipeline_run.md), r the "
+        "measured once-per-step tied reduction (docs/pipeline_run.md); "
         "simulated: the schedule's own action order with each stage's forward and backward measured alone, the "
         "measured transfers and r (trainplan.pipeline.simulate). Methods with the same cuts ran once "
         "(`same_as`). Memory per rank: its status against the rank's budget (`met`, or `raised` to its predicted "
@@ -158,10 +164,12 @@ def main() -> None:
                     help="a config layered over config/config.yaml, as --configfile is: its models, balance block "
                          "and devices.cpu memory are used (llama is added)")
     ap.add_argument("--models", nargs="+", default=["gpt2", "resnet50", "llama"])
-    ap.add_argument("--k", type=int, default=2, help="stages (ranks)")
+    ap.add_argument("--k", type=int, default=2, help="stages (ranks; under interleaved1f1b k / stages-per-rank)")
     ap.add_argument("--budgets", nargs="+", default=["0.7", "0.5"])
     ap.add_argument("--micro-batches", nargs="+", type=int, default=[4, 8])
-    ap.add_argument("--schedules", nargs="+", choices=["gpipe", "1f1b"], default=["gpipe", "1f1b"])
+    ap.add_argument("--schedules", nargs="+", choices=["gpipe", "1f1b", "interleaved1f1b"], default=["gpipe", "1f1b"])
+    ap.add_argument("--stages-per-rank", type=int, default=2,
+                    help="interleaved1f1b: stages per rank (its stages planned as 1F1B's, one per device)")
     ap.add_argument("--methods", nargs="+", choices=ALL_METHODS, default=list(ALL_METHODS))
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (and of the profile)")
     ap.add_argument("--repeats", type=int, default=3, help="measured steps per run (median)")

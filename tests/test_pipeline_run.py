@@ -27,6 +27,7 @@ from trainplan.export.trace import trace_training_step
 from trainplan.io import write_json, write_yaml
 from trainplan.models import build_model
 from trainplan.pipeline.report import holds_run, median_repeat, memory_check, rank_numbers, with_communication
+from trainplan.pipeline.simulate import held_in_flight
 from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
                                  pipeline_graph, plan_dict, range_tables)
 from trainplan.schedule.pipeline_hold import PipelineHold
@@ -98,13 +99,15 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
         assert ranks[0]["tied_partials"] == ranks[1]["tied_partials"] and [
             (p["parameter"], p["producer"], p["receiver"]) for p in ranks[0]["tied_partials"]] == [(WTE, 1, 0)]
         assert ranks[0]["check"]["planned"]["tied_reduced"] == [WTE]
-        assert 0 < ranks[0]["carrier_out_bytes"] < wte_bytes and ranks[0]["tied_receive_s"] > 0
+        assert 0 < run["stages"][0]["carrier_out_bytes"] < wte_bytes and ranks[0]["tied_receive_s"] > 0
         assert ranks[1]["tied_send_s"] > 0 and ranks[1]["tied_receive_s"] == 0
         assert run["prediction"]["tied_reduce_s"] == ranks[0]["tied_receive_s"]
     else:  # the partial in every carrier, which has one size both ways
         assert all(r["tied_partials"] == [] and r["tied_receive_s"] == 0 for r in ranks)
-        assert ranks[0]["carrier_out_bytes"] >= wte_bytes and ranks[0]["check"]["planned"]["tied_reduced"] == []
-    assert [r["rank"] for r in ranks] == [0, 1] and [r["stage"] for r in ranks] == [0, 1]
+        assert run["stages"][0]["carrier_out_bytes"] >= wte_bytes and ranks[0]["check"]["planned"]["tied_reduced"] == []
+    assert [r["rank"] for r in ranks] == [0, 1] and [r["stages"] for r in ranks] == [[0], [1]]
+    assert [(st["stage"], st["rank"]) for st in run["stages"]] == [(0, 0), (1, 1)]
+    assert (run["world_size"], run["stages_per_rank"]) == (2, 1)
     names = [n for r in ranks for n in r["check"]["parameters"]]
     built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
     assert sorted(names) == sorted(n for n, _ in built.module.named_parameters())  # each gradient on one rank
@@ -115,8 +118,9 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
         assert r["peak_bytes"] is None or r["peak_bytes"] > 0 and r["metered_step_s"] > 0
         assert r["peak_bytes"] is None or r["peak_bytes"] == statistics.median(r["peak_bytes_readings"])
         assert len(r["peak_bytes_readings"]) == run["repeats"]
-        assert 0 < r["split_event"] < r["events"] and r["stash_values"] > 0
-    assert ranks[0]["carrier_out_bytes"] == ranks[1]["carrier_in_bytes"] > 0
+    for st in run["stages"]:
+        assert 0 < st["split_event"] < st["events"] and st["stash_values"] > 0
+    assert run["stages"][0]["carrier_out_bytes"] == run["stages"][1]["carrier_in_bytes"] > 0
     # timed with the heap kept, as the profile times; the peak metered in more steps with freed memory returned
     assert run["malloc"].startswith("timed: glibc malloc keeps") and "metered: glibc malloc returns" in run["malloc"]
     plan = json.loads((plan_dir / "plan.json").read_text())
@@ -147,7 +151,7 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
         pred["schedule_peak_bytes"], pred["gradient_sum_bytes"], pred["carrier_bytes"], pred["stash_bytes"], n)]
     # the carriers: each in-flight micro-batch's forward carrier and one more on stage 0; on stage 1 the gradient
     # carrier it packs and, under GPipe, the m - 1 it sent back before its last backward and waits on after it
-    carrier = ranks[0]["carrier_out_bytes"]
+    carrier = run["stages"][0]["carrier_out_bytes"]
     inputs = [st["problem"]["input_bytes"] for st in plan["stages"]]
     assert inputs[0] > 0
     sent_back = m if schedule == "gpipe" else 1
@@ -180,16 +184,17 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     # the schedule simulated in that order from the stages' costs alone and the measured transfers
     sim = run["simulated"]
     assert [len(a) for a in sim["timeline"]] == [2 * m, 2 * m]
-    assert [r["alone"]["forward_s"] for r in ranks] == sim["costs"]["forward_s"] and all(
-        0 < r["alone"]["forward_s"] and 0 < r["alone"]["backward_s"] for r in ranks)
+    alone = [st["alone"] for st in run["stages"]]
+    assert [a["forward_s"] for a in alone] == sim["costs"]["forward_s"] and all(
+        0 < a["forward_s"] and 0 < a["backward_s"] for a in alone)
     assert sim["costs"]["backward_transfer_s"] == [max(r["transfer_s"]["backward"][0] for r in ranks)] and all(
         r["transfer_s"]["forward"][0] > 0 for r in ranks)
-    busy = max(m * (r["alone"]["forward_s"] + r["alone"]["backward_s"]) for r in ranks)
+    busy = max(m * (a["forward_s"] + a["backward_s"]) for a in alone)
     assert sim["costs"]["tied_reduce_s"] == pred["tied_reduce_s"]
     assert busy < sim["step_time_s"] == pytest.approx(max(sim["rank_end_s"]) + pred["tied_reduce_s"])
     assert run["measured"]["over_simulated"] == pytest.approx(run["measured"]["step_s"] / sim["step_time_s"])
     assert run["measured"]["co_run_slowdown"] == pytest.approx(
-        [r["compute_s"] / (m * (r["alone"]["forward_s"] + r["alone"]["backward_s"])) for r in ranks])
+        [r["compute_s"] / (m * (a["forward_s"] + a["backward_s"])) for r, a in zip(ranks, alone)])
 
 
 def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):
@@ -206,8 +211,8 @@ def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):
                                               "tied_reduced_close": True}
     tied = [(p["parameter"], p["producer"], p["receiver"]) for p in run["ranks"][1]["tied_partials"]]
     assert tied == [(WTE, 2, 0)]
-    assert [r["relayed_storages"] for r in run["ranks"]][0] == 0 and run["ranks"][1]["relayed_storages"] > 0
-    assert run["ranks"][2]["relayed_storages"] == 0
+    assert [st["relayed_storages"] for st in run["stages"]][0] == 0 and run["stages"][1]["relayed_storages"] > 0
+    assert run["stages"][2]["relayed_storages"] == 0
 
 
 @pytest.mark.parametrize("spec", [TINY_GPT2, TINY_LLAMA_2L], ids=["gpt2_tied", "llama_untied"])
@@ -233,6 +238,54 @@ def test_a_plan_with_the_chunked_loss_head_runs_as_a_pipeline(spec, tmp_path):
         assert mem["measured_tensor_peak_bytes"] == pytest.approx(mem["predicted_peak_bytes"], rel=0.05)
 
 
+def test_interleaved_1f1b_runs_two_stages_on_each_rank_with_the_single_process_steps_numbers(tiny_gpt2, tmp_path):
+    """A k=4 plan on 2 ranks, stage s on rank s mod 2, under torch's Interleaved1F1B: the ranks alternate their two
+    stages; losses and gradients are the single-process step's (the tied embedding's, made by stage 3 on rank 1
+    and added by stage 0 on rank 0, within round-off); the prediction counts each rank's two stages; the tensors a
+    rank holds stay within the sum of its stages' predicted peaks (each stage's own peak, with the in-flight
+    micro-batches read off the schedule's order)."""
+    plan_dir = write_plan(tiny_gpt2, tmp_path / "k4", 4)
+    out, m = tmp_path / "run.json", 4
+    done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", "interleaved1f1b",
+                        "-m", str(m), "--check", "-o", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = json.loads(out.read_text())
+    assert (run["k"], run["world_size"], run["stages_per_rank"], run["schedule"]) == (4, 2, 2, "interleaved1f1b")
+    assert run["check"] == {"planned_bit_identical": True, "eager_close": True, "tied_reduced_close": True}
+    ranks, stages = run["ranks"], run["stages"]
+    assert [r["stages"] for r in ranks] == [[0, 2], [1, 3]] and [st["rank"] for st in stages] == [0, 1, 0, 1]
+    assert [(p["parameter"], p["producer"], p["receiver"]) for p in ranks[0]["tied_partials"]] == [(WTE, 3, 0)]
+    assert ranks[0]["tied_receive_s"] > 0 and ranks[1]["tied_send_s"] > 0
+    names = [n for r in ranks for n in r["check"]["parameters"]]
+    built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
+    assert sorted(names) == sorted(n for n, _ in built.module.named_parameters())
+    with torch.no_grad():
+        eager = [float(built.loss_fn(built.module(**build_model("tiny_gpt2", TINY_GPT2, seed=i).batch)))
+                 for i in range(m)]
+    assert run["losses"] == pytest.approx(eager, rel=1e-5)
+    orders = []
+    for r, actions in zip(ranks, run["timeline"]["ranks"]):
+        order = [(a["kind"], a["stage"], a["micro_batch"]) for a in actions]
+        assert sorted(order) == sorted((kind, s, i) for kind in "FB" for s in r["stages"] for i in range(m))
+        first, second = r["stages"]  # interleaved: the later stage's first forward before the earlier's last
+        assert order.index(("F", second, 0)) < order.index(("F", first, m - 1))
+        orders.append(order)
+    pred = run["prediction"]
+    assert pred["in_flight"] == held_in_flight(orders, 4)
+    t = pred["stage_times_s"]
+    assert pred["step_time_s"] == pytest.approx(m * max(t[0] + t[2], t[1] + t[3]) + max(t))
+    sim = run["simulated"]
+    assert sim["costs"]["forward_s"] == [st["alone"]["forward_s"] for st in stages]
+    assert [len(a) for a in sim["timeline"]] == [4 * m, 4 * m]
+    for mem, r in zip(run["memory"], ranks):
+        on = [run["stages"][s] for s in r["stages"]]
+        assert mem["stages"] == r["stages"] and not mem["planned_for_run"]  # the plans are made one stage per device
+        plan = json.loads((plan_dir / "plan.json").read_text())["stages"]
+        assert mem["budget_bytes"] == sum(plan[st["stage"]]["rank_budget_bytes"] for st in on)
+        assert mem["predicted_peak_bytes"] == sum(pred["peak_bytes"][s] for s in r["stages"])
+        assert 0.8 * mem["predicted_peak_bytes"] <= mem["measured_tensor_peak_bytes"] <= mem["predicted_peak_bytes"]
+
+
 def test_a_missing_plan_dir_is_named(tmp_path, capsys):
     assert main(["pipeline-run", str(tmp_path / "nowhere"), "--config", str(tmp_path / "c.yaml")]) == 2
     assert "nowhere: no such directory or file" in capsys.readouterr().err
@@ -249,6 +302,8 @@ def test_more_stages_than_ranks_is_refused(plan_dir, monkeypatch, capsys):
 @pytest.mark.parametrize(("args", "message"), [
     (["--schedule", "1f1b", "-m", "1"], "1F1B needs at least as many micro-batches as stages: m=1 < k=2"),
     (["--model", "gpt9"], "no model 'gpt9' under 'models'"),
+    (["--schedule", "1f1b", "--stages-per-rank", "2"], "1f1b runs one stage per rank, not 2 (use interleaved1f1b)"),
+    (["--schedule", "interleaved1f1b"], "2 stage(s) per rank does not fit the plan's k=2"),
 ])
 def test_bad_settings_are_refused_before_launching(plan_dir, args, message, capsys):
     assert main(["pipeline-run", str(plan_dir), "--config", str(plan_dir / "config.yaml"), *args]) == 2
@@ -265,6 +320,10 @@ def test_the_prediction_with_send_recv_adds_each_stages_transfers_to_its_slot():
     # a once-per-step reduction of tied gradients is paid once, after the schedule
     assert with_communication(predicted, [0.4, 1.2], m=4, tied_reduce_s=0.25)["step_time_with_comm_s"] == \
         pytest.approx(5 * 1.1 + 0.25)
+    # four stages on two ranks (stages 0, 2 and 1, 3): each rank's per-micro-batch load is its stages' times and its
+    # transfers (1.0 + 0.6 + 0.1, 0.8 + 0.5 + 0.3), the bubble one slot of the slowest stage with its share of them
+    four = with_communication({"stage_times_s": [1.0, 0.8, 0.6, 0.5]}, [0.4, 1.2], m=4)
+    assert four["step_time_with_comm_s"] == pytest.approx(4 * 1.7 + (1.0 + 0.1 / 2))
 
 
 def test_the_run_reports_the_median_step_and_its_timeline():
@@ -284,7 +343,8 @@ def test_the_run_reports_the_median_step_and_its_timeline():
 def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_budget():
     data = {"stages": [{"status": "raised", "budget_bytes": 600, "rank_budget_bytes": 1000, "fixed_bytes": 400},
                        {"status": "feasible", "budget_bytes": 800, "fixed_bytes": 300}]}  # a plan before rank budgets
-    ranks = [{"peak_bytes": 700}, {"peak_bytes": 500}]  # 1100 > 1000 (a second stash in flight); 800 <= 800
+    # 1100 > 1000 (a second stash in flight); 800 <= 800
+    ranks = [{"rank": 0, "stages": [0], "peak_bytes": 700}, {"rank": 1, "stages": [1], "peak_bytes": 500}]
     out = memory_check(data, ranks, {"peak_bytes": [1150, 790]}, "1f1b", 4)
     assert [(m["measured_peak_bytes"], m["within_budget"], m["predicted_peak_bytes"]) for m in out] == [
         (1100, False, 1150), (800, True, 790)]
@@ -303,7 +363,8 @@ def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_b
     assert holds_run(gpipe["stages"], "gpipe", 4) == [True, True]
     assert holds_run(gpipe["stages"], "gpipe", 2) == holds_run(gpipe["stages"], "1f1b", 4) == [False, False]
     assert holds_run(held["stages"], "gpipe", 2) == [True, False]  # stage 0: 2 in flight either way
-    unmetered = memory_check(data, [{"peak_bytes": None}, {"peak_bytes": 1}], {"peak_bytes": None}, "1f1b", 4)
+    unmetered = memory_check(data, [{**ranks[0], "peak_bytes": None}, {**ranks[1], "peak_bytes": 1}],
+                             {"peak_bytes": None}, "1f1b", 4)
     assert unmetered[0]["within_budget"] is None and unmetered[1]["predicted_peak_bytes"] is None
 
 

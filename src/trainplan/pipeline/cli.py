@@ -1,7 +1,8 @@
 """``trainplan pipeline-run PLAN_DIR --config CONFIG``: run a k-stage plan as k processes (torchrun), one stage
-each, and write the measurements beside the balance rule's prediction (docs/pipeline_run.md).
+each (or as k / v, v stages each, under Interleaved1F1B), and write the measurements beside the balance rule's
+prediction (docs/pipeline_run.md).
 
-Outside torchrun the command checks its input and launches ``torchrun --standalone --nproc-per-node k`` running
+Outside torchrun the command checks its input and launches ``torchrun --standalone --nproc-per-node k/v`` running
 :mod:`~trainplan.pipeline.worker` (:mod:`~trainplan.pipeline.launch`); under torchrun (``WORLD_SIZE`` set) it is one
 rank of the pipeline.
 """
@@ -19,11 +20,15 @@ from trainplan.cli_types import nonnegative_int, positive_int
 
 def add_parser(sub: argparse._SubParsersAction) -> Callable[[argparse.Namespace], int]:
     """Register the ``pipeline-run`` subcommand; returns its runner."""
-    ap = sub.add_parser("pipeline-run", help="run a k-stage plan as a real pipeline (torchrun, GPipe or 1F1B)")
+    ap = sub.add_parser("pipeline-run", help="run a k-stage plan as a real pipeline (torchrun, GPipe, 1F1B or "
+                                             "Interleaved1F1B)")
     ap.add_argument("plan", help="PLAN_DIR: a balance output directory holding plan.json (or the file)")
     ap.add_argument("--config", required=True, help="config YAML whose 'models' entry builds the plan's model")
     ap.add_argument("--model", default=None, help="model name in the config (default: the plan's 'model')")
-    ap.add_argument("--schedule", choices=["gpipe", "1f1b"], default="1f1b")
+    ap.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved1f1b"], default="1f1b")
+    ap.add_argument("--stages-per-rank", type=positive_int, default=None,
+                    help="interleaved1f1b: v stages per rank, stage s on rank s mod k/v (default 2); the other "
+                         "schedules run one")
     ap.add_argument("-m", "--micro-batches", type=positive_int, default=4,
                     help="micro-batches per step, each the batch the plan was traced with")
     ap.add_argument("-o", "--output", default=None,
@@ -63,9 +68,10 @@ def _settings(args: argparse.Namespace):  # -> RunSettings (imported late: torch
         known = sorted(models) if isinstance(models, dict) else []
         raise ArtifactError(f"config {args.config}: no model '{name}' under 'models' (has {known})")
     seed = args.seed if args.seed is not None else int(config.get("seed", 0))
+    v = args.stages_per_rank if args.stages_per_rank is not None else 2 if args.schedule == "interleaved1f1b" else 1
     return data, RunSettings(Path(args.plan), name, dict(models[name]), args.schedule, args.micro_batches,
                              Path(args.output) if args.output else None, seed, args.warmup, args.threads,
-                             args.check, args.device, args.repeats, args.tied_grads.replace("-", "_"))
+                             args.check, args.device, args.repeats, args.tied_grads.replace("-", "_"), v)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             print(summary_line(settings, out))
         return 0
     check_settings(settings, data, None)
-    code = launch(settings, len(data["stages"]))
+    code = launch(settings, settings.ranks(len(data["stages"])))
     if code != 0:
         print(f"trainplan pipeline-run: error: a rank failed (exit {code}); its message is above", file=sys.stderr)
     return code

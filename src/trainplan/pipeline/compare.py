@@ -80,12 +80,12 @@ def add_plan(plans: dict[str, dict[str, Any]], method: str, plan: dict[str, Any]
     plans[method] = {**plan, "partition_method": method, "same_as": first}
 
 
-def run_plan(plan_path: Path, settings: RunSettings, k: int) -> dict[str, Any]:
-    """Run the plan at ``plan_path`` as a pipeline; the artifact, or ``{"error": ...}`` naming the log (beside the
-    artifact) when a rank failed."""
+def run_plan(plan_path: Path, settings: RunSettings, ranks: int) -> dict[str, Any]:
+    """Run the plan at ``plan_path`` as a pipeline on ``ranks`` ranks; the artifact, or ``{"error": ...}`` naming the
+    log (beside the artifact) when a rank failed."""
     log = settings.artifact.with_suffix(".log")
     with open(log, "w") as handle:
-        code = launch(settings, k, output=handle)
+        code = launch(settings, ranks, output=handle)
     if code != 0:
         return {"error": f"{plan_path}: a rank failed (exit {code}): see {log}"}
     return read_json(settings.artifact)
@@ -120,4 +120,4 @@ def comparison_row(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             "rank_predicted_mib": str([round((m["predicted_peak_bytes"] or 0) / MIB, 1) for m in run["memory"]]),
             "budget_mib": str([round((m["budget_bytes"] or 0) / MIB, 1) for m in run["memory"]]),
             "over_budget_ranks": sum(m["within_budget"] is False for m in run["memory"]),
-            "carrier_bytes": ranks[0]["carrier_out_bytes"]}
+            "carrier_bytes": run["stages"][0]["carrier_out_bytes"]}

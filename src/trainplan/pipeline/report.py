@@ -9,25 +9,32 @@ from typing import Any
 
 from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
-from trainplan.partition.pipeline import FORMULAS, pipeline_metrics
-from trainplan.pipeline.simulate import FORMULA, StageCosts, recorded_orders, simulate
+from trainplan.partition.pipeline import FORMULAS
+from trainplan.pipeline.simulate import FORMULA, Order, StageCosts, held_in_flight, recorded_orders, simulate
+from trainplan.schedule.pipeline_hold import SCHEDULES as PLANNED_SCHEDULES
 from trainplan.schedule.pipeline_hold import (copies_held, held_gradient_bytes, in_flight, pending_gradient_sends,
                                               stash_bytes)
 
 PREDICTION_FORMULAS = {
-    "step_time_s": f"{FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble)",
-    "comm_per_micro_batch_s": "stage s: measured send_recv_s of rank s / m (its carriers of one micro-batch, both "
-                              "directions, sent and received alone)",
-    "step_time_with_comm_s": "(m + k - 1) * max_s (t_s + c_s) + r, t_s the stage's scheduled time and c_s its "
-                             "comm_per_micro_batch_s: the balance rule's step with each stage's slot paying its "
-                             "transfers, which do not overlap its compute (the schedules wait for a receive before "
-                             "computing; on gloo the transfer runs on the rank's own cores); r: tied_reduce_s",
+    "step_time_s": f"m * max_r sum_(s on r) t_s + (R - 1) * t_max over R ranks, each running v = k / R stages: "
+                   f"at v = 1 {FORMULAS['gpipe_step_time_s']} (the balance rule's; 1F1B has the same bubble); "
+                   "Interleaved1F1B's bubble is R - 1 stage slots",
+    "comm_per_micro_batch_s": "rank r: its measured send_recv_s / m (the carriers of its stages for one "
+                              "micro-batch, both directions, sent and received alone)",
+    "step_time_with_comm_s": "m * max_r L_r + (R - 1) * max_s u_s + r, L_r = sum_(s on r) t_s + c_r and u_s = t_s + "
+                             "c_r(s) / v, t_s the stage's scheduled time and c_r its rank's comm_per_micro_batch_s "
+                             "(at v = 1: (m + k - 1) * max_s (t_s + c_s)): the balance rule's step with each slot "
+                             "paying its transfers, which do not overlap compute (the schedules wait for a receive "
+                             "before computing; on gloo the transfer runs on the rank's own cores); r: "
+                             "tied_reduce_s",
     "tied_reduce_s": "the measured once-per-step reduction of tied parameters' partial gradients after the "
                      "schedule: the slowest rank's tied_receive_s (0 without tied parameters across stages)",
     "busy_s": "m * the stage's scheduled time (plan stages[i].schedule.time, one micro-batch forward+backward)",
     "idle_s": "step_time_s - busy_s",
-    "peak_bytes": FORMULAS["rank_peak_bytes"] + " (the run's schedule and m: carriers held for its in-flight "
-                  "micro-batches)",
+    "peak_bytes": FORMULAS["rank_peak_bytes"] + " per stage (the run's schedule and m: carriers held for its "
+                  "in-flight micro-batches)",
+    "in_flight": "per stage, micro-batches whose forward ran and backward not yet: GPipe m, 1F1B min(k - s, m); "
+                 "under a multi-stage schedule the most in the recorded order of the run's step",
 }
 MEASURED = {
     "step_s": "wall time of one schedule.step (after warm-up steps), this rank; the run's: the median over the "
@@ -95,15 +102,16 @@ def transfer_medians(repeats: list[dict[str, list[float | None]]]) -> dict[str, 
                         for per in zip(*(r[direction] for r in repeats))] for direction in ("forward", "backward")}
 
 
-def simulated(ranks: list[dict[str, Any]], timeline: list[list[dict[str, Any]]]) -> dict[str, Any]:
+def simulated(stages: list[dict[str, Any]], ranks: list[dict[str, Any]],
+              timeline: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """The schedule's step simulated (trainplan.pipeline.simulate) in the order ``timeline``'s step ran, from this
     run's costs: each stage's forward and backward alone, and per link and direction the slower endpoint's
     seconds per carrier; plus the measured tied reduction after it."""
     def link(direction: str, s: int) -> float:
         return max(r["transfer_s"][direction][s] for r in ranks if r["transfer_s"][direction][s] is not None)
 
-    k = len(ranks)
-    costs = StageCosts([r["alone"]["forward_s"] for r in ranks], [r["alone"]["backward_s"] for r in ranks],
+    k = len(stages)
+    costs = StageCosts([st["alone"]["forward_s"] for st in stages], [st["alone"]["backward_s"] for st in stages],
                        [link("forward", s) for s in range(k - 1)], [link("backward", s) for s in range(k - 1)])
     out = simulate(recorded_orders(timeline), costs)
     reduce = tied_reduce_seconds(ranks)
@@ -116,36 +124,50 @@ def tied_reduce_seconds(ranks: list[dict[str, Any]]) -> float:
     return max(r["tied_receive_s"] for r in ranks)
 
 
+def rank_stages(k: int, ranks: int) -> list[list[int]]:
+    """The stages of each of ``ranks`` ranks running a ``k``-stage plan: stage s on rank s mod ranks."""
+    return [list(range(r, k, ranks)) for r in range(ranks)]
+
+
 def with_communication(predicted: dict[str, Any], send_recv_s: list[float], m: int,
                        tied_reduce_s: float = 0.0) -> dict[str, Any]:
-    """``predicted`` with each stage's measured send/receive cost per micro-batch added to its slot and the tied
-    reduction once (PREDICTION_FORMULAS['step_time_with_comm_s'])."""
-    k = len(send_recv_s)
+    """``predicted`` with each rank's measured send/receive cost per micro-batch (``send_recv_s``, rank order)
+    added to its slots and the tied reduction once (PREDICTION_FORMULAS['step_time_with_comm_s'])."""
+    times = predicted["stage_times_s"]
+    on = rank_stages(len(times), len(send_recv_s))
+    v = len(on[0])
     comm = [s / m for s in send_recv_s]
-    slot = [t + c for t, c in zip(predicted["stage_times_s"], comm)]
+    load = max(sum(times[s] for s in stages) + c for stages, c in zip(on, comm))
+    slot = max(times[s] + c / v for stages, c in zip(on, comm) for s in stages)
     return {**predicted, "comm_per_micro_batch_s": comm, "tied_reduce_s": tied_reduce_s,
-            "step_time_with_comm_s": (m + k - 1) * max(slot) + tied_reduce_s}
+            "step_time_with_comm_s": m * load + (len(on) - 1) * slot + tied_reduce_s}
 
 
-def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: int,
-               links: list[tuple[int, int]] | None = None) -> dict[str, Any]:
-    """The balance rule's numbers for ``schedule`` with ``m`` micro-batches, from the plan's per-stage times,
-    schedule peaks, the bytes each schedule holds at its split, the gradients each stage sums, and its carriers
-    (``links``: each rank's carrier bytes out and in as run; default the plan's, tied partials sent once per
-    step)."""
+def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: int, ranks: int,
+               links: list[tuple[int, int]] | None = None, orders: Order | None = None) -> dict[str, Any]:
+    """The balance rule's numbers for ``schedule`` with ``m`` micro-batches on ``ranks`` ranks, from the plan's
+    per-stage times, schedule peaks, the bytes each schedule holds at its split, the gradients each stage sums,
+    and its carriers (``links``: each stage's carrier bytes out and in as run; default the plan's, tied partials
+    sent once per step); a multi-stage schedule's in-flight micro-batches from the run's ``orders``."""
     k = len(stages)
     times = [float(st.schedule["time"]) for st in stages]
     peaks = [int(st.schedule["peak_bytes"]) for st in stages]
     problems = [data["stages"][i]["problem"] for i in range(k)]
     stash = [stash_bytes(pr, st.schedule["events"]) for pr, st in zip(problems, stages)]
     sums = [held_gradient_bytes(pr, m) for pr in problems]
-    n = [in_flight(s, k, m, schedule) for s in range(k)]  # micro-batches in flight
-    carriers = [copies_held(pr, i, m, link, pending_gradient_sends(s, k, m, schedule))
-                for s, (pr, i, link) in enumerate(zip(problems, n, links or [None] * k))]
-    metrics = pipeline_metrics(times, peaks, stash, m, sums, carriers, schedule)
-    step = metrics.gpipe_step_time_s
+    if schedule in PLANNED_SCHEDULES:
+        n = [in_flight(s, k, m, schedule) for s in range(k)]  # micro-batches in flight
+        pending = [pending_gradient_sends(s, k, m, schedule) for s in range(k)]
+    elif orders is None:
+        raise ValueError(f"the {schedule} prediction needs the run's action orders")
+    else:  # a gradient send pending during a backward, as under 1F1B, where two or more are in flight
+        n = held_in_flight(orders, k)
+        pending = [int(i >= 2) for i in n]
+    carriers = [copies_held(pr, i, m, link, p) for pr, i, link, p in zip(problems, n, links or [None] * k, pending)]
+    t_max = max(times)
+    step = m * max(sum(times[s] for s in on) for on in rank_stages(k, ranks)) + (ranks - 1) * t_max
     peak = [p + g + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
-    return {"stage_times_s": times, "t_max_s": metrics.t_max_s, "step_time_s": step,
+    return {"stage_times_s": times, "t_max_s": t_max, "step_time_s": step,
             "busy_s": [m * t for t in times], "idle_s": [step - m * t for t in times],
             "schedule_peak_bytes": peaks, "stash_bytes": stash, "gradient_sum_bytes": sums, "carrier_bytes": carriers,
             "in_flight": n, "peak_bytes": peak,
@@ -162,8 +184,11 @@ def holds_run(stages: list[dict[str, Any]], schedule: str, m: int) -> list[bool]
     """Per stage of a plan, whether its budget holds what the stage holds in a run of ``schedule`` with ``m``
     micro-batches: as many micro-batches in flight as it was planned for, gradients summed across micro-batches
     alike, and no more micro-batches than planned (the last stage holds each one's loss). A 1F1B plan made for m
-    holds 1F1B runs with k <= m' <= m; a GPipe plan only its own m."""
+    holds 1F1B runs with k <= m' <= m; a GPipe plan only its own m. Stages are planned for one per device: no
+    budget holds a multi-stage schedule's run."""
     k, out = len(stages), []
+    if schedule not in PLANNED_SCHEDULES:
+        return [False] * k
     for i, stage in enumerate(stages):
         hold = planned_for(stage)
         out.append(hold is not None and m <= hold["micro_batches"] and (m > 1) == (hold["micro_batches"] > 1)
@@ -173,22 +198,31 @@ def holds_run(stages: list[dict[str, Any]], schedule: str, m: int) -> list[bool]
 
 def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], schedule: str,
                  m: int) -> list[dict[str, Any]]:
-    """Each rank's measured peak, counting what it held before the step (the plan's fixed bytes), against its
-    stage's budget and the predicted peak with the run's ``schedule`` and ``m`` in flight (MEASURED['memory'])."""
+    """Each rank's measured peak, counting what it held before the step (its stages' fixed bytes), against its
+    stages' budgets and the predicted peaks with the run's ``schedule`` and ``m`` in flight, summed over its stages
+    (MEASURED['memory'])."""
     out, holds = [], holds_run(data["stages"], schedule, m)
-    for i, r in enumerate(ranks):
-        stage = data["stages"][i]
-        fixed, budget = stage.get("fixed_bytes"), stage.get("rank_budget_bytes", stage.get("budget_bytes"))
-        measured = None if r["peak_bytes"] is None or fixed is None else int(fixed) + int(r["peak_bytes"])
-        tensors = None if r.get("tensor_peak_bytes") is None or fixed is None else int(fixed) + int(
-            r["tensor_peak_bytes"])
-        out.append({"stage": i, "status": stage.get("rank_status", stage.get("status")), "budget_bytes": budget,
-                    "fixed_bytes": fixed,
-                    "predicted_peak_bytes": predicted["peak_bytes"][i] if predicted["peak_bytes"] else None,
+    for r in ranks:
+        on = r["stages"]
+        plans = [data["stages"][i] for i in on]
+
+        def total(values: list[Any]) -> int | None:
+            return None if any(x is None for x in values) else sum(int(x) for x in values)
+
+        fixed = total([st.get("fixed_bytes") for st in plans])
+        budget = total([st.get("rank_budget_bytes", st.get("budget_bytes")) for st in plans])
+        predicted_peak = total([predicted["peak_bytes"][i] for i in on]) if predicted["peak_bytes"] else None
+        measured = None if r["peak_bytes"] is None or fixed is None else fixed + int(r["peak_bytes"])
+        tensors = None if r.get("tensor_peak_bytes") is None or fixed is None else fixed + int(r["tensor_peak_bytes"])
+        statuses = [st.get("rank_status", st.get("status")) for st in plans]
+        out.append({"rank": r["rank"], "stages": on,
+                    "status": statuses[0] if len(set(statuses)) == 1 else ",".join(map(str, statuses)),
+                    "budget_bytes": budget, "fixed_bytes": fixed, "predicted_peak_bytes": predicted_peak,
                     "measured_peak_bytes": measured, "measured_tensor_peak_bytes": tensors,
-                    "planned_for": planned_for(stage), "planned_for_run": holds[i],
-                    "within_budget": None if measured is None or budget is None else measured <= int(budget),
-                    "tensors_within_budget": None if tensors is None or budget is None else tensors <= int(budget)})
+                    "planned_for": planned_for(plans[0]) if len(plans) == 1 else [planned_for(st) for st in plans],
+                    "planned_for_run": all(holds[i] for i in on),
+                    "within_budget": None if measured is None or budget is None else measured <= budget,
+                    "tensors_within_budget": None if tensors is None or budget is None else tensors <= budget})
     return out
 
 
@@ -200,29 +234,37 @@ def median_repeat(ranks: list[dict[str, Any]]) -> tuple[int, list[float]]:
     return order[(len(order) - 1) // 2], slowest
 
 
-def co_run_slowdown(rank: dict[str, Any], m: int) -> float | None:
-    """The rank's compute time per micro-batch in the pipeline over its stage's forward and backward alone."""
-    alone = rank["alone"]["forward_s"] + rank["alone"]["backward_s"]
+def co_run_slowdown(rank: dict[str, Any], stages: list[dict[str, Any]], m: int) -> float | None:
+    """The rank's compute time per micro-batch in the pipeline over its stages' forwards and backwards alone."""
+    alone = sum(stages[s]["alone"]["forward_s"] + stages[s]["alone"]["backward_s"] for s in rank["stages"])
     return rank["compute_s"] / (m * alone) if alone > 0 else None
 
 
-def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], *,
+def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], plans: list[StagePlan], *,
              device: str, backend: str, memory: str) -> dict[str, Any]:
-    """The run's record: settings, per-rank numbers (rank order), the combined loss, the balance rule's
-    prediction with and without the measured send/receive cost, the schedule simulated from this run's
-    measured stage and transfer costs, and the median step's timeline."""
-    last = ranks[-1]
-    losses = last["losses"]
+    """The run's record: settings, per-rank numbers (rank order; each rank's stages listed by index), per-stage
+    numbers (stage order), the combined loss, the balance rule's prediction with and without the measured
+    send/receive cost, the schedule simulated from this run's measured stage and transfer costs, and the median
+    step's timeline."""
+    stages = sorted((st for r in ranks for st in r["stages"]), key=lambda st: st["stage"])
+    for r in ranks:
+        r["stages"] = [st["stage"] for st in r["stages"]]
+    losses = next(r for r in ranks if len(plans) - 1 in r["stages"])["losses"]
     chosen, slowest = median_repeat(ranks)
     timeline = [r.pop("actions_repeats")[chosen] for r in ranks]
-    predicted = with_communication(predicted, [r["send_recv_s"] for r in ranks], settings.micro_batches,
-                                   tied_reduce_seconds(ranks))
+    m = settings.micro_batches
+    predicted = prediction(data, plans, settings.schedule, m, len(ranks),
+                           [(st["carrier_out_bytes"], st["carrier_in_bytes"]) for st in stages],
+                           recorded_orders(timeline))
+    predicted = with_communication(predicted, [r["send_recv_s"] for r in ranks], m, tied_reduce_seconds(ranks))
     step = median(slowest)
-    simulation = simulated(ranks, timeline)
+    simulation = simulated(stages, ranks, timeline)
     out = {
         "model": settings.model,
         "plan": str(settings.plan),
-        "k": len(ranks),
+        "k": len(plans),
+        "world_size": len(ranks),
+        "stages_per_rank": len(plans) // len(ranks),
         **{key: data.get(key) for key in FIELDS},
         "schedule": settings.schedule,
         "micro_batches": settings.micro_batches,
@@ -240,9 +282,10 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
                      "over_predicted_with_comm": step / predicted["step_time_with_comm_s"]
                      if predicted["step_time_with_comm_s"] > 0 else None,
                      "over_simulated": step / simulation["step_time_s"] if simulation["step_time_s"] > 0 else None,
-                     "co_run_slowdown": [co_run_slowdown(r, settings.micro_batches) for r in ranks],
+                     "co_run_slowdown": [co_run_slowdown(r, stages, m) for r in ranks],
                      "definitions": MEASURED},
         "ranks": ranks,
+        "stages": stages,
         "timeline": {"repeat": chosen, "step_s": slowest[chosen], "ranks": timeline},
         "prediction": predicted,
         "simulated": simulation,

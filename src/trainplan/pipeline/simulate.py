@@ -1,11 +1,12 @@
-"""The step time a schedule gives from measured stage costs: each rank runs its actions in the schedule's own
-order (as ``torch.distributed.pipelining``'s schedule ran them), each action starting when its rank is free and its
-input has arrived. The costs are measured in the same run: one micro-batch's forward and backward per stage
-with no other stage computing, and one carrier's transfer per link and direction.
+"""The step time a schedule gives from measured stage costs: each rank runs its actions (a forward or backward of
+one of its stages on one micro-batch) in the schedule's own order (as ``torch.distributed.pipelining``'s schedule
+ran them), each action starting when its rank is free and its input has arrived. The costs are measured in the
+same run: one micro-batch's forward and backward per stage with no other stage computing, and one carrier's
+transfer per link and direction.
 
-Transfer model (checked on gloo timelines): the sender pays a transfer right after the action that made the
-carrier (its next action starts after it), and the receiver's action starts no earlier than the sender's action
-end plus the transfer."""
+Transfer model (checked on gloo timelines of one stage per rank): the sender pays a transfer right after the action
+that made the carrier (its next action starts after it), and the receiver's action starts no earlier than the
+sender's action end plus the transfer."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from typing import Any
 
 from trainplan.pipeline.errors import PipelineError
 
-FORMULA = ("each rank runs the schedule's compute actions in the order they ran; F(s, i) starts at max(rank s free, "
-           "end of F(s-1, i) + forward transfer s-1 -> s); B(s, i) at max(rank s free, end of B(s+1, i) + backward "
-           "transfer s+1 -> s), the last stage's after its own F(s, i); the sender is busy for the transfer after "
-           "the action; step = the latest rank's end; costs measured in the same run (stage alone, one micro-batch)")
+FORMULA = ("each rank runs the schedule's compute actions of its stages in the order they ran; F(s, i) starts at "
+           "max(rank of s free, end of F(s-1, i) + forward transfer s-1 -> s); B(s, i) at max(rank of s free, end "
+           "of B(s+1, i) + backward transfer s+1 -> s), the last stage's after its own F(s, i); the sender is busy "
+           "for the transfer after the action; step = the latest rank's end; costs measured in the same run (stage "
+           "alone, one micro-batch)")
 
 
 @dataclass(frozen=True)
@@ -38,45 +40,58 @@ class StageCosts:
                                 f"{len(self.backward_transfer_s)}")
 
 
-Order = list[list[tuple[str, int]]]  # per rank: (kind F|B, micro-batch) in the order the rank runs them
+#: per rank: (kind F|B, stage, micro-batch) in the order the rank runs them
+Order = list[list[tuple[str, int, int]]]
 
 
 def recorded_orders(timeline: list[list[dict[str, Any]]]) -> Order:
-    """Each rank's compute calls, (F|B, micro-batch), in the order they ran in a measured step (the schedule's
-    ``_step_microbatches``; its ``pipeline_order`` IR is not used: in torch 2.13 Schedule1F1B's IR numbers the last
-    rank's forwards from 1, unlike what the schedule runs)."""
-    return [[(a["kind"], int(a["micro_batch"])) for a in actions] for actions in timeline]
+    """Each rank's compute calls, (F|B, stage, micro-batch), in the order they ran in a measured step (the
+    schedule's ``_step_microbatches``; its ``pipeline_order`` IR is not used: in torch 2.13 Schedule1F1B's IR
+    numbers the last rank's forwards from 1, unlike what the schedule runs)."""
+    return [[(a["kind"], int(a["stage"]), int(a["micro_batch"])) for a in actions] for actions in timeline]
+
+
+def held_in_flight(orders: Order, k: int) -> list[int]:
+    """Per stage of ``k``, the most micro-batches whose forward ran and whose backward has not, in ``orders``: the
+    stashes the stage holds at once."""
+    open_, most = [0] * k, [0] * k
+    for order in orders:
+        for kind, s, _ in order:
+            open_[s] += 1 if kind == "F" else -1
+            most[s] = max(most[s], open_[s])
+    return most
 
 
 def simulate(orders: Order, costs: StageCosts) -> dict[str, Any]:
     """The step time and each rank's actions (start/end seconds) under the transfer model above; raises
-    PipelineError if the orders deadlock (an action waiting for one that never runs)."""
-    k = len(orders)
-    if k != len(costs.forward_s):
-        raise PipelineError(f"{k} rank orders for {len(costs.forward_s)} stage costs")
+    PipelineError if the orders deadlock (an action waiting for one that never runs) or do not run every stage."""
+    k, ranks = len(costs.forward_s), len(orders)
+    ran = {s for order in orders for _, s, _ in order}
+    if ran != set(range(k)):
+        raise PipelineError(f"the rank orders run stages {sorted(ran)}, the costs are for {k} stages")
     end: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * k
-    position = [0] * k
-    timeline: list[list[dict[str, Any]]] = [[] for _ in range(k)]
+    free = [0.0] * ranks
+    position = [0] * ranks
+    timeline: list[list[dict[str, Any]]] = [[] for _ in range(ranks)]
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
-        for s in range(k):
-            while position[s] < len(orders[s]):
-                kind, i = orders[s][position[s]]
+        for r in range(ranks):
+            while position[r] < len(orders[r]):
+                kind, s, i = orders[r][position[r]]
                 ready = _ready(kind, s, i, k, end, costs)
                 if ready is None:
                     break
-                start = max(free[s], ready)
+                start = max(free[r], ready)
                 finish = start + (costs.forward_s[s] if kind == "F" else costs.backward_s[s])
                 end[(kind, s, i)] = finish
-                free[s] = finish + _sent(kind, s, k, costs)
-                timeline[s].append({"kind": kind, "micro_batch": i, "start_s": start, "end_s": finish})
-                position[s] += 1
+                free[r] = finish + _sent(kind, s, k, costs)
+                timeline[r].append({"kind": kind, "stage": s, "micro_batch": i, "start_s": start, "end_s": finish})
+                position[r] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            waiting = [orders[s][position[s]] for s in range(k) if position[s] < len(orders[s])]
+            waiting = [orders[r][position[r]] for r in range(ranks) if position[r] < len(orders[r])]
             raise PipelineError(f"the schedule's orders deadlock: next actions {waiting} wait for each other")
     return {"step_time_s": max(free), "rank_end_s": free, "timeline": timeline}
 

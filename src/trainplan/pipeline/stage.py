@@ -20,18 +20,19 @@ from trainplan.pipeline.tied import TiedReduction
 
 @dataclass(frozen=True)
 class Action:
-    """One compute call of a stage: ``kind`` F (forward) or B (backward) of ``micro_batch``, clock readings."""
+    """One compute call: ``kind`` F (forward) or B (backward) of ``micro_batch`` through ``stage``, clock readings."""
 
     kind: str
     micro_batch: int
+    stage: int
     start: float
     end: float
 
 
 @dataclass
 class HalfTimes:
-    """Wall seconds of a stage's halves (summed over micro-batches) and in PipelineStage's compute calls, and
-    each compute call in the order it ran."""
+    """Wall seconds of a rank's stage halves (summed over its stages and micro-batches) and in PipelineStage's
+    compute calls, and each compute call in the order it ran."""
 
     forward_s: float = 0.0
     backward_s: float = 0.0
@@ -175,7 +176,7 @@ class TimedStage(PipelineStage):
         finally:
             t1 = self._clock()
             self.times.compute_s += t1 - t0
-            self.times.actions.append(Action(kind, micro_batch, t0, t1))
+            self.times.actions.append(Action(kind, micro_batch, self.stage_index, t0, t1))
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         return self._timed("F", fwd_chunk_id, lambda: super(TimedStage, self).forward_one_chunk(

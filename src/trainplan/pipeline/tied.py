@@ -94,12 +94,14 @@ def tied_partials(traced: TracedStep, flat: list[torch.Tensor], layout: GraphLay
 
 @dataclass
 class TiedReduction:
-    """One rank's part in reducing ``partials`` once per step: it sums those its stage makes over the micro-batches
-    (:meth:`accumulate`, :meth:`add`), and :meth:`reduce` sends or
-    adds the sums after the schedule's step. ``send_s``, ``receive_s``: the last reduce's wall time sending (from
-    the rank's own step end: waiting for the receiver included) and receiving and adding."""
+    """One rank's part in reducing ``partials`` once per step: it sums those its ``stages`` make over the
+    micro-batches (:meth:`accumulate`, :meth:`add`), and :meth:`reduce` sends or adds the sums after the schedule's
+    step (stage s runs on rank s mod ``world``). ``send_s``, ``receive_s``: the last reduce's wall time sending
+    (from the rank's own step end: waiting for the receiver included) and receiving (or taking its own) and
+    adding."""
 
-    rank: int
+    stages: frozenset[int]
+    world: int
     partials: dict[int, TiedPartial]
     device: torch.device
     sums: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -107,11 +109,11 @@ class TiedReduction:
     receive_s: float = 0.0
 
     def accumulate(self, sids: tuple[int, ...], storages: list[torch.UntypedStorage | None]) -> None:
-        """Add the partials among ``storages`` (``sids``, what the backward half sends back: its own storages, no
+        """Add the partials among ``storages`` (``sids``, what a backward half sends back: its own storages, no
         copies; None for one it summed where made) that this rank makes."""
         for sid, st in zip(sids, storages, strict=True):
             p = self.partials.get(sid)
-            if p is not None and p.producer == self.rank and st is not None:
+            if p is not None and p.producer in self.stages and st is not None:
                 self.add(sid, st)
 
     def add(self, sid: int, storage: torch.UntypedStorage) -> None:
@@ -125,17 +127,22 @@ class TiedReduction:
             self.sums[sid] = value
 
     def reduce(self, params: dict[int, torch.Tensor], m: int) -> None:
-        """After the schedule's step: each producer sends its sum to the receiver, which adds sum / m into the
-        parameter's gradient (``params``: this rank's parameters by input position)."""
+        """After the schedule's step: each producer sends its sum to the receiver (or, on the same rank, hands it
+        over), which adds sum / m into the parameter's gradient (``params``: the parameters whose gradients this
+        rank's stages compute, by input position)."""
         self.send_s = self.receive_s = 0.0
         for sid, p in sorted(self.partials.items()):
             t0 = time.perf_counter()
-            if p.producer == self.rank:
-                dist.send(self.sums.pop(sid), p.receiver)
+            makes, takes = p.producer in self.stages, p.receiver in self.stages
+            if makes and not takes:
+                dist.send(self.sums.pop(sid), p.receiver % self.world)
                 self.send_s += time.perf_counter() - t0
-            elif p.receiver == self.rank:
-                total = torch.empty(p.shape, dtype=p.dtype, device=self.device)
-                dist.recv(total, p.producer)
+            elif takes:
+                if makes:
+                    total = self.sums.pop(sid)
+                else:
+                    total = torch.empty(p.shape, dtype=p.dtype, device=self.device)
+                    dist.recv(total, p.producer % self.world)
                 param = params[p.param]
                 total.div_(m)
                 param.grad = total if param.grad is None else param.grad.add_(total)
