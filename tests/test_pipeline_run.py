@@ -28,6 +28,7 @@ from trainplan.io import write_json, write_yaml
 from trainplan.models import build_model
 from trainplan.pipeline.report import holds_run, median_repeat, memory_check, rank_numbers, with_communication
 from trainplan.pipeline.simulate import held_in_flight
+from trainplan.pipeline.tied import TiedPartial, TiedReduction
 from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
                                  pipeline_graph, plan_dict, range_tables)
 from trainplan.schedule.pipeline_hold import PipelineHold
@@ -271,7 +272,7 @@ def test_interleaved_1f1b_runs_two_stages_on_each_rank_with_the_single_process_s
         assert order.index(("F", second, 0)) < order.index(("F", first, m - 1))
         orders.append(order)
     pred = run["prediction"]
-    assert pred["in_flight"] == held_in_flight(orders, 4)
+    assert pred["in_flight"] == held_in_flight(orders, 4) == [min(4 - s, m) for s in range(4)]
     t = pred["stage_times_s"]
     assert pred["step_time_s"] == pytest.approx(m * max(t[0] + t[2], t[1] + t[3]) + max(t))
     sim = run["simulated"]
@@ -279,7 +280,8 @@ def test_interleaved_1f1b_runs_two_stages_on_each_rank_with_the_single_process_s
     assert [len(a) for a in sim["timeline"]] == [4 * m, 4 * m]
     for mem, r in zip(run["memory"], ranks):
         on = [run["stages"][s] for s in r["stages"]]
-        assert mem["stages"] == r["stages"] and not mem["planned_for_run"]  # the plans are made one stage per device
+        # the stages were planned one per device for 1F1B at m = 4; here each has as many micro-batches in flight
+        assert mem["stages"] == r["stages"] and mem["planned_for_run"]
         plan = json.loads((plan_dir / "plan.json").read_text())["stages"]
         assert mem["budget_bytes"] == sum(plan[st["stage"]]["rank_budget_bytes"] for st in on)
         assert mem["predicted_peak_bytes"] == sum(pred["peak_bytes"][s] for s in r["stages"])
@@ -363,6 +365,11 @@ def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_b
     assert holds_run(gpipe["stages"], "gpipe", 4) == [True, True]
     assert holds_run(gpipe["stages"], "gpipe", 2) == holds_run(gpipe["stages"], "1f1b", 4) == [False, False]
     assert holds_run(held["stages"], "gpipe", 2) == [True, False]  # stage 0: 2 in flight either way
+    # a multi-stage schedule: the in-flight counts read off the run's order against the planned ones
+    assert holds_run(held["stages"], "interleaved1f1b", 4, [2, 1]) == [True, True]
+    assert holds_run(held["stages"], "interleaved1f1b", 4, [2, 2]) == [True, False]
+    with pytest.raises(ValueError, match="in-flight micro-batches per stage are needed"):
+        holds_run(held["stages"], "interleaved1f1b", 4)
     unmetered = memory_check(data, [{**ranks[0], "peak_bytes": None}, {**ranks[1], "peak_bytes": 1}],
                              {"peak_bytes": None}, "1f1b", 4)
     assert unmetered[0]["within_budget"] is None and unmetered[1]["predicted_peak_bytes"] is None
@@ -385,3 +392,17 @@ def test_a_pipeline_plans_stages_validate_alone_within_their_raised_budgets(plan
         assert rep["budget_bytes"] == st.budget_bytes == st.schedule["budget_bytes"] + st.held_bytes
         assert rep["budget_respected"], rep
         assert [r for r in rep["reasons"] if "step time" not in r] == []  # the profile here is a stand-in
+
+
+def test_a_tied_partial_made_and_added_on_one_rank_is_handed_over_without_a_send():
+    """Stages 1 and 3 on rank 1 of 2: the partial stage 3 sums over the micro-batches goes into the gradient stage 1
+    computes, scaled by 1/m, with no process group (a send would fail here)."""
+    partial = TiedPartial(7, producer=3, receiver=1, param=0, name="w", shape=(2, 3), dtype=torch.float32)
+    tied = TiedReduction(frozenset({1, 3}), 2, {7: partial}, torch.device("cpu"))
+    terms = [torch.arange(6.0).reshape(2, 3), torch.ones(2, 3)]
+    tied.accumulate((7,), [terms[0].clone().untyped_storage()])
+    tied.add(7, terms[1].clone().untyped_storage())
+    param = torch.nn.Parameter(torch.zeros(2, 3))
+    param.grad = torch.full((2, 3), 10.0)
+    tied.reduce({0: param}, m=2)
+    assert torch.equal(param.grad, 10.0 + (terms[0] + terms[1]) / 2) and tied.receive_s > 0 and tied.send_s == 0

@@ -75,7 +75,9 @@ MEASURED = {
               "raised to its predicted peak), within_budget = measured <= budget and tensors_within_budget; "
               "planned_for: the schedule and m the stage's budget holds in flight, planned_for_run whether that "
               "budget holds what this run has in flight (the same in-flight count and gradient sums, no more "
-              "micro-batches: a 1F1B plan run under GPipe holds m stashes where it planned min(k - s, m))",
+              "micro-batches: a 1F1B plan run under GPipe holds m stashes where it planned min(k - s, m); under a "
+              "multi-stage schedule the in-flight counts read off the run's order); with several stages per rank "
+              "budget, fixed and predicted bytes are its stages' summed (each stage within its own bounds the rank)",
     "tensor_peak_bytes": "the most torch's allocator held above the step's start in one more metered step (on the "
                          "CPU from the profiler's memory events; on CUDA peak_bytes itself)",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
@@ -180,19 +182,22 @@ def planned_for(stage: dict[str, Any]) -> dict[str, Any] | None:
     return None if hold is None else {"schedule": hold.get("schedule", "1f1b"), "micro_batches": hold["micro_batches"]}
 
 
-def holds_run(stages: list[dict[str, Any]], schedule: str, m: int) -> list[bool]:
+def holds_run(stages: list[dict[str, Any]], schedule: str, m: int, counts: list[int] | None = None) -> list[bool]:
     """Per stage of a plan, whether its budget holds what the stage holds in a run of ``schedule`` with ``m``
     micro-batches: as many micro-batches in flight as it was planned for, gradients summed across micro-batches
     alike, and no more micro-batches than planned (the last stage holds each one's loss). A 1F1B plan made for m
-    holds 1F1B runs with k <= m' <= m; a GPipe plan only its own m. Stages are planned for one per device: no
-    budget holds a multi-stage schedule's run."""
+    holds 1F1B runs with k <= m' <= m; a GPipe plan only its own m. ``counts``: the run's in-flight micro-batches
+    per stage (default: the schedule's; a multi-stage schedule's, read off its order, are needed). Its stages
+    then share a rank, whose budget is theirs summed: each stage within its own bounds the rank."""
     k, out = len(stages), []
-    if schedule not in PLANNED_SCHEDULES:
-        return [False] * k
+    if counts is None:
+        if schedule not in PLANNED_SCHEDULES:
+            raise ValueError(f"{schedule}: the run's in-flight micro-batches per stage are needed")
+        counts = [in_flight(i, k, m, schedule) for i in range(k)]
     for i, stage in enumerate(stages):
         hold = planned_for(stage)
         out.append(hold is not None and m <= hold["micro_batches"] and (m > 1) == (hold["micro_batches"] > 1)
-                   and in_flight(i, k, m, schedule) == in_flight(i, k, hold["micro_batches"], hold["schedule"]))
+                   and counts[i] == in_flight(i, k, hold["micro_batches"], hold["schedule"]))
     return out
 
 
@@ -201,7 +206,7 @@ def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: d
     """Each rank's measured peak, counting what it held before the step (its stages' fixed bytes), against its
     stages' budgets and the predicted peaks with the run's ``schedule`` and ``m`` in flight, summed over its stages
     (MEASURED['memory'])."""
-    out, holds = [], holds_run(data["stages"], schedule, m)
+    out, holds = [], holds_run(data["stages"], schedule, m, predicted.get("in_flight"))
     for r in ranks:
         on = r["stages"]
         plans = [data["stages"][i] for i in on]
