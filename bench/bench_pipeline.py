@@ -45,8 +45,9 @@ from trainplan.models import build_model
 from trainplan.partition import BalanceSettings, MemoryLimit, SolverSettings
 from trainplan.pipeline.compare import ALL_METHODS, OURS, comparison_row, method_plans, run_plan
 from trainplan.pipeline.plot import plot_methods
-from trainplan.pipeline.run import MULTI_STAGE, RunSettings
+from trainplan.pipeline.run import RunSettings
 from trainplan.profile.op_times import profile_model
+from trainplan.schedule.pipeline_hold import MULTI_STAGE
 
 REPO = Path(__file__).resolve().parents[1]
 #: a small Llama (bench_validate.py's): an architecture the default study does not plan
@@ -82,12 +83,11 @@ def model_rows(name: str, spec: dict[str, Any], config: dict[str, Any], args: ar
     rows = []
     for budget, (schedule, m) in ((b, g) for b in args.budgets for g in grid):
         # every method's stages budgeted for this schedule and m: its in-flight micro-batches held in each rank's
-        # budget (a multi-stage schedule's stages: as 1F1B's, one per device; its run's ranks hold several)
-        held = "1f1b" if schedule in MULTI_STAGE else schedule
+        # budget (several stages per rank: the rank's budget is theirs summed)
         plans = method_plans(name, "cpu", nodes, tensors, args.k, parse_budget(budget), bandwidth=bandwidth,
                              swaps=model.swaps, solver=SolverSettings(args.time_limit, 1, args.seed), allocation="cpu",
-                             settings=replace(settings, micro_batches=m, schedule=held), memory=memory,
-                             methods=tuple(args.methods))
+                             settings=replace(settings, micro_batches=m, schedule=schedule), memory=memory,
+                             methods=tuple(args.methods), stages_per_rank=v[schedule])
         runs: dict[str, dict[str, Any]] = {}  # method run -> artifact
         for method, plan in plans.items():
             where = Path(f"{args.out}_plans") / name / f"k{args.k}" / f"b{budget}" / f"{schedule}_m{m}" / method
@@ -116,8 +116,8 @@ def markdown(frame: pd.DataFrame, args: argparse.Namespace, load: str, seconds: 
         f"{args.warmup} warm-up, solver {args.time_limit} s per stage, tied gradients reduced once per "
         f"{args.tied_grads.replace('_', '-')}; {load}; {seconds / 60:.1f} min.", "",
         "Every method's stages scheduled at the same budget for the schedule and m they run with (each rank's "
-        "budget holds that schedule's in-flight micro-batches; interleaved1f1b's stages as 1F1B's, one per device, "
-        f"run {args.stages_per_rank} per rank). Predicted: the balance rule's (m + k - 1) t_max (with v stages "
+        "budget holds that schedule's in-flight micro-batches; interleaved1f1b: its stages' budgets summed over the "
+        f"{args.stages_per_rank} a rank runs). Predicted: the balance rule's (m + k - 1) t_max (with v stages "
         "per rank on R = k / v ranks: m max_r sum_(s on r) t_s + (R - 1) t_max); +comm: (m + k - 1) max_s (t_s + "
         "c_s) + r, c_s the stage's measured send/recv per micro-batch (v > 1: docs/pipeline_run.md), r the "
         "measured once-per-step tied reduction (docs/pipeline_run.md); "
@@ -168,8 +168,7 @@ def main() -> None:
     ap.add_argument("--budgets", nargs="+", default=["0.7", "0.5"])
     ap.add_argument("--micro-batches", nargs="+", type=int, default=[4, 8])
     ap.add_argument("--schedules", nargs="+", choices=["gpipe", "1f1b", "interleaved1f1b"], default=["gpipe", "1f1b"])
-    ap.add_argument("--stages-per-rank", type=int, default=2,
-                    help="interleaved1f1b: stages per rank (its stages planned as 1F1B's, one per device)")
+    ap.add_argument("--stages-per-rank", type=int, default=2, help="interleaved1f1b: stages per rank")
     ap.add_argument("--methods", nargs="+", choices=ALL_METHODS, default=list(ALL_METHODS))
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (and of the profile)")
     ap.add_argument("--repeats", type=int, default=3, help="measured steps per run (median)")

@@ -145,3 +145,34 @@ def test_a_gpipe_rank_budget_holds_every_micro_batchs_stash(tiny_gpt2):
             assert (hold["schedule"], hold["in_flight"]) == (schedule, want)
             assert hold["reserve_bytes"] == hold["gradient_sum_bytes"] + hold["carrier_bytes"] + (
                 want - 1) * hold["no_recompute_stash_bytes"]
+
+
+def test_interleaved_1f1b_holds_what_torchs_order_holds():
+    """Interleaved1F1B, v stages per rank: per stage the most micro-batches in flight in the order torch's
+    schedule gives each rank (k=4 on 2 ranks, m=4: stage 0 runs 4 forwards before its first backward, like
+    1F1B; m=2: [2, 2, 2, 1], unlike 1F1B (which needs m >= k) and GPipe; k=8 on 2 ranks at m=8 holds half of
+    1F1B's on the first stages). A rank problem planned for it keeps that many stashes out of its budget."""
+    assert [in_flight(s, 4, 4, "interleaved1f1b", 2) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight(s, 4, 2, "interleaved1f1b", 2) for s in range(4)] == [2, 2, 2, 1]
+    assert [in_flight(s, 8, 8, "interleaved1f1b", 4) for s in range(8)] == [4, 4, 4, 3, 2, 2, 2, 1]
+    assert [pending_gradient_sends(s, 4, 2, "interleaved1f1b", 2) for s in range(4)] == [1, 1, 1, 0]
+    assert PipelineHold(4, 2, "interleaved1f1b", 2).in_flight(3) == 1
+    for args, message in (((4, 4, "interleaved1f1b", 1), "1 stage\\(s\\) per rank does not fit k=4"),
+                          ((4, 4, "interleaved1f1b", 4), "4 stage\\(s\\) per rank does not fit k=4"),
+                          ((4, 4, "1f1b", 2), "1f1b runs one stage per rank, not 2"),
+                          ((4, 5, "interleaved1f1b", 2), "m=5 is not a multiple of its 2 rounds")):
+        with pytest.raises(ValueError, match=message):
+            PipelineHold(*args)
+
+
+def test_an_interleaved_rank_problem_keeps_its_in_flight_stashes_out(tiny_gpt2):
+    _, _, _, tables = tiny_gpt2
+    nodes = tables.nodes.assign(time_s=1e-6)
+    graph = pipeline_graph(nodes, tables.tensors)
+    stages = stage_stats(graph, partition_graph(graph, range_tables(graph), 4, tolerance=0.02).cuts)
+    budget = StageBudget(parse_budget(0.7), 1e9, False, PipelineHold(4, 2, "interleaved1f1b", 2), "cpu")
+    for st, want in zip(stages, [2, 2, 2, 1]):
+        hold = budgeted_stage_problem(nodes, tables.tensors, st.nodes, budget, st.index)["pipeline"]
+        assert (hold["schedule"], hold["stages_per_rank"], hold["in_flight"]) == ("interleaved1f1b", 2, want)
+        assert hold["reserve_bytes"] == hold["gradient_sum_bytes"] + hold["carrier_bytes"] + (
+            want - 1) * hold["no_recompute_stash_bytes"]

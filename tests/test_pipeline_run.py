@@ -37,17 +37,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def write_plan(tiny_gpt2, path: Path, k: int, spec: dict = TINY_GPT2, name: str = "tiny_gpt2", schedule: str = "1f1b",
-               m: int = 4) -> Path:
+               m: int = 4, stages_per_rank: int = 1) -> Path:
     """A balance plan of tiny GPT-2 (traced as ``spec`` says) in ``k`` stages for ``schedule`` with ``m``
-    micro-batches, each at 0.5 of its peak (recomputes planned), with a stand-in profile (time proportional to
-    FLOPs), and a config naming the model, in ``path``."""
+    micro-batches (and ``stages_per_rank``), each at 0.5 of its peak (recomputes planned), with a stand-in profile
+    (time proportional to FLOPs), and a config naming the model, in ``path``."""
     _, _, _, tables = tiny_gpt2
     nodes = tables.nodes.assign(time_s=1e-6 + tables.nodes["flops"] * 1e-12)
     graph = pipeline_graph(nodes, tables.tensors)
     ranges = range_tables(graph)
     scheduler = StageScheduler(nodes, tables.tensors, bandwidth=1e9, budget=0.5,
                                solver=SolverSettings(time_limit_s=1.0, workers=1, seed=0), swap=False,
-                               pipeline=PipelineHold(k, m, schedule))
+                               pipeline=PipelineHold(k, m, schedule, stages_per_rank))
     settings = BalanceSettings(threshold=0.0, max_iterations=1, micro_batches=m, tolerance=0.02)
     result = balance(graph, ranges, partition_graph(graph, ranges, k, tolerance=0.02), scheduler, settings)
     plan = {"model": name, "device": "cpu", "k": k, **Budget(fraction=0.5).fields(),
@@ -128,7 +128,8 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     for r, mem, st in zip(ranks, run["memory"], plan["stages"]):
         assert (mem["budget_bytes"], mem["fixed_bytes"], mem["status"]) == (st["rank_budget_bytes"],
                                                                             st["fixed_bytes"], st["rank_status"])
-        assert mem["planned_for"] == {"schedule": schedule, "micro_batches": m} and mem["planned_for_run"]
+        assert mem["planned_for"] == {"schedule": schedule, "micro_batches": m, "stages_per_rank": 1}
+        assert mem["planned_for_run"]
         assert mem["measured_tensor_peak_bytes"] == st["fixed_bytes"] + r["tensor_peak_bytes"]
         if schedule == "1f1b" and tied == "step":  # the plan's accounting: the tensors held within 5% of it
             assert mem["measured_tensor_peak_bytes"] == pytest.approx(mem["predicted_peak_bytes"], rel=0.05)
@@ -240,13 +241,14 @@ def test_a_plan_with_the_chunked_loss_head_runs_as_a_pipeline(spec, tmp_path):
 
 
 def test_interleaved_1f1b_runs_two_stages_on_each_rank_with_the_single_process_steps_numbers(tiny_gpt2, tmp_path):
-    """A k=4 plan on 2 ranks, stage s on rank s mod 2, under torch's Interleaved1F1B: the ranks alternate their two
-    stages; losses and gradients are the single-process step's (the tied embedding's, made by stage 3 on rank 1
-    and added by stage 0 on rank 0, within round-off); the prediction counts each rank's two stages; the tensors a
-    rank holds stay within the sum of its stages' predicted peaks (each stage's own peak, with the in-flight
-    micro-batches read off the schedule's order)."""
-    plan_dir = write_plan(tiny_gpt2, tmp_path / "k4", 4)
-    out, m = tmp_path / "run.json", 4
+    """A k=4 plan made for 2 ranks, stage s on rank s mod 2, under torch's Interleaved1F1B with m=2 (in flight:
+    2, 2, 2, 1 micro-batches, unlike 1F1B's or GPipe's): the ranks alternate their two stages in the order the
+    plan was made for; losses and gradients are the single-process step's (the tied embedding's, made by stage 3
+    on rank 1 and added by stage 0 on rank 0, within round-off); the prediction counts each rank's two stages; the
+    tensors a rank holds stay within the sum of its stages' predicted peaks and budgets."""
+    m = 2
+    plan_dir = write_plan(tiny_gpt2, tmp_path / "k4", 4, schedule="interleaved1f1b", m=m, stages_per_rank=2)
+    out = tmp_path / "run.json"
     done = pipeline_run(str(plan_dir), "--config", str(plan_dir / "config.yaml"), "--schedule", "interleaved1f1b",
                         "-m", str(m), "--check", "-o", str(out))
     assert done.returncode == 0, done.stderr[-4000:]
@@ -268,11 +270,11 @@ def test_interleaved_1f1b_runs_two_stages_on_each_rank_with_the_single_process_s
     for r, actions in zip(ranks, run["timeline"]["ranks"]):
         order = [(a["kind"], a["stage"], a["micro_batch"]) for a in actions]
         assert sorted(order) == sorted((kind, s, i) for kind in "FB" for s in r["stages"] for i in range(m))
-        first, second = r["stages"]  # interleaved: the later stage's first forward before the earlier's last
-        assert order.index(("F", second, 0)) < order.index(("F", first, m - 1))
+        first, second = r["stages"]  # interleaved: the later stage's forwards before the earlier's backwards
+        assert order.index(("F", second, 0)) < order.index(("B", first, 0))
         orders.append(order)
-    pred = run["prediction"]
-    assert pred["in_flight"] == held_in_flight(orders, 4) == [min(4 - s, m) for s in range(4)]
+    pred = run["prediction"]  # torch's declared order, as the plan was made for, is the order that ran
+    assert pred["in_flight"] == run["measured"]["in_flight"] == held_in_flight(orders, 4) == [2, 2, 2, 1]
     t = pred["stage_times_s"]
     assert pred["step_time_s"] == pytest.approx(m * max(t[0] + t[2], t[1] + t[3]) + max(t))
     sim = run["simulated"]
@@ -280,8 +282,8 @@ def test_interleaved_1f1b_runs_two_stages_on_each_rank_with_the_single_process_s
     assert [len(a) for a in sim["timeline"]] == [4 * m, 4 * m]
     for mem, r in zip(run["memory"], ranks):
         on = [run["stages"][s] for s in r["stages"]]
-        # the stages were planned one per device for 1F1B at m = 4; here each has as many micro-batches in flight
         assert mem["stages"] == r["stages"] and mem["planned_for_run"]
+        assert mem["tensors_within_budget"]
         plan = json.loads((plan_dir / "plan.json").read_text())["stages"]
         assert mem["budget_bytes"] == sum(plan[st["stage"]]["rank_budget_bytes"] for st in on)
         assert mem["predicted_peak_bytes"] == sum(pred["peak_bytes"][s] for s in r["stages"])
@@ -305,7 +307,7 @@ def test_more_stages_than_ranks_is_refused(plan_dir, monkeypatch, capsys):
     (["--schedule", "1f1b", "-m", "1"], "1F1B needs at least as many micro-batches as stages: m=1 < k=2"),
     (["--model", "gpt9"], "no model 'gpt9' under 'models'"),
     (["--schedule", "1f1b", "--stages-per-rank", "2"], "1f1b runs one stage per rank, not 2 (use interleaved1f1b)"),
-    (["--schedule", "interleaved1f1b"], "2 stage(s) per rank does not fit the plan's k=2"),
+    (["--schedule", "interleaved1f1b"], "2 stage(s) per rank does not fit k=2"),
 ])
 def test_bad_settings_are_refused_before_launching(plan_dir, args, message, capsys):
     assert main(["pipeline-run", str(plan_dir), "--config", str(plan_dir / "config.yaml"), *args]) == 2
@@ -368,7 +370,7 @@ def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_b
     # a multi-stage schedule: the in-flight counts read off the run's order against the planned ones
     assert holds_run(held["stages"], "interleaved1f1b", 4, [2, 1]) == [True, True]
     assert holds_run(held["stages"], "interleaved1f1b", 4, [2, 2]) == [True, False]
-    with pytest.raises(ValueError, match="in-flight micro-batches per stage are needed"):
+    with pytest.raises(ValueError, match="1 stage\\(s\\) per rank does not fit k=2"):  # its counts are needed
         holds_run(held["stages"], "interleaved1f1b", 4)
     unmetered = memory_check(data, [{**ranks[0], "peak_bytes": None}, {**ranks[1], "peak_bytes": 1}],
                              {"peak_bytes": None}, "1f1b", 4)

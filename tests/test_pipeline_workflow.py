@@ -91,8 +91,8 @@ def test_the_methods_run_beside_ours_at_the_same_budget(study):
             # made for 1F1B with m=8, holds 1F1B with m=2 at k=2)
             run = json.loads((study / "results/pipeline" / WHERE / "methods_1f1b_m2" / method / "run.json").read_text())
             assert all(m["planned_for_run"] for m in run["memory"])
-            assert all(m["planned_for"] == {"schedule": "1f1b", "micro_batches": 8 if method == "ours" else 2}
-                       for m in run["memory"])
+            assert all(m["planned_for"] == {"schedule": "1f1b", "micro_batches": 8 if method == "ours" else 2,
+                                            "stages_per_rank": 1} for m in run["memory"])
 
 
 def test_a_run_the_balance_plan_does_not_hold_gets_a_plan_balanced_for_it(study):

@@ -114,7 +114,8 @@ def evaluate(graph: PipelineGraph, tables: RangeTables, cuts: tuple[int, ...], s
                                [int(x.schedule.peak_bytes) for x in scheduled],
                                [schedule_stash(x) for x in scheduled], micro_batches,
                                [int(h.get("gradient_sum_bytes", 0)) for h in holds],
-                               [int(h.get("carrier_bytes", 0)) for h in holds], scheduler.schedule)
+                               [int(h.get("carrier_bytes", 0)) for h in holds], scheduler.schedule,
+                               scheduler.stages_per_rank)
     return Evaluated(cuts, stages, scheduled, metrics, total_boundary_bytes(tables, cuts))
 
 

@@ -39,12 +39,13 @@ class PipelineMetrics:
 
 def pipeline_metrics(times: list[float], peaks: list[int], stash_bytes: list[int], micro_batches: int,
                      gradient_sum_bytes: list[int] | None = None,
-                     carrier_bytes: list[int] | None = None, schedule: str = "1f1b") -> PipelineMetrics:
+                     carrier_bytes: list[int] | None = None, schedule: str = "1f1b",
+                     stages_per_rank: int = 1) -> PipelineMetrics:
     """Metrics of k stages with scheduled ``times`` (s), schedule ``peaks``, the bytes each schedule holds at its
     split, the gradients each stage sums across micro-batches and the carriers it holds, run with ``schedule``'s
-    in-flight micro-batches (see FORMULAS)."""
+    in-flight micro-batches, ``stages_per_rank`` stages per rank (see FORMULAS)."""
     k = len(times)
-    n = [in_flight(s, k, micro_batches, schedule) for s in range(k)]
+    n = [in_flight(s, k, micro_batches, schedule, stages_per_rank) for s in range(k)]
     sums = gradient_sum_bytes or [0] * k
     carriers = carrier_bytes or [0] * k
     t_max, t_min = max(times), min(times)

@@ -46,6 +46,11 @@ class StageScheduler:
         return self.budget.pipeline.schedule if self.budget.pipeline is not None else "1f1b"
 
     @property
+    def stages_per_rank(self) -> int:
+        """The stages each rank runs under that schedule."""
+        return self.budget.pipeline.stages_per_rank if self.budget.pipeline is not None else 1
+
+    @property
     def solved(self) -> int:
         return len(self._cache) - self.reused
 

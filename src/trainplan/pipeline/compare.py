@@ -29,19 +29,21 @@ MIB = 2**20
 def method_plans(model: str, device: str, nodes: pd.DataFrame, tensors: pd.DataFrame, k: int, budget: Budget, *,
                  bandwidth: float, swaps: bool, solver: SolverSettings, settings: BalanceSettings,
                  memory: MemoryLimit | None, methods: tuple[str, ...] = ALL_METHODS,
-                 allocation: str | None = None) -> dict[str, dict[str, Any]]:
+                 allocation: str | None = None, stages_per_rank: int = 1) -> dict[str, dict[str, Any]]:
     """Each method's plan of the profiled graph (``nodes`` with ``time_s``) in ``k`` stages at ``budget``, every
     stage scheduled by one scheduler (identical stages solved once) for a pipeline of ``settings.micro_batches``
-    under ``settings.schedule`` (its in-flight micro-batches held in each rank's budget): plan.json's stage fields
+    under ``settings.schedule`` with ``stages_per_rank`` (its in-flight micro-batches held in each rank's budget):
+    plan.json's stage fields
     with the cuts, the partition's rate and t_max, and ``same_as`` (the first method with the same cuts);
     ``{"error": ...}`` for a method that cannot make k stages or whose stage meets no budget. ``ours``: the balance
     rule's plan."""
     graph = pipeline_graph(nodes, tensors)
     tables = range_tables(graph)
-    hold = PipelineHold(k, settings.micro_batches, settings.schedule)
+    hold = PipelineHold(k, settings.micro_batches, settings.schedule, stages_per_rank)
     scheduler = StageScheduler(nodes, tensors, bandwidth=bandwidth, budget=budget, solver=solver, swap=swaps,
                                pipeline=hold, allocation=allocation)
-    memory = replace(memory, micro_batches=hold.micro_batches, schedule=hold.schedule) if memory is not None else None
+    memory = replace(memory, micro_batches=hold.micro_batches, schedule=hold.schedule,
+                     stages_per_rank=stages_per_rank) if memory is not None else None
     try:
         layers: Layers | str = model_layers(graph, nodes, tensors, model)
     except PartitionError as exc:  # the methods that split at layers fail, the others run

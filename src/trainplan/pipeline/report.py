@@ -10,8 +10,7 @@ from typing import Any
 from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS
-from trainplan.pipeline.simulate import FORMULA, Order, StageCosts, held_in_flight, recorded_orders, simulate
-from trainplan.schedule.pipeline_hold import SCHEDULES as PLANNED_SCHEDULES
+from trainplan.pipeline.simulate import FORMULA, StageCosts, held_in_flight, recorded_orders, simulate
 from trainplan.schedule.pipeline_hold import (copies_held, held_gradient_bytes, in_flight, pending_gradient_sends,
                                               stash_bytes)
 
@@ -33,8 +32,9 @@ PREDICTION_FORMULAS = {
     "idle_s": "step_time_s - busy_s",
     "peak_bytes": FORMULAS["rank_peak_bytes"] + " per stage (the run's schedule and m: carriers held for its "
                   "in-flight micro-batches)",
-    "in_flight": "per stage, micro-batches whose forward ran and backward not yet: GPipe m, 1F1B min(k - s, m); "
-                 "under a multi-stage schedule the most in the recorded order of the run's step",
+    "in_flight": "per stage, the most micro-batches whose forward ran and backward not yet: GPipe m, 1F1B "
+                 "min(k - s, m), Interleaved1F1B what torch's order for the run's ranks holds (measured.in_flight: "
+                 "the same read off the step's recorded order)",
 }
 MEASURED = {
     "step_s": "wall time of one schedule.step (after warm-up steps), this rank; the run's: the median over the "
@@ -54,6 +54,8 @@ MEASURED = {
     "alone": "forward_s and backward_s of one micro-batch through this stage with no other stage computing "
              "(GPipe steps of one micro-batch after the measured steps), medians over as many steps as repeats",
     "transfer_s": "seconds per carrier on each link this rank is on, per direction (from send_recv_s's timings)",
+    "in_flight": "per stage, the most micro-batches whose forward ran and backward had not in the recorded order of "
+                 "the median step (the prediction's: from the schedule's declared order)",
     "over_simulated": "step_s / simulated.step_time_s: the schedule's own action order with this run's stage and "
                       "transfer costs",
     "co_run_slowdown": "per rank: compute_s / (m * (alone forward_s + backward_s)): how much slower the stage "
@@ -146,25 +148,19 @@ def with_communication(predicted: dict[str, Any], send_recv_s: list[float], m: i
 
 
 def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: int, ranks: int,
-               links: list[tuple[int, int]] | None = None, orders: Order | None = None) -> dict[str, Any]:
+               links: list[tuple[int, int]] | None = None) -> dict[str, Any]:
     """The balance rule's numbers for ``schedule`` with ``m`` micro-batches on ``ranks`` ranks, from the plan's
     per-stage times, schedule peaks, the bytes each schedule holds at its split, the gradients each stage sums,
     and its carriers (``links``: each stage's carrier bytes out and in as run; default the plan's, tied partials
-    sent once per step); a multi-stage schedule's in-flight micro-batches from the run's ``orders``."""
+    sent once per step)."""
     k = len(stages)
     times = [float(st.schedule["time"]) for st in stages]
     peaks = [int(st.schedule["peak_bytes"]) for st in stages]
     problems = [data["stages"][i]["problem"] for i in range(k)]
     stash = [stash_bytes(pr, st.schedule["events"]) for pr, st in zip(problems, stages)]
     sums = [held_gradient_bytes(pr, m) for pr in problems]
-    if schedule in PLANNED_SCHEDULES:
-        n = [in_flight(s, k, m, schedule) for s in range(k)]  # micro-batches in flight
-        pending = [pending_gradient_sends(s, k, m, schedule) for s in range(k)]
-    elif orders is None:
-        raise ValueError(f"the {schedule} prediction needs the run's action orders")
-    else:  # a gradient send pending during a backward, as under 1F1B, where two or more are in flight
-        n = held_in_flight(orders, k)
-        pending = [int(i >= 2) for i in n]
+    n = [in_flight(s, k, m, schedule, k // ranks) for s in range(k)]  # micro-batches in flight
+    pending = [pending_gradient_sends(s, k, m, schedule, k // ranks) for s in range(k)]
     carriers = [copies_held(pr, i, m, link, p) for pr, i, link, p in zip(problems, n, links or [None] * k, pending)]
     t_max = max(times)
     step = m * max(sum(times[s] for s in on) for on in rank_stages(k, ranks)) + (ranks - 1) * t_max
@@ -179,7 +175,8 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
 def planned_for(stage: dict[str, Any]) -> dict[str, Any] | None:
     """The schedule and micro-batch count a plan's stage was budgeted for (None: planned alone, no pipeline)."""
     hold = stage.get("problem", {}).get("pipeline")
-    return None if hold is None else {"schedule": hold.get("schedule", "1f1b"), "micro_batches": hold["micro_batches"]}
+    return None if hold is None else {"schedule": hold.get("schedule", "1f1b"), "micro_batches": hold["micro_batches"],
+                                      "stages_per_rank": hold.get("stages_per_rank", 1)}
 
 
 def holds_run(stages: list[dict[str, Any]], schedule: str, m: int, counts: list[int] | None = None) -> list[bool]:
@@ -187,26 +184,25 @@ def holds_run(stages: list[dict[str, Any]], schedule: str, m: int, counts: list[
     micro-batches: as many micro-batches in flight as it was planned for, gradients summed across micro-batches
     alike, and no more micro-batches than planned (the last stage holds each one's loss). A 1F1B plan made for m
     holds 1F1B runs with k <= m' <= m; a GPipe plan only its own m. ``counts``: the run's in-flight micro-batches
-    per stage (default: the schedule's; a multi-stage schedule's, read off its order, are needed). Its stages
-    then share a rank, whose budget is theirs summed: each stage within its own bounds the rank."""
+    per stage (default: the schedule's with one stage per rank). Stages sharing a rank share its budget, theirs
+    summed: each stage within its own bounds the rank."""
     k, out = len(stages), []
-    if counts is None:
-        if schedule not in PLANNED_SCHEDULES:
-            raise ValueError(f"{schedule}: the run's in-flight micro-batches per stage are needed")
-        counts = [in_flight(i, k, m, schedule) for i in range(k)]
+    counts = counts or [in_flight(i, k, m, schedule) for i in range(k)]
     for i, stage in enumerate(stages):
         hold = planned_for(stage)
+        planned = None if hold is None else stage["problem"]["pipeline"].get("in_flight") or in_flight(
+            i, k, hold["micro_batches"], hold["schedule"], hold["stages_per_rank"])
         out.append(hold is not None and m <= hold["micro_batches"] and (m > 1) == (hold["micro_batches"] > 1)
-                   and counts[i] == in_flight(i, k, hold["micro_batches"], hold["schedule"]))
+                   and counts[i] == planned)
     return out
 
 
 def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: dict[str, Any], schedule: str,
-                 m: int) -> list[dict[str, Any]]:
+                 m: int, counts: list[int] | None = None) -> list[dict[str, Any]]:
     """Each rank's measured peak, counting what it held before the step (its stages' fixed bytes), against its
-    stages' budgets and the predicted peaks with the run's ``schedule`` and ``m`` in flight, summed over its stages
-    (MEASURED['memory'])."""
-    out, holds = [], holds_run(data["stages"], schedule, m, predicted.get("in_flight"))
+    stages' budgets and the predicted peaks with the run's ``schedule`` and ``m`` (``counts`` in flight per stage),
+    summed over its stages (MEASURED['memory'])."""
+    out, holds = [], holds_run(data["stages"], schedule, m, counts)
     for r in ranks:
         on = r["stages"]
         plans = [data["stages"][i] for i in on]
@@ -259,8 +255,8 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
     timeline = [r.pop("actions_repeats")[chosen] for r in ranks]
     m = settings.micro_batches
     predicted = prediction(data, plans, settings.schedule, m, len(ranks),
-                           [(st["carrier_out_bytes"], st["carrier_in_bytes"]) for st in stages],
-                           recorded_orders(timeline))
+                           [(st["carrier_out_bytes"], st["carrier_in_bytes"]) for st in stages])
+    held = held_in_flight(recorded_orders(timeline), len(plans))
     predicted = with_communication(predicted, [r["send_recv_s"] for r in ranks], m, tied_reduce_seconds(ranks))
     step = median(slowest)
     simulation = simulated(stages, ranks, timeline)
@@ -288,13 +284,14 @@ def artifact(settings: Any, data: dict[str, Any], ranks: list[dict[str, Any]], p
                      if predicted["step_time_with_comm_s"] > 0 else None,
                      "over_simulated": step / simulation["step_time_s"] if simulation["step_time_s"] > 0 else None,
                      "co_run_slowdown": [co_run_slowdown(r, stages, m) for r in ranks],
+                     "in_flight": held,
                      "definitions": MEASURED},
         "ranks": ranks,
         "stages": stages,
         "timeline": {"repeat": chosen, "step_s": slowest[chosen], "ranks": timeline},
         "prediction": predicted,
         "simulated": simulation,
-        "memory": memory_check(data, ranks, predicted, settings.schedule, settings.micro_batches),
+        "memory": memory_check(data, ranks, predicted, settings.schedule, m, held),
     }
     if all("check" in r for r in ranks):
         out["check"] = {"planned_bit_identical": all(r["check"]["planned"]["bit_identical"] for r in ranks),

@@ -34,13 +34,12 @@ from trainplan.pipeline.split import Flows, split_stage, stage_flows
 from trainplan.pipeline.stage import HalfTimes, PlannedStageModule, StageRuntime, TimedStage
 from trainplan.pipeline.tied import TiedReduction, tied_partials
 from trainplan.schedule.grad_accumulation import accumulated_storages
+from trainplan.schedule.pipeline_hold import MULTI_STAGE, check_placement, interleaved_in_flight
 from trainplan.timing import keep_freed_memory, return_freed_memory
 
 log = logging.getLogger(__name__)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved1f1b": ScheduleInterleaved1F1B}
-#: the schedules running several stages per rank (stage s on rank s mod ranks, torch's "loop" placement)
-MULTI_STAGE = ("interleaved1f1b",)
 #: when a tied parameter's partial gradient crosses stages: summed and sent once per step (Megatron's embedding
 #: group; round-off differs from the single-process step), or in every micro-batch's carrier (bit-identical)
 TIED_GRADS = ("step", "micro_batch")
@@ -97,12 +96,10 @@ def check_settings(settings: RunSettings, data: dict[str, Any], world: int | Non
     k, v = len(data["stages"]), settings.stages_per_rank
     if settings.schedule not in SCHEDULES:
         raise PipelineError(f"schedule '{settings.schedule}' is not one of {sorted(SCHEDULES)}")
-    if settings.schedule in MULTI_STAGE:
-        if v < 2 or k % v or k // v < 2:
-            raise PipelineError(f"{settings.plan}: {settings.schedule} runs v >= 2 stages on each of k / v >= 2 ranks; "
-                                f"{v} stage(s) per rank does not fit the plan's k={k}")
-    elif v != 1:
-        raise PipelineError(f"{settings.schedule} runs one stage per rank, not {v} (use interleaved1f1b)")
+    try:
+        check_placement(k, settings.schedule, v)
+    except ValueError as exc:
+        raise PipelineError(f"{settings.plan}: {exc}") from None
     if settings.micro_batches < 1:
         raise PipelineError(f"micro-batches must be >= 1, got {settings.micro_batches}")
     if settings.repeats < 1:
@@ -116,10 +113,11 @@ def check_settings(settings: RunSettings, data: dict[str, Any], world: int | Non
                             f"{per} (torchrun --nproc-per-node {ranks})")
     if settings.schedule == "1f1b" and settings.micro_batches < k:
         raise PipelineError(f"1F1B needs at least as many micro-batches as stages: m={settings.micro_batches} < k={k}")
-    rounds = max(1, settings.micro_batches // ranks)
-    if settings.schedule == "interleaved1f1b" and settings.micro_batches % rounds:
-        raise PipelineError(f"Interleaved1F1B runs m in rounds of {ranks} (the ranks): m={settings.micro_batches} is "
-                            f"not a multiple of its {rounds} rounds")
+    if settings.schedule in MULTI_STAGE:
+        try:
+            interleaved_in_flight(k, ranks, settings.micro_batches)
+        except ValueError as exc:
+            raise PipelineError(f"{settings.plan}: {exc}") from None
 
 
 def micro_batches(settings: RunSettings, built: BuiltModel) -> list[dict[str, torch.Tensor]]:

@@ -78,7 +78,7 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
         hold.sums + hold.carriers if budget.requested.fraction is not None else 0)
     raw["budget_bytes"] = max(0, rank_budget - hold.reserve)  # below the reserve: infeasible, raised by our solver
     raw["pipeline"] = {"k": budget.pipeline.k, "micro_batches": budget.pipeline.micro_batches,
-                       "schedule": budget.pipeline.schedule,
+                       "schedule": budget.pipeline.schedule, "stages_per_rank": budget.pipeline.stages_per_rank,
                        **hold.to_dict(), "rank_budget_bytes": rank_budget}
     return raw
 

@@ -17,49 +17,95 @@ says, plus
   the last stage every micro-batch's loss (:func:`loss_bytes`).
 
 Under 1F1B a stage has ``min(k - s, m)`` micro-batches in flight; under GPipe, which runs every forward before any
-backward, all m (:func:`in_flight`). So the rank's peak is the plan's peak + ``sums + carriers + (in_flight - 1) *
-stash``; a stage problem solved
-for a pipeline gets the rank's budget less that reserve, with the stash of the plan without recompute (what
-the plan's own stash is measured against afterwards).
+backward, all m; under Interleaved1F1B, v stages on each of k / v ranks, what torch's schedule order holds
+(:func:`in_flight`). So a stage's peak on its rank is the plan's peak + ``sums + carriers + (in_flight - 1) *
+stash``; a stage problem solved for a pipeline gets the stage's budget less that reserve, with the stash of the
+plan without recompute (what the plan's own stash is measured against afterwards). A rank running v stages holds
+at most the sum of theirs: its budget is theirs summed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any
+
+from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
 
 from trainplan.schedule.grad_accumulation import accumulates
 
 
-#: the schedules a stage can be planned for (torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B)
-SCHEDULES = ("gpipe", "1f1b")
+#: the schedules a stage can be planned for (torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B and
+#: ScheduleInterleaved1F1B)
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
+#: the schedules running several stages per rank (stage s on rank s mod ranks, torch's "loop" placement)
+MULTI_STAGE = ("interleaved1f1b",)
 
 
-def in_flight(stage: int, k: int, micro_batches: int, schedule: str = "1f1b") -> int:
-    """Micro-batches whose activations stage ``stage`` (0-based) of ``k`` holds at once: under 1F1B
-    ``min(k - stage, m)``, under GPipe all ``m`` (every forward runs before the first backward)."""
+def check_placement(k: int, schedule: str, stages_per_rank: int) -> None:
+    """ValueError for an unknown schedule, or stages per rank it does not run: 1 but under a multi-stage schedule,
+    there at least 2, dividing k, on at least 2 ranks."""
     if schedule not in SCHEDULES:
         raise ValueError(f"pipeline schedule {schedule!r}: expected one of {SCHEDULES}")
+    if schedule in MULTI_STAGE:
+        if stages_per_rank < 2 or k % stages_per_rank or k // stages_per_rank < 2:
+            raise ValueError(f"{schedule} runs v >= 2 stages on each of k / v >= 2 ranks; {stages_per_rank} stage(s) "
+                             f"per rank does not fit k={k}")
+    elif stages_per_rank != 1:
+        raise ValueError(f"{schedule} runs one stage per rank, not {stages_per_rank} (use interleaved1f1b)")
+
+
+@lru_cache(maxsize=64)
+def interleaved_in_flight(k: int, ranks: int, micro_batches: int) -> tuple[int, ...]:
+    """Per stage, the most micro-batches in flight (forward run, backward not) in the order torch's
+    ScheduleInterleaved1F1B gives each of ``ranks`` ranks (its ``_calculate_single_rank_operations``, run on the
+    attributes its constructor sets: the order it then executes; ValueError for an ``m`` it refuses)."""
+    rounds = max(1, micro_batches // ranks)
+    if micro_batches % rounds:
+        raise ValueError(f"Interleaved1F1B runs m in rounds of {ranks} (the ranks): m={micro_batches} is not a "
+                         f"multiple of its {rounds} rounds")
+    attrs = SimpleNamespace(n_local_stages=k // ranks, pp_group_size=ranks, _n_microbatches=micro_batches,
+                            number_of_rounds=rounds, microbatches_per_round=micro_batches // rounds)
+    held, most = [0] * k, [0] * k
+    for rank in range(ranks):
+        for action in ScheduleInterleaved1F1B._calculate_single_rank_operations(attrs, rank):
+            if action is not None:
+                s = action.stage_index
+                held[s] += 1 if action.computation_type == _ComputationType.FORWARD else -1
+                most[s] = max(most[s], held[s])
+    return tuple(most)
+
+
+def in_flight(stage: int, k: int, micro_batches: int, schedule: str = "1f1b", stages_per_rank: int = 1) -> int:
+    """Micro-batches whose activations stage ``stage`` (0-based) of ``k`` holds at once: under 1F1B
+    ``min(k - stage, m)``, under GPipe all ``m`` (every forward runs before the first backward), under
+    Interleaved1F1B with ``stages_per_rank`` what its order holds (:func:`interleaved_in_flight`)."""
+    check_placement(k, schedule, stages_per_rank)
+    if schedule in MULTI_STAGE:
+        return interleaved_in_flight(k, k // stages_per_rank, micro_batches)[stage]
     return micro_batches if schedule == "gpipe" else min(k - stage, micro_batches)
 
 
 @dataclass(frozen=True)
 class PipelineHold:
-    """The pipeline a stage problem is solved for: ``k`` stages, ``micro_batches`` per step, its ``schedule``."""
+    """The pipeline a stage problem is solved for: ``k`` stages, ``micro_batches`` per step, its ``schedule``, and
+    the stages each rank runs (a multi-stage schedule's; the rank's budget then is its stages' summed)."""
 
     k: int
     micro_batches: int
     schedule: str = "1f1b"
+    stages_per_rank: int = 1
 
     def __post_init__(self) -> None:
-        in_flight(0, self.k, self.micro_batches, self.schedule)  # a bad schedule raises here, naming it
+        in_flight(0, self.k, self.micro_batches, self.schedule, self.stages_per_rank)  # bad ones raise, named
 
     def in_flight(self, stage: int) -> int:
-        return in_flight(stage, self.k, self.micro_batches, self.schedule)
+        return in_flight(stage, self.k, self.micro_batches, self.schedule, self.stages_per_rank)
 
     def pending_gradient_sends(self, stage: int) -> int:
-        return pending_gradient_sends(stage, self.k, self.micro_batches, self.schedule)
+        return pending_gradient_sends(stage, self.k, self.micro_batches, self.schedule, self.stages_per_rank)
 
     @property
     def accumulates(self) -> bool:
@@ -132,7 +178,8 @@ def inputs_held(in_flight: int, input_bytes: int) -> int:
     return in_flight * input_bytes
 
 
-def pending_gradient_sends(stage: int, k: int, micro_batches: int, schedule: str = "1f1b") -> int:
+def pending_gradient_sends(stage: int, k: int, micro_batches: int, schedule: str = "1f1b",
+                           stages_per_rank: int = 1) -> int:
     """Gradient carriers stage ``stage`` of ``k`` has sent back and its schedule not yet waited on while it runs a
     backward (torch.distributed.pipelining's schedules hold each send's tensor until they wait on it): GPipe waits
     on every backward send after the last backward, so m - 1 are pending during it; 1F1B waits on each before the
@@ -141,10 +188,11 @@ def pending_gradient_sends(stage: int, k: int, micro_batches: int, schedule: str
     m = 4: the last stage, sent the logits' gradient (49 MiB) back, held two more than one at its peak. The 1F1B
     one is read from the schedule's code, not seen at a peak: on the same model under 1F1B the middle stages'
     tensors stayed 0.2-2 MiB under the prediction without it (carriers of 1-4 MiB), so it may count one carrier
-    more than a stage holds at its peak (a cool-down backward holds one stash fewer)."""
+    more than a stage holds at its peak (a cool-down backward holds one stash fewer). Interleaved1F1B is counted as
+    1F1B (not seen at a peak either)."""
     if schedule == "gpipe":
         return micro_batches - 1
-    return 1 if in_flight(stage, k, micro_batches, schedule) >= 2 else 0
+    return 1 if in_flight(stage, k, micro_batches, schedule, stages_per_rank) >= 2 else 0
 
 
 def carriers_held(in_flight: int, out: int, into: int, pending: int = 0) -> int:
