@@ -15,7 +15,7 @@ import torch
 
 import trainplan
 from tests.conftest import SMALL_CNN, TINY_GPT2
-from trainplan.execute import GraphLayout, run_plan, stage_layouts
+from trainplan.execute import GraphLayout, direct_kernels, run_plan, stage_layouts
 from trainplan.execute.predict import predict
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
@@ -222,6 +222,11 @@ def test_a_group_with_batch_norm_updates_the_running_statistics_outside_its_op(t
     assert not any(n.target == torch.ops.aten.zeros.default for n in traced.gm.graph.nodes)
     planned = trainplan.plan(model.module, model.batch, 0.8, time_limit_s=2, progress=False, cache_dir=tmp_path,
                              on_infeasible="raise_budget")
+    # the plan's code calls each fused op's Python kernel, not the op through the dispatcher
+    fused = [n.target for n in traced.gm.graph.nodes if str(n.target).startswith("trainplan_fused.")]
+    called = [n.target for n in planned.step.compiled.module.graph.nodes if n.op == "call_function"]
+    assert fused and not any(str(t).startswith("trainplan_fused.") for t in called)
+    assert all(direct_kernels.kernel(t) in called for t in fused) and direct_kernels.kernel(fused[0]) is not fused[0]
     loss = planned(model.batch)
     loss.backward()
     want = raw.loss_fn(raw.module(**raw.batch))

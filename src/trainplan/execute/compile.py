@@ -30,6 +30,7 @@ import torch
 from torch.fx.node import map_arg
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from trainplan.execute import direct_kernels
 from trainplan.execute.layout import GraphLayout, Slot, StageLayout
 from trainplan.execute.pool import clone_storage
 from trainplan.execute.runner import ExecutionError, execution_order
@@ -285,7 +286,7 @@ class PlanCompiler:
         if other is not None and slots and slots[0][0] < 0:  # x + zeros is x: held as its value, no new storage
             self._hold(st, (node.name, -1), other)
             return
-        out = self.graph.call_function(node.target, args, kwargs)
+        out = self.graph.call_function(direct_kernels.kernel(node.target), args, kwargs)
         out.meta = dict(node.meta)
         if not slots:
             st.scalars[node.name] = out

@@ -27,6 +27,7 @@ from functorch.compile import aot_function, make_boxed_func, min_cut_remateriali
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from trainplan.aten_ops import RANDOM_OPS
+from trainplan.execute import direct_kernels
 from trainplan.export.trace import flat_inputs
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.forward import trace_forward
@@ -198,6 +199,7 @@ def _register(name: str, run: Callable[[list[torch.Tensor]], list[torch.Tensor]]
         return [torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype, device in meta]
 
     op.register_fake(fake)
+    direct_kernels.register(getattr(getattr(torch.ops, NAMESPACE), name).default, impl)
     _REGISTERED[name] = op
     return op
 
