@@ -136,3 +136,16 @@ def test_a_study_runs_every_k2_plan_under_each_schedule_and_m(tmp_path, stages, 
     jobs = _jobs(out.stdout + out.stderr)
     assert jobs.get("pipeline", 0) == jobs.get("plot_pipeline", 0) == jobs.get("pipeline_methods", 0) == expected
     assert jobs.get("pipeline_plan", 0) == jobs.get("plot_pipeline_methods", 0) == expected  # ours, the figure
+
+
+def test_interleaved_1f1b_runs_where_two_stages_per_rank_fit(tmp_path):
+    """Two stages per rank: k=4 runs on 2 ranks with m=2 and m=4; k=2 (one rank) and m=5 (not in whole rounds of
+    2 ranks) are left out, and the start-up summary says so."""
+    config = _config(tmp_path, stages=[2, 4],
+                     pipeline={**PIPELINE, "schedules": ["interleaved1f1b"], "micro_batches": [2, 4, 5]})
+    out = snakemake(tmp_path / "w", config, "--dry-run")
+    assert out.returncode == 0, out.stderr[-4000:]
+    jobs = _jobs(out.stdout + out.stderr)
+    assert jobs.get("pipeline", 0) == jobs.get("pipeline_plan", 0) == 2
+    assert "interleaved1f1b not run at k=2, m=2 (2 stages per rank need k / v >= 2 ranks" in out.stderr
+    assert "interleaved1f1b not run at k=4, m=5" in out.stderr

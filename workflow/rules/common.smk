@@ -82,15 +82,38 @@ def pipeline_settings(*keys):
     return {key: config["pipeline"][key] for key in keys}
 
 
+def stages_per_rank(schedule):
+    """The stages each rank of a pipeline run under ``schedule`` runs: pipeline.stages_per_rank under
+    Interleaved1F1B, else one."""
+    return config["pipeline"]["stages_per_rank"] if schedule == "interleaved1f1b" else 1
+
+
+def pipeline_placement(wildcards):
+    """Input function: the stages per rank of the run's schedule."""
+    return stages_per_rank(wildcards.schedule)
+
+
+def runs_as_pipeline(k, schedule, m):
+    """Whether a k-stage plan runs under ``schedule`` with m micro-batches: 1F1B needs m >= k; Interleaved1F1B
+    v stages on each of k / v >= 2 ranks, m a multiple of its rounds (max(1, m // ranks)), as torch's schedule."""
+    if schedule == "1f1b":
+        return m >= k
+    if schedule == "interleaved1f1b":
+        v = stages_per_rank(schedule)
+        ranks = k // v
+        return k % v == 0 and ranks >= 2 and m % max(1, m // ranks) == 0
+    return True
+
+
 def pipeline_runs():
-    """(k, schedule, m) of every pipeline run: each k >= 2 of `stages`, schedule and m of `pipeline`; 1F1B only where
-    m >= k (it refuses fewer micro-batches than stages)."""
+    """(k, schedule, m) of every pipeline run: each k >= 2 of `stages`, schedule and m of `pipeline` where the
+    schedule runs them (:func:`runs_as_pipeline`)."""
     return [
         (k, schedule, m)
         for k in config["stages"] if k >= 2
         for schedule in config["pipeline"]["schedules"]
         for m in config["pipeline"]["micro_batches"]
-        if schedule != "1f1b" or m >= k
+        if runs_as_pipeline(k, schedule, m)
     ]
 
 
@@ -112,9 +135,11 @@ def _print_study():
     """Which models each stage runs, on which devices, stage counts and budgets: once, to stderr."""
     lines = [f"trainplan study on {', '.join(DEVICES)}: stages k={config['stages']}, budgets {config['budgets']}"]
     lines += [f"  {what}: {', '.join(names) or 'none'}" for what, names in study_stages()]
-    skipped = [(k, m) for k in config["stages"] if k >= 2 for m in config["pipeline"]["micro_batches"] if m < k
-               and "1f1b" in config["pipeline"]["schedules"]]
-    lines += [f"  pipeline: 1F1B not run at k={k}, m={m} (it needs m >= k)" for k, m in skipped]
+    skipped = [(k, s, m) for k in config["stages"] if k >= 2 for s in config["pipeline"]["schedules"]
+               for m in config["pipeline"]["micro_batches"] if not runs_as_pipeline(k, s, m)]
+    why = {"1f1b": "it needs m >= k", "interleaved1f1b": f"{stages_per_rank('interleaved1f1b')} stages per rank "
+           "need k / v >= 2 ranks and m in whole rounds"}
+    lines += [f"  pipeline: {s} not run at k={k}, m={m} ({why[s]})" for k, s, m in skipped]
     print("\n".join(lines), file=sys.stderr)
 
 

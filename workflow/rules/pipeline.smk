@@ -1,5 +1,6 @@
-# Plans run as real pipelines (docs/pipeline_run.md): each k >= 2 plan as k torchrun processes, one stage each,
-# under each schedule and micro-batch count of the `pipeline` block; measured against the balance rule's prediction.
+# Plans run as real pipelines (docs/pipeline_run.md): each k >= 2 plan as k torchrun processes, one stage each (k / v,
+# v stages each, under Interleaved1F1B), under each schedule and micro-batch count of the `pipeline` block; measured
+# against the balance rule's prediction.
 
 
 # Our plan for each run: the balance rule's where its ranks' budgets hold what the run has in flight (1F1B with m
@@ -21,6 +22,7 @@ rule pipeline_plan:
         solver=config["solver"],
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
         memory_model=device_memory_model,
+        stages_per_rank=pipeline_placement,
         code=code_version("pipeline_plan"),
     threads: config["solver"]["workers"]
     wildcard_constraints:
@@ -49,6 +51,7 @@ rule pipeline:
         seed=config["seed"],
         device=device_spec,
         settings=pipeline_settings("threads", "warmup", "repeats", "check", "tied_grads"),
+        stages_per_rank=pipeline_placement,
         code=code_version("pipeline"),
     # Timing needs the machine to itself: take every core the run was given (k ranks x pipeline.threads each).
     threads: workflow.cores
@@ -123,6 +126,7 @@ rule pipeline_methods:
         solver=config["solver"],
         memory_bytes=lambda wildcards: int(device_spec(wildcards)["memory_gib"] * 2**30),
         memory_model=device_memory_model,
+        stages_per_rank=pipeline_placement,
         code=code_version("pipeline_methods"),
     # Timing needs the machine to itself: take every core the run was given (k ranks x pipeline.threads each).
     threads: workflow.cores

@@ -19,13 +19,14 @@ from trainplan.pipeline.run import RunSettings
 with log_to(snakemake.log[0]) as log:
     inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards
     graph = read_profiled_graph(inp.nodes, inp.tensors, inp.summary, inp.profile)
-    k, m = int(wc.k), int(wc.m)
+    k, m, v = int(wc.k), int(wc.m), int(par.stages_per_rank)
     settings = replace(BalanceSettings(**par.balance), micro_batches=m, schedule=wc.schedule)
     plans = method_plans(wc.model, wc.device, graph.nodes, graph.tensors, k, wildcard_budget(wc.budget),
                          bandwidth=read_host_link(inp.profile_summary), swaps=par.memory_model["swaps"],
                          solver=SolverSettings(par.solver["time_limit_s"], par.solver["workers"], par.solver["seed"]),
                          settings=settings, memory=MemoryLimit(par.memory_bytes, settings.micro_batches),
-                         methods=tuple(par.settings["methods"]), allocation=par.memory_model["device_type"])
+                         methods=tuple(par.settings["methods"]), allocation=par.memory_model["device_type"],
+                         stages_per_rank=v)
     add_plan(plans, OURS, read_json(inp.plan, schema="plan"))
     runs, rows = {}, []
     for method, plan in plans.items():
@@ -36,8 +37,8 @@ with log_to(snakemake.log[0]) as log:
             settings_run = RunSettings(where / "plan.json", wc.model, dict(par.spec), wc.schedule, m,
                                        where / "run.json", par.seed, par.settings["warmup"], par.settings["threads"],
                                        False, par.device["type"], par.settings["repeats"],
-                                       par.settings["tied_grads"])
-            runs[ran] = run_plan(where / "plan.json", settings_run, k)
+                                       par.settings["tied_grads"], v)
+            runs[ran] = run_plan(where / "plan.json", settings_run, settings_run.ranks(k))
         rows.append({"model": wc.model, "budget": wc.budget, "method": method, "schedule": wc.schedule, "m": m,
                      **comparison_row(plan, runs.get(ran, {}))})
         log.info("%s: %s", method, rows[-1].get("measured_step_s", rows[-1].get("error")))

@@ -11,12 +11,13 @@ from trainplan.partition import BalanceSettings, MemoryLimit, SolverSettings
 from trainplan.pipeline.compare import OURS, as_method, method_plans
 from trainplan.pipeline.errors import PipelineError
 from trainplan.pipeline.report import holds_run
+from trainplan.schedule.pipeline_hold import in_flight
 
 with log_to(snakemake.log[0]) as log:
     inp, par, wc = snakemake.input, snakemake.params, snakemake.wildcards
-    k, m = int(wc.k), int(wc.m)
+    k, m, v = int(wc.k), int(wc.m), int(par.stages_per_rank)
     balanced = read_json(inp.plan, schema="plan")
-    if all(holds_run(balanced["stages"], wc.schedule, m)):
+    if all(holds_run(balanced["stages"], wc.schedule, m, [in_flight(s, k, m, wc.schedule, v) for s in range(k)])):
         log.info("model '%s': the balance rule's plan holds %s with m=%d", wc.model, wc.schedule, m)
         plan = as_method(balanced, OURS)
     else:
@@ -29,7 +30,7 @@ with log_to(snakemake.log[0]) as log:
                             solver=SolverSettings(par.solver["time_limit_s"], par.solver["workers"],
                                                   par.solver["seed"]),
                             settings=settings, memory=MemoryLimit(par.memory_bytes, m), methods=(OURS,),
-                            allocation=par.memory_model["device_type"])[OURS]
+                            allocation=par.memory_model["device_type"], stages_per_rank=v)[OURS]
         if "error" in plan:
             raise PipelineError(plan["error"])
     write_json(snakemake.output[0], {**plan, "memory_model": dict(par.memory_model)})
