@@ -15,7 +15,8 @@ import torch
 
 import trainplan
 from tests.conftest import SMALL_CNN, TINY_GPT2
-from trainplan.execute import GraphLayout, direct_kernels, run_plan, stage_layouts
+from trainplan import direct_kernels
+from trainplan.execute import GraphLayout, run_plan, stage_layouts
 from trainplan.execute.predict import predict
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step

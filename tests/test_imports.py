@@ -23,8 +23,8 @@ SCRIPTS = sorted((REPO / "workflow" / "scripts").glob("*.py"))
 #: own entry, from the shared modules of the first layer (which may import each other) and from entries of
 #: lower layers only: no stage imports a later one, and the entries of one layer are independent.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("aten_ops", "artifacts", "budget", "cli_types", "clock", "errors", "host_swap", "io", "logs", "memory_model",
-     "models", "numerics", "plots", "profiler_events", "schemas", "stats", "timing", "zoo"),  # shared, low-level
+    ("aten_ops", "artifacts", "budget", "cli_types", "clock", "direct_kernels", "errors", "host_swap", "io", "logs",
+     "memory_model", "models", "numerics", "plots", "profiler_events", "schemas", "stats", "timing", "zoo"),  # shared
     ("export",),  # trace the step; its op and tensor tables and static memory
     ("profile", "precision"),  # on the traced step: op times and the host link; per-op precision (overflow)
     ("fuse", "schedule", "align", "layout"),  # plans: fused groups (timed by the profile's run), a stage's

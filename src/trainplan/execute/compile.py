@@ -30,7 +30,7 @@ import torch
 from torch.fx.node import map_arg
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from trainplan.execute import direct_kernels
+from trainplan import direct_kernels
 from trainplan.execute.layout import GraphLayout, Slot, StageLayout
 from trainplan.execute.pool import clone_storage
 from trainplan.execute.runner import ExecutionError, execution_order

@@ -27,7 +27,7 @@ from functorch.compile import aot_function, make_boxed_func, min_cut_remateriali
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from trainplan.aten_ops import RANDOM_OPS
-from trainplan.execute import direct_kernels
+from trainplan import direct_kernels
 from trainplan.export.trace import flat_inputs
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.forward import trace_forward

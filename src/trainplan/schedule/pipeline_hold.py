@@ -32,8 +32,6 @@ from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
 
-from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
-
 from trainplan.schedule.grad_accumulation import accumulates
 
 
@@ -61,7 +59,10 @@ def check_placement(k: int, schedule: str, stages_per_rank: int) -> None:
 def interleaved_in_flight(k: int, ranks: int, micro_batches: int) -> tuple[int, ...]:
     """Per stage, the most micro-batches in flight (forward run, backward not) in the order torch's
     ScheduleInterleaved1F1B gives each of ``ranks`` ranks (its ``_calculate_single_rank_operations``, run on the
-    attributes its constructor sets: the order it then executes; ValueError for an ``m`` it refuses)."""
+    attributes its constructor sets: the order it then executes; ValueError for an ``m`` it refuses). Imports torch
+    here: the solver rules load this module without it."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
     rounds = max(1, micro_batches // ranks)
     if micro_batches % rounds:
         raise ValueError(f"Interleaved1F1B runs m in rounds of {ranks} (the ranks): m={micro_batches} is not a "
