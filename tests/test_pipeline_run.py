@@ -26,6 +26,7 @@ from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.io import write_json, write_yaml
 from trainplan.models import build_model
+from trainplan.pipeline.plot import plot_timeline
 from trainplan.pipeline.report import holds_run, median_repeat, memory_check, rank_numbers, with_communication
 from trainplan.pipeline.simulate import held_in_flight
 from trainplan.pipeline.tied import TiedPartial, TiedReduction
@@ -284,6 +285,8 @@ def test_interleaved_1f1b_runs_two_stages_on_each_rank_with_the_single_process_s
         on = [run["stages"][s] for s in r["stages"]]
         assert mem["stages"] == r["stages"] and mem["planned_for_run"]
         assert mem["tensors_within_budget"]
+    plot_timeline(run, str(tmp_path / "timeline.png"))  # a row per rank, its stages' calls in it
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
         plan = json.loads((plan_dir / "plan.json").read_text())["stages"]
         assert mem["budget_bytes"] == sum(plan[st["stage"]]["rank_budget_bytes"] for st in on)
         assert mem["predicted_peak_bytes"] == sum(pred["peak_bytes"][s] for s in r["stages"])

@@ -17,13 +17,15 @@ LINES = {"measured": ("black", "-"), "predicted": ("tab:green", "--"), "predicte
 
 
 def _title(run: dict[str, Any]) -> str:
-    return (f"{run['model']}: k={run['k']}, budget {run.get('budget')}, {run['schedule']} m={run['micro_batches']}, "
-            f"{run['threads_per_rank']} thread(s) per rank, {run['backend']}")
+    v = run.get("stages_per_rank", 1)
+    ranks = f" on {run['k'] // v} ranks" if v > 1 else ""
+    return (f"{run['model']}: k={run['k']}{ranks}, budget {run.get('budget')}, {run['schedule']} "
+            f"m={run['micro_batches']}, {run['threads_per_rank']} thread(s) per rank, {run['backend']}")
 
 
 def plot_timeline(run: dict[str, Any], path: str) -> None:
     """Left: the measured step whose time is the median, per rank (rank 0 on top): F and B bars numbered by
-    micro-batch, grey between them (waiting for a peer: send/recv and the bubble); vertical lines at the
+    micro-batch (stage:micro-batch where a rank runs several stages), grey between them (waiting for a peer: send/recv and the bubble); vertical lines at the
     measured step time (median) and the predicted ones with and without the measured send/recv. Right: each
     rank's median compute, send/recv (measured alone) and idle seconds beside the predicted busy time."""
     import matplotlib.pyplot as plt  # after trainplan.plots chose the headless backend
@@ -33,7 +35,8 @@ def plot_timeline(run: dict[str, Any], path: str) -> None:
         nothing_to_draw(path, _title(run), "the run recorded no compute call")
         return
     pred, measured = run["prediction"], run["measured"]
-    k = run["k"]
+    k = len(run["ranks"])  # rows: one per rank
+    several = run.get("stages_per_rank", 1) > 1
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 1.6 + 0.9 * k), gridspec_kw={"width_ratios": [3, 1]})
     for rank, actions in enumerate(timeline["ranks"]):
         y = k - 1 - rank
@@ -42,10 +45,11 @@ def plot_timeline(run: dict[str, Any], path: str) -> None:
             _, color = KIND[a["kind"]]
             width = a["end_s"] - a["start_s"]
             ax.barh(y, width, left=a["start_s"], height=0.7, color=color, edgecolor="white", linewidth=0.5)
-            ax.text(a["start_s"] + width / 2, y, str(a["micro_batch"]), ha="center", va="center", fontsize=7)
+            text = f"{a['stage']}:{a['micro_batch']}" if several else str(a["micro_batch"])
+            ax.text(a["start_s"] + width / 2, y, text, ha="center", va="center", fontsize=7)
     lines = {"measured": (measured["step_s"], f"measured step (median of {run.get('repeats', 1)}) "
                                               f"{measured['step_s'] * 1e3:.1f} ms"),
-             "predicted": (pred["step_time_s"], f"predicted (m + k - 1) t_max {pred['step_time_s'] * 1e3:.1f} ms"),
+             "predicted": (pred["step_time_s"], f"predicted {pred['step_time_s'] * 1e3:.1f} ms"),
              "predicted_comm": (pred["step_time_with_comm_s"], "predicted with measured send/recv "
                                                                f"{pred['step_time_with_comm_s'] * 1e3:.1f} ms")}
     sim = run.get("simulated")
@@ -73,7 +77,8 @@ def plot_timeline(run: dict[str, Any], path: str) -> None:
         values = [max(0.0, r[key]) * 1e3 for r in ranks]
         bx.barh([k - 1 - i for i in range(k)], values, left=left, color=color, label=label, height=0.6)
         left = [a + b for a, b in zip(left, values)]
-    bx.scatter([b * 1e3 for b in pred["busy_s"]], [k - 1 - i for i in range(k)], marker="D", color="tab:green",
+    busy = [sum(pred["busy_s"][s] for s in r["stages"]) for r in ranks]
+    bx.scatter([b * 1e3 for b in busy], [k - 1 - i for i in range(k)], marker="D", color="tab:green",
                zorder=3, label="predicted busy m t")
     bx.set_yticks(range(k), [f"rank {k - 1 - y}" for y in range(k)])
     bx.set_xlabel("ms (medians)")
