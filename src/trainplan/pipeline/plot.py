@@ -25,9 +25,10 @@ def _title(run: dict[str, Any]) -> str:
 
 def plot_timeline(run: dict[str, Any], path: str) -> None:
     """Left: the measured step whose time is the median, per rank (rank 0 on top): F and B bars numbered by
-    micro-batch (stage:micro-batch where a rank runs several stages), grey between them (waiting for a peer: send/recv and the bubble); vertical lines at the
-    measured step time (median) and the predicted ones with and without the measured send/recv. Right: each
-    rank's median compute, send/recv (measured alone) and idle seconds beside the predicted busy time."""
+    micro-batch (stage:micro-batch where a rank runs several stages), grey between them (waiting for a peer:
+    send/recv and the bubble); vertical lines at the measured step time (median) and the predicted ones with and
+    without the measured send/recv. Right: each rank's median compute, send/recv (measured alone) and idle seconds
+    beside its stages' predicted busy time."""
     import matplotlib.pyplot as plt  # after trainplan.plots chose the headless backend
 
     timeline = run.get("timeline")
