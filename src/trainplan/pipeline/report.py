@@ -79,7 +79,8 @@ MEASURED = {
               "budget holds what this run has in flight (the same in-flight count and gradient sums, no more "
               "micro-batches: a 1F1B plan run under GPipe holds m stashes where it planned min(k - s, m); under a "
               "multi-stage schedule the in-flight counts read off the run's order); with several stages per rank "
-              "budget, fixed and predicted bytes are its stages' summed (each stage within its own bounds the rank)",
+              "budget, fixed and predicted bytes are its stages' summed (not a bound where carriers are large: "
+              "ResNet-50's interleaved ranks held 20-24 MiB more, not attributed; docs/pipeline_run.md)",
     "tensor_peak_bytes": "the most torch's allocator held above the step's start in one more metered step (on the "
                          "CPU from the profiler's memory events; on CUDA peak_bytes itself)",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
