@@ -147,5 +147,6 @@ def test_interleaved_1f1b_runs_where_two_stages_per_rank_fit(tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     jobs = _jobs(out.stdout + out.stderr)
     assert jobs.get("pipeline", 0) == jobs.get("pipeline_plan", 0) == 2
-    assert "interleaved1f1b not run at k=2, m=2 (2 stages per rank need k / v >= 2 ranks" in out.stderr
-    assert "interleaved1f1b not run at k=4, m=5" in out.stderr
+    assert "interleaved1f1b not run at k=2, m=2 (interleaved1f1b runs v >= 2 stages on each of k / v >= 2 ranks; " \
+        "2 stage(s) per rank does not fit k=2)" in out.stderr
+    assert "interleaved1f1b not run at k=4, m=5 (Interleaved1F1B runs m in rounds of 2 (the ranks): m=5" in out.stderr

@@ -32,6 +32,7 @@ from trainplan.io import read_yaml
 from trainplan.memory_model import memory_model
 from trainplan.precision.policy import PolicyError, load_policy
 from trainplan.provenance.code import closure as code_closure, digest as code_digest
+from trainplan.schedule.pipeline_hold import refusal as pipeline_refusal
 from trainplan.start_checks import check_table, default_record
 
 
@@ -93,27 +94,16 @@ def pipeline_placement(wildcards):
     return stages_per_rank(wildcards.schedule)
 
 
-def runs_as_pipeline(k, schedule, m):
-    """Whether a k-stage plan runs under ``schedule`` with m micro-batches: 1F1B needs m >= k; Interleaved1F1B
-    v stages on each of k / v >= 2 ranks, m a multiple of its rounds (max(1, m // ranks)), as torch's schedule."""
-    if schedule == "1f1b":
-        return m >= k
-    if schedule == "interleaved1f1b":
-        v = stages_per_rank(schedule)
-        ranks = k // v
-        return k % v == 0 and ranks >= 2 and m % max(1, m // ranks) == 0
-    return True
-
-
 def pipeline_runs():
     """(k, schedule, m) of every pipeline run: each k >= 2 of `stages`, schedule and m of `pipeline` where the
-    schedule runs them (:func:`runs_as_pipeline`)."""
+    schedule runs them (trainplan.schedule.pipeline_hold.refusal: 1F1B needs m >= k; Interleaved1F1B v stages on
+    each of k / v >= 2 ranks, m in whole rounds)."""
     return [
         (k, schedule, m)
         for k in config["stages"] if k >= 2
         for schedule in config["pipeline"]["schedules"]
         for m in config["pipeline"]["micro_batches"]
-        if runs_as_pipeline(k, schedule, m)
+        if pipeline_refusal(k, schedule, m, stages_per_rank(schedule)) is None
     ]
 
 
@@ -135,11 +125,9 @@ def _print_study():
     """Which models each stage runs, on which devices, stage counts and budgets: once, to stderr."""
     lines = [f"trainplan study on {', '.join(DEVICES)}: stages k={config['stages']}, budgets {config['budgets']}"]
     lines += [f"  {what}: {', '.join(names) or 'none'}" for what, names in study_stages()]
-    skipped = [(k, s, m) for k in config["stages"] if k >= 2 for s in config["pipeline"]["schedules"]
-               for m in config["pipeline"]["micro_batches"] if not runs_as_pipeline(k, s, m)]
-    why = {"1f1b": "it needs m >= k", "interleaved1f1b": f"{stages_per_rank('interleaved1f1b')} stages per rank "
-           "need k / v >= 2 ranks and m in whole rounds"}
-    lines += [f"  pipeline: {s} not run at k={k}, m={m} ({why[s]})" for k, s, m in skipped]
+    refused = [(k, s, m, pipeline_refusal(k, s, m, stages_per_rank(s))) for k in config["stages"] if k >= 2
+               for s in config["pipeline"]["schedules"] for m in config["pipeline"]["micro_batches"]]
+    lines += [f"  pipeline: {s} not run at k={k}, m={m} ({why})" for k, s, m, why in refused if why]
     print("\n".join(lines), file=sys.stderr)
 
 

@@ -34,7 +34,7 @@ from trainplan.pipeline.split import Flows, split_stage, stage_flows
 from trainplan.pipeline.stage import HalfTimes, PlannedStageModule, StageRuntime, TimedStage
 from trainplan.pipeline.tied import TiedReduction, tied_partials
 from trainplan.schedule.grad_accumulation import accumulated_storages
-from trainplan.schedule.pipeline_hold import MULTI_STAGE, check_placement, interleaved_in_flight
+from trainplan.schedule.pipeline_hold import MULTI_STAGE, refusal
 from trainplan.timing import keep_freed_memory, return_freed_memory
 
 log = logging.getLogger(__name__)
@@ -89,35 +89,26 @@ class RunSettings:
 
 
 def check_settings(settings: RunSettings, data: dict[str, Any], world: int | None) -> None:
-    """What the run refuses before starting: an unknown schedule, m < 1, stages per rank other than 1 but under a
-    multi-stage schedule (there: at least 2, dividing k, on at least 2 ranks), a rank count other than k / stages per
-    rank, fewer micro-batches than stages under 1F1B, a micro-batch count Interleaved1F1B cannot split in rounds;
-    PipelineError naming the plan."""
+    """What the run refuses before starting: an unknown schedule, m < 1, a schedule that cannot run the plan with
+    its m and stages per rank (:func:`trainplan.schedule.pipeline_hold.refusal`), a rank count other than k / stages
+    per rank; PipelineError naming the plan."""
     k, v = len(data["stages"]), settings.stages_per_rank
     if settings.schedule not in SCHEDULES:
         raise PipelineError(f"schedule '{settings.schedule}' is not one of {sorted(SCHEDULES)}")
-    try:
-        check_placement(k, settings.schedule, v)
-    except ValueError as exc:
-        raise PipelineError(f"{settings.plan}: {exc}") from None
     if settings.micro_batches < 1:
         raise PipelineError(f"micro-batches must be >= 1, got {settings.micro_batches}")
     if settings.repeats < 1:
         raise PipelineError(f"repeats must be >= 1, got {settings.repeats}")
     if settings.tied_grads not in TIED_GRADS:
         raise PipelineError(f"tied gradients '{settings.tied_grads}' is not one of {list(TIED_GRADS)}")
+    why = refusal(k, settings.schedule, settings.micro_batches, v)
+    if why is not None:
+        raise PipelineError(f"{settings.plan}: {why}")
     ranks = settings.ranks(k)
     if world is not None and world != ranks:
         per = "one rank per stage" if v == 1 else f"{v} stages per rank"
         raise PipelineError(f"{settings.plan}: the plan has k={k} stages but {world} rank(s) were launched: run "
                             f"{per} (torchrun --nproc-per-node {ranks})")
-    if settings.schedule == "1f1b" and settings.micro_batches < k:
-        raise PipelineError(f"1F1B needs at least as many micro-batches as stages: m={settings.micro_batches} < k={k}")
-    if settings.schedule in MULTI_STAGE:
-        try:
-            interleaved_in_flight(k, ranks, settings.micro_batches)
-        except ValueError as exc:
-            raise PipelineError(f"{settings.plan}: {exc}") from None
 
 
 def micro_batches(settings: RunSettings, built: BuiltModel) -> list[dict[str, torch.Tensor]]:

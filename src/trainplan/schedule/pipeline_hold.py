@@ -55,6 +55,30 @@ def check_placement(k: int, schedule: str, stages_per_rank: int) -> None:
         raise ValueError(f"{schedule} runs one stage per rank, not {stages_per_rank} (use interleaved1f1b)")
 
 
+def interleaved_rounds(ranks: int, micro_batches: int) -> int:
+    """Interleaved1F1B's rounds of m micro-batches on ``ranks`` ranks, max(1, m // ranks), as torch's schedule
+    counts them; ValueError where m is not a whole number of rounds (the schedule refuses it)."""
+    rounds = max(1, micro_batches // ranks)
+    if micro_batches % rounds:
+        raise ValueError(f"Interleaved1F1B runs m in rounds of {ranks} (the ranks): m={micro_batches} is not a "
+                         f"multiple of its {rounds} rounds")
+    return rounds
+
+
+def refusal(k: int, schedule: str, micro_batches: int, stages_per_rank: int = 1) -> str | None:
+    """Why ``schedule`` cannot run a ``k``-stage plan with m micro-batches and ``stages_per_rank``, or None: the
+    placement (:func:`check_placement`), 1F1B's m >= k, Interleaved1F1B's whole rounds."""
+    try:
+        check_placement(k, schedule, stages_per_rank)
+        if schedule in MULTI_STAGE:
+            interleaved_rounds(k // stages_per_rank, micro_batches)
+    except ValueError as exc:
+        return str(exc)
+    if schedule == "1f1b" and micro_batches < k:
+        return f"1F1B needs at least as many micro-batches as stages: m={micro_batches} < k={k}"
+    return None
+
+
 @lru_cache(maxsize=64)
 def interleaved_in_flight(k: int, ranks: int, micro_batches: int) -> tuple[int, ...]:
     """Per stage, the most micro-batches in flight (forward run, backward not) in the order torch's
@@ -63,10 +87,7 @@ def interleaved_in_flight(k: int, ranks: int, micro_batches: int) -> tuple[int, 
     here: the solver rules load this module without it."""
     from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
 
-    rounds = max(1, micro_batches // ranks)
-    if micro_batches % rounds:
-        raise ValueError(f"Interleaved1F1B runs m in rounds of {ranks} (the ranks): m={micro_batches} is not a "
-                         f"multiple of its {rounds} rounds")
+    rounds = interleaved_rounds(ranks, micro_batches)
     attrs = SimpleNamespace(n_local_stages=k // ranks, pp_group_size=ranks, _n_microbatches=micro_batches,
                             number_of_rounds=rounds, microbatches_per_round=micro_batches // rounds)
     held, most = [0] * k, [0] * k
