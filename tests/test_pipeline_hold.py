@@ -11,9 +11,9 @@ from trainplan.partition import partition_graph, pipeline_graph, range_tables
 from trainplan.partition.stages import stage_stats
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
-from trainplan.schedule.pipeline_hold import (PipelineHold, StageHold, carrier_bytes, carriers_held, gradient_sum_bytes,
-                                              in_flight, loss_bytes, pending_gradient_sends, split_position,
-                                              stash_bytes)
+from trainplan.schedule.pipeline_hold import (PipelineHold, StageHold, carrier_bytes, carriers_held, forward_carriers,
+                                              gradient_sum_bytes, in_flight, loss_bytes, pending_gradient_sends,
+                                              receive_buffers, split_position, stash_bytes)
 from trainplan.schedule.problem import problem_from_dict
 
 
@@ -53,11 +53,15 @@ def test_a_ranks_peak_adds_the_sums_and_the_other_in_flight_stashes():
         PipelineHold(2, 4, "interleaved")
     hold = StageHold(in_flight=3, sums=50, no_recompute_stash=20, carriers=7)
     assert hold.reserve == 50 + 7 + 2 * 20
-    assert carriers_held(3, out=8, into=4) == 4 * 8 + 4
-    assert carriers_held(3, out=8, into=4, pending=2) == 4 * 8 + 3 * 4
+    assert carriers_held(4, out=8, into=4) == 4 * 8 + 4
+    assert carriers_held(4, out=8, into=4, pending=2) == 4 * 8 + 3 * 4
+    # forward carriers: the in-flight ones and one sent; the multi-stage runtime waits on every send at the end
+    assert [forward_carriers(3, 8, schedule) for schedule in ("1f1b", "gpipe", "interleaved1f1b")] == [4, 4, 8]
+    assert receive_buffers(8, out=8, into=4) == 8 * 12  # one per micro-batch and direction
     # gradient carriers sent back and not yet waited on: GPipe waits after its last backward; 1F1B one in cool-down
     assert [pending_gradient_sends(s, 4, 8, "gpipe") for s in range(4)] == [7] * 4
     assert [PipelineHold(4, 8).pending_gradient_sends(s) for s in range(4)] == [1, 1, 1, 0]
+    assert [PipelineHold(4, 8, "interleaved1f1b", 2).pending_gradient_sends(s) for s in range(4)] == [7] * 4
     assert [pending_gradient_sends(s, 2, 1) for s in range(2)] == [0, 0]
     assert gradient_sum_bytes(toy()) == 7
     assert not PipelineHold(2, 1).accumulates and PipelineHold(2, 2).accumulates
@@ -155,7 +159,8 @@ def test_interleaved_1f1b_holds_what_torchs_order_holds():
     assert [in_flight(s, 4, 4, "interleaved1f1b", 2) for s in range(4)] == [4, 3, 2, 1]
     assert [in_flight(s, 4, 2, "interleaved1f1b", 2) for s in range(4)] == [2, 2, 2, 1]
     assert [in_flight(s, 8, 8, "interleaved1f1b", 4) for s in range(8)] == [4, 4, 4, 3, 2, 2, 2, 1]
-    assert [pending_gradient_sends(s, 4, 2, "interleaved1f1b", 2) for s in range(4)] == [1, 1, 1, 0]
+    # its runtime waits on every send at the step's end: m - 1 gradient sends pending at the last backward
+    assert [pending_gradient_sends(s, 4, 2, "interleaved1f1b", 2) for s in range(4)] == [1, 1, 1, 1]
     assert PipelineHold(4, 2, "interleaved1f1b", 2).in_flight(3) == 1
     for args, message in (((4, 4, "interleaved1f1b", 1), "1 stage\\(s\\) per rank does not fit k=4"),
                           ((4, 4, "interleaved1f1b", 4), "4 stage\\(s\\) per rank does not fit k=4"),

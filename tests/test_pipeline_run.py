@@ -123,6 +123,8 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     for st in run["stages"]:
         assert 0 < st["split_event"] < st["events"] and st["stash_values"] > 0
     assert run["stages"][0]["carrier_out_bytes"] == run["stages"][1]["carrier_in_bytes"] > 0
+    # PipelineStage's receive buffers, read off each rank's stage: one carrier per micro-batch, gradients on rank 0
+    assert [r["receive_buffer_bytes"] for r in ranks] == [m * run["stages"][0]["carrier_out_bytes"]] * 2
     # timed with the heap kept, as the profile times; the peak metered in more steps with freed memory returned
     assert run["malloc"].startswith("timed: glibc malloc keeps") and "metered: glibc malloc returns" in run["malloc"]
     plan = json.loads((plan_dir / "plan.json").read_text())
@@ -131,13 +133,15 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
                                                                             st["fixed_bytes"], st["rank_status"])
         assert mem["planned_for"] == {"schedule": schedule, "micro_batches": m, "stages_per_rank": 1}
         assert mem["planned_for_run"]
-        assert mem["measured_tensor_peak_bytes"] == st["fixed_bytes"] + r["tensor_peak_bytes"]
+        assert mem["receive_buffer_bytes"] == r["receive_buffer_bytes"]
+        assert mem["measured_tensor_peak_bytes"] == st["fixed_bytes"] + r["receive_buffer_bytes"] + r[
+            "tensor_peak_bytes"]
         if schedule == "1f1b" and tied == "step":  # the plan's accounting: the tensors held within 5% of it
             assert mem["measured_tensor_peak_bytes"] == pytest.approx(mem["predicted_peak_bytes"], rel=0.05)
         elif tied == "step":  # GPipe: every gradient send pending until the last backward counted, none left out
             assert mem["measured_tensor_peak_bytes"] <= mem["predicted_peak_bytes"]
         if r["peak_bytes"] is not None:
-            assert mem["measured_peak_bytes"] == st["fixed_bytes"] + r["peak_bytes"]
+            assert mem["measured_peak_bytes"] == st["fixed_bytes"] + r["receive_buffer_bytes"] + r["peak_bytes"]
             assert mem["within_budget"] == (mem["measured_peak_bytes"] <= st["rank_budget_bytes"])
     # the losses: m micro-batches (seeds 0..m-1), the step's loss their mean, as eager computes them here
     assert len(run["losses"]) == m and run["loss"] == pytest.approx(sum(run["losses"]) / m)
@@ -153,13 +157,14 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     assert pred["peak_bytes"] == [p + g * (m > 1) + c + (i - 1) * a for p, g, c, a, i in zip(
         pred["schedule_peak_bytes"], pred["gradient_sum_bytes"], pred["carrier_bytes"], pred["stash_bytes"], n)]
     # the carriers: each in-flight micro-batch's forward carrier and one more on stage 0; on stage 1 the gradient
-    # carrier it packs and, under GPipe, the m - 1 it sent back before its last backward and waits on after it
+    # carrier it packs and, under GPipe, the m - 1 it sent back before its last backward and waits on after it;
+    # on each, a receive buffer per micro-batch
     carrier = run["stages"][0]["carrier_out_bytes"]
     inputs = [st["problem"]["input_bytes"] for st in plan["stages"]]
     assert inputs[0] > 0
     sent_back = m if schedule == "gpipe" else 1
-    assert pred["carrier_bytes"] == [(n[0] + 1) * carrier + n[0] * inputs[0],
-                                     sent_back * carrier + n[1] * inputs[1] + m * 4]
+    assert pred["carrier_bytes"] == [(n[0] + 1 + m) * carrier + n[0] * inputs[0],
+                                     (sent_back + m) * carrier + n[1] * inputs[1] + m * 4]
     if tied == "step":  # the plan's carriers are the run's
         assert [st["carrier_bytes"] for st in plan["stages"]] == pred["carrier_bytes"]
     assert pred["stash_bytes"] == [st["stash_bytes"] for st in plan["stages"]]
@@ -350,8 +355,9 @@ def test_the_run_reports_the_median_step_and_its_timeline():
 def test_a_ranks_measured_peak_counts_what_it_held_before_the_step_against_its_budget():
     data = {"stages": [{"status": "raised", "budget_bytes": 600, "rank_budget_bytes": 1000, "fixed_bytes": 400},
                        {"status": "feasible", "budget_bytes": 800, "fixed_bytes": 300}]}  # a plan before rank budgets
-    # 1100 > 1000 (a second stash in flight); 800 <= 800
-    ranks = [{"rank": 0, "stages": [0], "peak_bytes": 700}, {"rank": 1, "stages": [1], "peak_bytes": 500}]
+    # 400 + 50 + 650 = 1100 > 1000 (a second stash in flight); 300 + 100 + 400 = 800 <= 800
+    ranks = [{"rank": 0, "stages": [0], "peak_bytes": 650, "receive_buffer_bytes": 50},
+             {"rank": 1, "stages": [1], "peak_bytes": 400, "receive_buffer_bytes": 100}]
     out = memory_check(data, ranks, {"peak_bytes": [1150, 790]}, "1f1b", 4)
     assert [(m["measured_peak_bytes"], m["within_budget"], m["predicted_peak_bytes"]) for m in out] == [
         (1100, False, 1150), (800, True, 790)]

@@ -71,16 +71,18 @@ MEASURED = {
               "schedule it was planned for and its gradient sums held: the requested one, or where the status is "
               "raised the least reachable; plans made before ranks had their own budget: budget_bytes), "
               "predicted_peak_bytes (prediction.peak_bytes), "
-              "measured_peak_bytes = the plan's fixed_bytes (parameters and inputs, held before the step) + "
-              "peak_bytes (everything the process holds), measured_tensor_peak_bytes the same with "
+              "measured_peak_bytes = what the rank held before the step, the plan's fixed_bytes (parameters and "
+              "inputs) and receive_buffer_bytes (PipelineStage's receive buffers, one per micro-batch and received "
+              "tensor, read off its stages), + peak_bytes (everything the process holds), "
+              "measured_tensor_peak_bytes the same with "
               "tensor_peak_bytes (torch's allocator: what the plan accounts for), status the rank's (met, or "
               "raised to its predicted peak), within_budget = measured <= budget and tensors_within_budget; "
               "planned_for: the schedule and m the stage's budget holds in flight, planned_for_run whether that "
               "budget holds what this run has in flight (the same in-flight count and gradient sums, no more "
               "micro-batches: a 1F1B plan run under GPipe holds m stashes where it planned min(k - s, m); under a "
               "multi-stage schedule the in-flight counts read off the run's order); with several stages per rank "
-              "budget, fixed and predicted bytes are its stages' summed (not a bound where carriers are large: "
-              "ResNet-50's interleaved ranks held 20-24 MiB more, not attributed; docs/pipeline_run.md)",
+              "budget, fixed and predicted bytes are its stages' summed (each stage's predicted peak bounds what "
+              "it holds at any moment, so their sum bounds the rank's)",
     "tensor_peak_bytes": "the most torch's allocator held above the step's start in one more metered step (on the "
                          "CPU from the profiler's memory events; on CUDA peak_bytes itself)",
     "timeline": "each rank's compute calls (F: forward, B: backward of a micro-batch) in the measured step whose "
@@ -162,7 +164,8 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
     sums = [held_gradient_bytes(pr, m) for pr in problems]
     n = [in_flight(s, k, m, schedule, k // ranks) for s in range(k)]  # micro-batches in flight
     pending = [pending_gradient_sends(s, k, m, schedule, k // ranks) for s in range(k)]
-    carriers = [copies_held(pr, i, m, link, p) for pr, i, link, p in zip(problems, n, links or [None] * k, pending)]
+    carriers = [copies_held(pr, i, m, schedule, link, p)
+                for pr, i, link, p in zip(problems, n, links or [None] * k, pending)]
     t_max = max(times)
     step = m * max(sum(times[s] for s in on) for on in rank_stages(k, ranks)) + (ranks - 1) * t_max
     peak = [p + g + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
@@ -214,12 +217,14 @@ def memory_check(data: dict[str, Any], ranks: list[dict[str, Any]], predicted: d
         fixed = total([st.get("fixed_bytes") for st in plans])
         budget = total([st.get("rank_budget_bytes", st.get("budget_bytes")) for st in plans])
         predicted_peak = total([predicted["peak_bytes"][i] for i in on]) if predicted["peak_bytes"] else None
-        measured = None if r["peak_bytes"] is None or fixed is None else fixed + int(r["peak_bytes"])
-        tensors = None if r.get("tensor_peak_bytes") is None or fixed is None else fixed + int(r["tensor_peak_bytes"])
+        held = None if fixed is None else fixed + int(r["receive_buffer_bytes"])  # held before the step
+        measured = None if r["peak_bytes"] is None or held is None else held + int(r["peak_bytes"])
+        tensors = None if r.get("tensor_peak_bytes") is None or held is None else held + int(r["tensor_peak_bytes"])
         statuses = [st.get("rank_status", st.get("status")) for st in plans]
         out.append({"rank": r["rank"], "stages": on,
                     "status": statuses[0] if len(set(statuses)) == 1 else ",".join(map(str, statuses)),
-                    "budget_bytes": budget, "fixed_bytes": fixed, "predicted_peak_bytes": predicted_peak,
+                    "budget_bytes": budget, "fixed_bytes": fixed,
+                    "receive_buffer_bytes": int(r["receive_buffer_bytes"]), "predicted_peak_bytes": predicted_peak,
                     "measured_peak_bytes": measured, "measured_tensor_peak_bytes": tensors,
                     "planned_for": planned_for(plans[0]) if len(plans) == 1 else [planned_for(st) for st in plans],
                     "planned_for_run": all(holds[i] for i in on),

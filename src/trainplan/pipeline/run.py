@@ -357,6 +357,20 @@ def stage_alone(r: Rank, mb: dict[str, torch.Tensor], repeats: int) -> dict[int,
             for u in r.units}
 
 
+def receive_buffer_bytes(r: Rank) -> int:
+    """Bytes of the receive buffers this rank's PipelineStages keep (one per micro-batch and received tensor, made
+    at the first step: :func:`trainplan.schedule.pipeline_hold.receive_buffers`), read off their receive infos
+    (torch's ``args_recv_info`` and ``grad_recv_info``, private)."""
+    held: dict[int, int] = {}
+    for u in r.units:
+        for infos in (*u.stage.args_recv_info.values(), *u.stage.grad_recv_info.values()):
+            for info in infos:
+                if isinstance(getattr(info, "buffer", None), torch.Tensor):
+                    st = info.buffer.untyped_storage()
+                    held[st.data_ptr()] = st.nbytes()
+    return sum(held.values())
+
+
 def stage_record(u: StageUnit, rank: int, events: int) -> dict[str, Any]:
     """What a rank reports of one of its stages (its times alone are added later)."""
     h, rt = u.module.rt.halves, u.module.rt
@@ -388,6 +402,7 @@ def run_pipeline(settings: RunSettings) -> dict[str, Any] | None:
             steps.append(numbers)
         links = [send_recv_seconds(r, settings.micro_batches) for _ in range(settings.repeats)]
         mine = {"rank": rank, "stages": [stage_record(u, rank, len(stages[u.index].events)) for u in r.units],
+                "receive_buffer_bytes": receive_buffer_bytes(r),
                 **rank_numbers(steps, [total for total, _ in links]),
                 "transfer_s": transfer_medians([per for _, per in links]),
                 "tied_partials": [{"parameter": p.name, "storage": p.storage, "producer": p.producer,

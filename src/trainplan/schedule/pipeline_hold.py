@@ -14,7 +14,8 @@ says, plus
 - the **carriers** (:func:`carriers_held`): the tensors neighbouring stages exchange, packed copies of what
   crosses a link, held per micro-batch in flight, the gradient carriers sent back and not yet waited on
   (:func:`pending_gradient_sends`), each in-flight micro-batch's copy of its inputs (:func:`inputs_held`), and on
-  the last stage every micro-batch's loss (:func:`loss_bytes`).
+  the last stage every micro-batch's loss (:func:`loss_bytes`), and the receive buffers PipelineStage keeps, one
+  per micro-batch and direction (:func:`receive_buffers`).
 
 Under 1F1B a stage has ``min(k - s, m)`` micro-batches in flight; under GPipe, which runs every forward before any
 backward, all m; under Interleaved1F1B, v stages on each of k / v ranks, what torch's schedule order holds
@@ -210,28 +211,48 @@ def pending_gradient_sends(stage: int, k: int, micro_batches: int, schedule: str
     m = 4: the last stage, sent the logits' gradient (49 MiB) back, held two more than one at its peak. The 1F1B
     one is read from the schedule's code, not seen at a peak: on the same model under 1F1B the middle stages'
     tensors stayed 0.2-2 MiB under the prediction without it (carriers of 1-4 MiB), so it may count one carrier
-    more than a stage holds at its peak (a cool-down backward holds one stash fewer). Interleaved1F1B is counted as
-    1F1B (not seen at a peak either)."""
-    if schedule == "gpipe":
+    more than a stage holds at its peak (a cool-down backward holds one stash fewer). The multi-stage schedules
+    (torch's ``_PipelineScheduleRuntime``) wait on every send at the step's end: m - 1 pending at the last
+    backward, as GPipe's."""
+    if schedule == "gpipe" or schedule in MULTI_STAGE:
         return micro_batches - 1
     return 1 if in_flight(stage, k, micro_batches, schedule, stages_per_rank) >= 2 else 0
 
 
-def carriers_held(in_flight: int, out: int, into: int, pending: int = 0) -> int:
-    """Carrier bytes a rank holds at its peak: the sender keeps each in-flight micro-batch's forward carrier
-    until that micro-batch's backward (PipelineStage's cache), and one more whose send the 1F1B schedule has not
-    waited on yet; the receiver packs one gradient carrier at a time, besides the ``pending`` ones it sent and
-    its schedule has not waited on (:func:`pending_gradient_sends`). (Counted on GPT-2 small, k = 2, m = 4,
-    1F1B: stage 0 held three 4.5 MiB carriers at its peak, stage 1 one.)"""
-    return (in_flight + 1) * out + (1 + pending) * into
+def forward_carriers(in_flight: int, micro_batches: int, schedule: str = "1f1b") -> int:
+    """Forward carriers a sender holds at its peak: each in-flight micro-batch's until that micro-batch's backward
+    (PipelineStage's cache; the send's tensor is the cached one), and one more whose send the schedule has not
+    waited on yet; under a multi-stage schedule, which waits on every send at the step's end
+    (:func:`pending_gradient_sends`), all m. (Counted on a 4-layer GPT-2 of 1-2.5 MiB carriers, k = 4 on two
+    ranks, m = 8: the ranks' tensors were 9-11 MiB above the 1F1B count.)"""
+    return micro_batches if schedule in MULTI_STAGE else in_flight + 1
 
 
-def copies_held(problem: dict[str, Any], in_flight: int, micro_batches: int,
+def carriers_held(forward: int, out: int, into: int, pending: int = 0) -> int:
+    """Carrier bytes a rank holds at its peak: ``forward`` forward carriers (:func:`forward_carriers`); the
+    receiver packs one gradient carrier at a time, besides the ``pending`` ones it sent and its schedule has not
+    waited on (:func:`pending_gradient_sends`). (Counted on GPT-2 small, k = 2, m = 4, 1F1B: stage 0 held three
+    4.5 MiB carriers at its peak, stage 1 one.)"""
+    return forward * out + (1 + pending) * into
+
+
+def receive_buffers(micro_batches: int, out: int, into: int) -> int:
+    """Bytes of the receive buffers a stage keeps: torch.distributed.pipelining's PipelineStage makes one per
+    micro-batch for each tensor it receives, the forward carrier from the previous stage and the gradient carrier
+    from the next, at the first step, and keeps them from step to step (received carriers are unpacked into
+    copies, :class:`trainplan.pipeline.carrier.Carrier`, so they are held besides). (Counted on a two-rank toy
+    pipeline, 8 micro-batches of 1 MiB: 8 MiB per direction, there before the second step.)"""
+    return micro_batches * (out + into)
+
+
+def copies_held(problem: dict[str, Any], in_flight: int, micro_batches: int, schedule: str = "1f1b",
                 link: tuple[int, int] | None = None, pending: int = 0) -> int:
     """What a rank holds whatever its schedule, gradient sums apart: its carriers (``link``: its carrier bytes out
-    and in, default the problem's; ``pending`` gradient carriers sent and not yet waited on), its micro-batch
-    input copies and its losses."""
-    return (carriers_held(in_flight, *(link or carrier_bytes(problem)), pending)
+    and in, default the problem's; ``pending`` gradient carriers sent and not yet waited on) and receive buffers,
+    its micro-batch input copies and its losses."""
+    out, into = link or carrier_bytes(problem)
+    return (carriers_held(forward_carriers(in_flight, micro_batches, schedule), out, into, pending)
+            + receive_buffers(micro_batches, out, into)
             + inputs_held(in_flight, problem.get("input_bytes", 0)) + micro_batches * loss_bytes(problem))
 
 
@@ -264,4 +285,5 @@ def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recom
     sums = gradient_sum_bytes(problem) if hold.accumulates else 0
     n = hold.in_flight(stage)
     return StageHold(n, sums, stash_bytes(problem, no_recompute_events),
-                     copies_held(problem, n, hold.micro_batches, pending=hold.pending_gradient_sends(stage)))
+                     copies_held(problem, n, hold.micro_batches, hold.schedule,
+                                 pending=hold.pending_gradient_sends(stage)))
