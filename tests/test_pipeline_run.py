@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,6 +33,7 @@ from trainplan.pipeline.simulate import held_in_flight
 from trainplan.pipeline.tied import TiedPartial, TiedReduction
 from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
                                  pipeline_graph, plan_dict, range_tables)
+from trainplan.partition.balance import evaluate, partition_plan
 from trainplan.schedule.pipeline_hold import PipelineHold
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,6 +223,32 @@ def test_a_k3_plan_relays_what_a_stage_two_away_reads(tiny_gpt2, tmp_path):
     assert tied == [(WTE, 2, 0)]
     assert [st["relayed_storages"] for st in run["stages"]][0] == 0 and run["stages"][1]["relayed_storages"] > 0
     assert run["stages"][2]["relayed_storages"] == 0
+
+
+def test_a_cut_between_an_op_and_the_views_of_its_output_runs(tiny_gpt2, tmp_path):
+    """Stage 0 ends with the first attention's kernel, stage 1 starts with the views of its output (the exact DP
+    cut GPT-2 small there at 0.5, GPipe, m=8): the attention's backward, on stage 0, reads a view a stage-1 node
+    makes of a storage stage 0 holds; stage 0 views it itself, and the numbers are the single-process step's."""
+    _, _, _, tables = tiny_gpt2
+    nodes = tables.nodes.assign(time_s=1e-6 + tables.nodes["flops"] * 1e-12)
+    graph = pipeline_graph(nodes, tables.tensors)
+    names = [graph.names[i] for i in np.flatnonzero(graph.forward)]
+    cut = next(i for i, n in enumerate(names) if n.startswith("detach") and names[i - 1].startswith("getitem")
+               and names[i - 3].startswith("_scaled_dot_product"))
+    scheduler = StageScheduler(nodes, tables.tensors, bandwidth=1e9, budget=0.5,
+                               solver=SolverSettings(time_limit_s=1.0, workers=1, seed=0), swap=False,
+                               pipeline=PipelineHold(2, 2))
+    evaluated = evaluate(graph, range_tables(graph), (0, cut, len(names)), scheduler, 2)
+    plan = {"model": "tiny_gpt2", "device": "cpu", "k": 2, **Budget(fraction=0.5).fields(),
+            **partition_plan(evaluated)}
+    write_json(tmp_path / "plan.json", plan)
+    write_yaml(tmp_path / "config.yaml", {"seed": 0, "models": {"tiny_gpt2": TINY_GPT2}})
+    out = tmp_path / "run.json"
+    done = pipeline_run(str(tmp_path), "--config", str(tmp_path / "config.yaml"), "--schedule", "1f1b", "-m", "2",
+                        "--check", "-o", str(out), "--repeats", "1")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(out.read_text())["check"] == {"planned_bit_identical": True, "eager_close": True,
+                                                    "tied_reduced_close": True}
 
 
 @pytest.mark.parametrize("spec", [TINY_GPT2, TINY_LLAMA_2L], ids=["gpt2_tied", "llama_untied"])

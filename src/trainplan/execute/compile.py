@@ -180,6 +180,11 @@ def probing(probe: Probe) -> ContextManager[Probe]:
     return _routed(_PROBES, probe)
 
 
+def _is_view(node: torch.fx.Node) -> bool:
+    """Whether ``node`` only views its input (its value is a layout over the input's storage)."""
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+
+
 def slot_meta(node: torch.fx.Node, idx: int) -> SlotMeta:
     """The traced layout of one tensor value of a node."""
     val = node.meta["val"] if idx < 0 else node.meta["val"][idx]
@@ -251,11 +256,18 @@ class PlanCompiler:
         if node.name in st.scalars:
             return st.scalars[node.name]
         slot = (node.name, -1)
-        if slot not in st.env and self.layout.storage.get(slot) in self.layout.fixed:  # made by another stage
-            sid = self.layout.storage[slot]
+        sid = self.layout.storage.get(slot)
+        if slot not in st.env and sid in self.layout.fixed:  # made by another stage
             base = next(self.inputs[n] for n, _ in self.slots_on[sid] if n in self.inputs)
             storage = self.graph.call_method("untyped_storage", (base,))
             self._hold(st, slot, self._call(view, storage, *slot_meta(node, -1)))
+        elif slot not in st.env and _is_view(node):
+            # a view another stage's node makes of a storage this stage holds (a cut between an op and the views
+            # of its output): viewed here, as the plan counts the storage
+            held = next((st.env[s] for s in self.slots_on.get(sid, ()) if s in st.env), None)
+            if held is not None:
+                storage = self.graph.call_method("untyped_storage", (held,))
+                self._hold(st, slot, self._call(view, storage, *slot_meta(node, -1)))
         if slot not in st.env:
             raise ExecutionError(f"{self.where}: node '{node.name}' reads a value that is not resident")
         return st.env[(node.name, -1)]
