@@ -35,6 +35,7 @@ from trainplan.execute.layout import GraphLayout, Slot, StageLayout
 from trainplan.execute.pool import clone_storage
 from trainplan.execute.runner import ExecutionError, execution_order
 from trainplan.execute.state import rerun
+from trainplan.export.traced_step import is_view_node
 from trainplan.host_swap import HostCopy, from_host, to_host
 from trainplan.memory_model import storage_weight
 
@@ -180,11 +181,6 @@ def probing(probe: Probe) -> ContextManager[Probe]:
     return _routed(_PROBES, probe)
 
 
-def _is_view(node: torch.fx.Node) -> bool:
-    """Whether ``node`` only views its input (its value is a layout over the input's storage)."""
-    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
-
-
 def slot_meta(node: torch.fx.Node, idx: int) -> SlotMeta:
     """The traced layout of one tensor value of a node."""
     val = node.meta["val"] if idx < 0 else node.meta["val"][idx]
@@ -261,7 +257,7 @@ class PlanCompiler:
             base = next(self.inputs[n] for n, _ in self.slots_on[sid] if n in self.inputs)
             storage = self.graph.call_method("untyped_storage", (base,))
             self._hold(st, slot, self._call(view, storage, *slot_meta(node, -1)))
-        elif slot not in st.env and _is_view(node):
+        elif slot not in st.env and is_view_node(node):
             # a view another stage's node makes of a storage this stage holds (a cut between an op and the views
             # of its output): viewed here, as the plan counts the storage
             held = next((st.env[s] for s in self.slots_on.get(sid, ()) if s in st.env), None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -28,3 +29,12 @@ class TracedStep:
             + ["buffer"] * len(self.buffer_names)
             + ["input"] * len(self.batch_names)
         )
+
+
+def is_view_node(node: torch.fx.Node) -> bool:
+    """A view op of a tensor, or an element of a view op's list (``getitem`` of ``split``)."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    if node.target is operator.getitem:
+        return is_view_node(node.args[0])
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view

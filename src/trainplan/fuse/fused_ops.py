@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from trainplan.aten_ops import RANDOM_OPS
 from trainplan import direct_kernels
 from trainplan.export.trace import flat_inputs
+from trainplan.export.traced_step import is_view_node
 from trainplan.fuse.errors import FuseError
 from trainplan.fuse.forward import trace_forward
 from trainplan.fuse.inductor import CallArgs, error_line, tensors_of
@@ -54,18 +54,9 @@ class Recipe:
         return value
 
 
-def _is_view(node: torch.fx.Node) -> bool:
-    """A view op of a tensor, or an element of a view op's list (``getitem`` of ``split``)."""
-    if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
-        return False
-    if node.target is operator.getitem:
-        return _is_view(node.args[0])
-    return isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
-
-
 def _recipe(node: torch.fx.Node, placeholders: list[torch.fx.Node], roots: list[torch.fx.Node]) -> Recipe:
     chain = []
-    while _is_view(node):
+    while is_view_node(node):
         if any(isinstance(a, torch.fx.Node) for a in [*node.args[1:], *node.kwargs.values()]):
             break  # a view whose arguments are tensors: computed in the op
         chain.append((node.target, tuple(node.args[1:]), dict(node.kwargs)))
