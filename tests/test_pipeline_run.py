@@ -158,14 +158,15 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     assert pred["in_flight"] == n
     assert pred["peak_bytes"] == [p + g * (m > 1) + c + (i - 1) * a for p, g, c, a, i in zip(
         pred["schedule_peak_bytes"], pred["gradient_sum_bytes"], pred["carrier_bytes"], pred["stash_bytes"], n)]
-    # the carriers: each in-flight micro-batch's forward carrier and one more on stage 0; on stage 1 the gradient
-    # carrier it packs and, under GPipe, the m - 1 it sent back before its last backward and waits on after it;
-    # on each, a receive buffer per micro-batch
+    # the carriers: on stage 0 each in-flight micro-batch's forward carrier and one more (GPipe: every one it
+    # sent, m); on stage 1 the gradient carrier it packs and, under GPipe, the m - 1 it sent back before its last
+    # backward and waits on after it; on each, a receive buffer per micro-batch
     carrier = run["stages"][0]["carrier_out_bytes"]
     inputs = [st["problem"]["input_bytes"] for st in plan["stages"]]
     assert inputs[0] > 0
     sent_back = m if schedule == "gpipe" else 1
-    assert pred["carrier_bytes"] == [(n[0] + 1 + m) * carrier + n[0] * inputs[0],
+    forward = m if schedule == "gpipe" else n[0] + 1
+    assert pred["carrier_bytes"] == [(forward + m) * carrier + n[0] * inputs[0],
                                      (sent_back + m) * carrier + n[1] * inputs[1] + m * 4]
     if tied == "step":  # the plan's carriers are the run's
         assert [st["carrier_bytes"] for st in plan["stages"]] == pred["carrier_bytes"]

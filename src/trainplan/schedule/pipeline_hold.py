@@ -209,9 +209,9 @@ def pending_gradient_sends(stage: int, k: int, micro_batches: int, schedule: str
     stage's next forward, but in its cool-down each backward runs while the previous one's send is pending (one,
     on a stage with a cool-down: two or more micro-batches in flight). Counted on GPT-2 small, k = 4, GPipe,
     m = 4: the last stage, sent the logits' gradient (49 MiB) back, held two more than one at its peak. The 1F1B
-    one is read from the schedule's code, not seen at a peak: on the same model under 1F1B the middle stages'
-    tensors stayed 0.2-2 MiB under the prediction without it (carriers of 1-4 MiB), so it may count one carrier
-    more than a stage holds at its peak (a cool-down backward holds one stash fewer). The multi-stage schedules
+    one is read from the schedule's code and not held at the peak where a stash outweighs a carrier (a cool-down
+    backward holds one stash fewer): on a 4-layer GPT-2 of 1-2.5 MiB carriers, k = 4, m = 8, the middle stages
+    held exactly one carrier less than counted; so it is conservative by one carrier there. The multi-stage schedules
     (torch's ``_PipelineScheduleRuntime``) wait on every send at the step's end: m - 1 pending at the last
     backward, as GPipe's."""
     if schedule == "gpipe" or schedule in MULTI_STAGE:
@@ -220,12 +220,13 @@ def pending_gradient_sends(stage: int, k: int, micro_batches: int, schedule: str
 
 
 def forward_carriers(in_flight: int, micro_batches: int, schedule: str = "1f1b") -> int:
-    """Forward carriers a sender holds at its peak: each in-flight micro-batch's until that micro-batch's backward
-    (PipelineStage's cache; the send's tensor is the cached one), and one more whose send the schedule has not
-    waited on yet; under a multi-stage schedule, which waits on every send at the step's end
-    (:func:`pending_gradient_sends`), all m. (Counted on a 4-layer GPT-2 of 1-2.5 MiB carriers, k = 4 on two
-    ranks, m = 8: the ranks' tensors were 9-11 MiB above the 1F1B count.)"""
-    return micro_batches if schedule in MULTI_STAGE else in_flight + 1
+    """Forward carriers a sender holds at its peak: under 1F1B each in-flight micro-batch's until that
+    micro-batch's backward (PipelineStage's cache; the send's tensor is the cached one), and one more whose send
+    the schedule has not waited on yet; under GPipe and the multi-stage schedules, whose step keeps every
+    forward send's work (and so its tensor) to its end, all m. (Counted on a 4-layer GPT-2 of 1-2.5 MiB carriers,
+    m = 8: at k = 4 on two ranks under Interleaved1F1B the ranks' tensors were 9-11 MiB above the 1F1B count; at
+    k = 2 under GPipe stage 0 held one carrier less than m + 1.)"""
+    return micro_batches if schedule == "gpipe" or schedule in MULTI_STAGE else in_flight + 1
 
 
 def carriers_held(forward: int, out: int, into: int, pending: int = 0) -> int:
