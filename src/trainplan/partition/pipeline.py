@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainplan.partition.memory_limit import in_flight
+from trainplan.schedule.pipeline_hold import held_beside, in_flight
 
 FORMULAS = {
     "rate": "t_min / t_max over the stages' scheduled times",
@@ -57,7 +57,7 @@ def pipeline_metrics(times: list[float], peaks: list[int], stash_bytes: list[int
         spread=1.0 - rate,
         bottleneck_stage=times.index(t_max),
         gpipe_step_time_s=(micro_batches + k - 1) * t_max,
-        rank_peak_bytes=[int(p + (g if micro_batches > 1 else 0) + c + (i - 1) * a)
+        rank_peak_bytes=[int(p + held_beside(g if micro_batches > 1 else 0, c, i, a))
                          for p, a, g, c, i in zip(peaks, stash_bytes, sums, carriers, n)],
         schedule=schedule,
         in_flight=n,

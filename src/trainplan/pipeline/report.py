@@ -11,8 +11,8 @@ from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS
 from trainplan.pipeline.simulate import FORMULA, StageCosts, held_in_flight, recorded_orders, simulate
-from trainplan.schedule.pipeline_hold import (copies_held, held_gradient_bytes, in_flight, pending_gradient_sends,
-                                              stash_bytes)
+from trainplan.schedule.pipeline_hold import (copies_held, held_beside, held_gradient_bytes, in_flight,
+                                              pending_gradient_sends, stash_bytes)
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"m * max_r sum_(s on r) t_s + (R - 1) * t_max over R ranks, each running v = k / R stages: "
@@ -168,7 +168,7 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
                 for pr, i, link, p in zip(problems, n, links or [None] * k, pending)]
     t_max = max(times)
     step = m * max(sum(times[s] for s in on) for on in rank_stages(k, ranks)) + (ranks - 1) * t_max
-    peak = [p + g + c + (i - 1) * a for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
+    peak = [p + held_beside(g, c, i, a) for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
     return {"stage_times_s": times, "t_max_s": t_max, "step_time_s": step,
             "busy_s": [m * t for t in times], "idle_s": [step - m * t for t in times],
             "schedule_peak_bytes": peaks, "stash_bytes": stash, "gradient_sum_bytes": sums, "carrier_bytes": carriers,

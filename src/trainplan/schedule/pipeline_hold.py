@@ -257,6 +257,14 @@ def copies_held(problem: dict[str, Any], in_flight: int, micro_batches: int, sch
             + inputs_held(in_flight, problem.get("input_bytes", 0)) + micro_batches * loss_bytes(problem))
 
 
+def held_beside(sums: int, carriers: int, in_flight: int, stash: int) -> int:
+    """Bytes a stage holds on its rank beside its running micro-batch's schedule: its gradient ``sums``, its
+    ``carriers`` (:func:`copies_held`) and the ``stash`` of each other micro-batch in flight. The one place
+    the rank peak (schedule peak + this) and a stage's reserve (this, with the plan without recompute's stash)
+    are summed."""
+    return sums + carriers + (in_flight - 1) * stash
+
+
 @dataclass(frozen=True)
 class StageHold:
     """A stage's hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without accumulation),
@@ -273,7 +281,7 @@ class StageHold:
     def reserve(self) -> int:
         """Bytes kept from the running micro-batch's budget: the sums, the carriers and the other in-flight
         stashes (no recompute)."""
-        return self.sums + self.carriers + (self.in_flight - 1) * self.no_recompute_stash
+        return held_beside(self.sums, self.carriers, self.in_flight, self.no_recompute_stash)
 
     def to_dict(self) -> dict[str, Any]:
         return {"in_flight": self.in_flight, "gradient_sum_bytes": self.sums, "carrier_bytes": self.carriers,

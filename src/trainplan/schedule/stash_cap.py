@@ -19,7 +19,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from trainplan.schedule.pipeline_hold import stash_bytes
+from trainplan.schedule.pipeline_hold import held_beside, stash_bytes
 from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.replay import replay
 from trainplan.schedule.schedule_io import Schedule
@@ -40,8 +40,8 @@ def rank_peak(problem: dict[str, Any], schedule: Schedule) -> int | None:
     hold = problem["pipeline"]
     if not schedule.ok or schedule.peak_bytes is None:
         return None
-    return (int(schedule.peak_bytes) + hold["gradient_sum_bytes"] + hold["carrier_bytes"]
-            + (hold["in_flight"] - 1) * stash_bytes(problem, schedule.events))
+    return int(schedule.peak_bytes) + held_beside(hold["gradient_sum_bytes"], hold["carrier_bytes"],
+                                                  hold["in_flight"], stash_bytes(problem, schedule.events))
 
 
 def capped(problem: dict[str, Any], cap: int) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def capped(problem: dict[str, Any], cap: int) -> dict[str, Any]:
     ``cap`` bytes are resident when it runs."""
     out = copy.deepcopy(problem)
     hold = out["pipeline"]
-    reserve = hold["gradient_sum_bytes"] + hold["carrier_bytes"] + (hold["in_flight"] - 1) * cap
+    reserve = held_beside(hold["gradient_sum_bytes"], hold["carrier_bytes"], hold["in_flight"], cap)
     budget = max(0, hold["rank_budget_bytes"] - reserve)
     op = split_op(out)
     assert op is not None, "a pipeline stage problem has a backward phase"
