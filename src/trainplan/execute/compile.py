@@ -253,17 +253,16 @@ class PlanCompiler:
             return st.scalars[node.name]
         slot = (node.name, -1)
         sid = self.layout.storage.get(slot)
+        base = None
         if slot not in st.env and sid in self.layout.fixed:  # made by another stage
             base = next(self.inputs[n] for n, _ in self.slots_on[sid] if n in self.inputs)
-            storage = self.graph.call_method("untyped_storage", (base,))
-            self._hold(st, slot, self._call(view, storage, *slot_meta(node, -1)))
         elif slot not in st.env and is_view_node(node):
             # a view another stage's node makes of a storage this stage holds (a cut between an op and the views
             # of its output): viewed here, as the plan counts the storage
-            held = next((st.env[s] for s in self.slots_on.get(sid, ()) if s in st.env), None)
-            if held is not None:
-                storage = self.graph.call_method("untyped_storage", (held,))
-                self._hold(st, slot, self._call(view, storage, *slot_meta(node, -1)))
+            base = next((st.env[s] for s in self.slots_on.get(sid, ()) if s in st.env), None)
+        if base is not None:
+            storage = self.graph.call_method("untyped_storage", (base,))
+            self._hold(st, slot, self._call(view, storage, *slot_meta(node, -1)))
         if slot not in st.env:
             raise ExecutionError(f"{self.where}: node '{node.name}' reads a value that is not resident")
         return st.env[(node.name, -1)]
