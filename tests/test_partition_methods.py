@@ -4,13 +4,14 @@ a tiny ResNet's bottlenecks), and each method's cuts at layer boundaries."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.conftest import TINY_RESNET
 from trainplan.export.tables import graph_tables
 from trainplan.export.trace import trace_training_step
 from trainplan.models import build_model
-from trainplan.partition import PartitionError, pipeline_graph, range_tables
+from trainplan.partition import PartitionError, min_max_cuts, partition_graph, pipeline_graph, range_tables
 from trainplan.partition.layers import model_layers
 from trainplan.partition.methods import METHODS, balanced_parts, even_blocks, method_cuts, uniform_parts
 
@@ -71,3 +72,26 @@ def test_a_resnets_blocks_are_its_bottlenecks():
     stages = "resnet.encoder.stages"
     assert layers.names == ("pre", f"{stages}.0.layers.0", f"{stages}.0.layers.1", f"{stages}.1.layers.0", "post")
     assert all(p > 0 for p in layers.parameters)
+
+
+def test_no_partition_cuts_between_an_op_and_its_views(tiny_gpt2):
+    """A cut never falls right before a forward view or getitem of a non-fixed storage (the attention kernel, its
+    outputs' getitems and their views stay in one stage), even where the profile's optimum would put it there."""
+    _, _, _, tables = tiny_gpt2
+    graph, ranges, layers = _layers(tables, "tiny_gpt2")
+    nodes = tables.nodes.set_index("name")
+    fixed = set(tables.tensors.tensor_id[tables.tensors.kind.isin(["parameter", "buffer", "input", "constant"])])
+    forward = [graph.names[i] for i in np.flatnonzero(graph.forward)]
+    dependent = [nodes.is_view[name] and any(t not in fixed for t in nodes.inputs[name]) for name in forward]
+    assert np.array_equal(~graph.cut_ok[1:-1], np.array(dependent[1:]))
+    attention = next(p for p, name in enumerate(forward) if "scaled_dot_product" in name)
+    after = next(p for p in range(attention + 1, graph.n_forward) if not dependent[p])
+    assert after > attention + 3  # two getitems, a detach and views follow the kernel
+    weights = np.zeros(graph.n_forward)
+    weights[[attention, after]] = 1.0  # any cut in (attention, after] balances: the earliest is its first getitem
+    assert min_max_cuts(weights, 2) == (0, attention + 1, graph.n_forward)
+    assert min_max_cuts(weights, 2, allowed=graph.cut_ok) == (0, after, graph.n_forward)
+    for method in METHODS:  # two blocks: two stages at most at layer boundaries
+        assert graph.cut_ok[list(method_cuts(method, 2, graph=graph, tables=ranges, layers=layers))].all()
+    for k in (2, 3, 4, 6):
+        assert graph.cut_ok[list(partition_graph(graph, ranges, k, tolerance=0.5).cuts)].all()

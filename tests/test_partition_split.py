@@ -45,6 +45,26 @@ def test_dp_matches_brute_force(seed):
         assert bottleneck(prefix, cuts) == pytest.approx(brute_force(weights, k), abs=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_dp_cuts_only_where_allowed_and_matches_brute_force(seed):
+    rng = random.Random(seed)
+    n = rng.randint(2, 10)
+    weights = [rng.uniform(0, 10) for _ in range(n)]
+    allowed = np.array([True] + [rng.random() < 0.6 for _ in range(n - 1)] + [True])
+    prefix = np.concatenate([[0.0], np.cumsum(weights)])
+    for k in range(1, n + 1):
+        if allowed[1:n].sum() < k - 1:
+            with pytest.raises(PartitionError, match=f"k={k} needs {k - 1} cuts"):
+                min_max_cuts(np.array(weights), k, allowed=allowed)
+            continue
+        cuts = min_max_cuts(np.array(weights), k, allowed=allowed)
+        assert all(allowed[c] for c in cuts)
+        best = np.inf
+        for inner in itertools.combinations(np.flatnonzero(allowed[1:n]) + 1, k - 1):
+            best = min(best, bottleneck(prefix, (0, *inner, n)))
+        assert bottleneck(prefix, cuts) == pytest.approx(best, abs=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_dp_with_memory_limit_matches_brute_force(seed):
     nodes, tensors = training_graph(9, seed=seed)

@@ -158,7 +158,7 @@ def balance(graph: PipelineGraph, tables: RangeTables, first: Partition, schedul
         iters.append(evaluate(graph, tables, part.cuts, scheduler, settings.micro_batches))
     chosen = min(range(len(iters)), key=lambda i: (iters[i].metrics.t_max_s, -iters[i].metrics.rate))
     names = tuple(graph.names[i] for i in np.flatnonzero(graph.forward))
-    dp_cuts = min_max_cuts(graph.position_weights(graph.time), k, tables, memory, names)
+    dp_cuts = min_max_cuts(graph.position_weights(graph.time), k, tables, memory, names, graph.cut_ok)
     dp = evaluate(graph, tables, dp_cuts, scheduler, settings.micro_batches)
     return Balanced(parts, iters, chosen, reason, dp, cuts_bottleneck(graph, dp_cuts))
 

@@ -22,6 +22,10 @@ of the forward sequence fixes the stage of every op:
 Keys depend on positions only, so stage(op) = the stage whose forward range holds key(op), for every
 partition: stage costs are sums over key ranges, which makes the exact DP and the O(1) move checks
 possible.
+
+A cut may not fall right before a forward op that makes no storage of its own from a non-fixed storage it reads
+(a view, a ``getitem`` of a multi-output op, an in-place update): such an op stays in the stage of the op before
+it, so a kernel, its outputs and their views are never split between stages (``cut_ok``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class PipelineGraph:
     fixed_reads: Reads  # fixed storages by reader key
     neighbour_lo: np.ndarray  # per forward position: smallest key of a producer/consumer of its ops
     neighbour_hi: np.ndarray  # per forward position: largest such key
+    cut_ok: np.ndarray  # bool per cut position 0..n_forward: a stage may start there (see the module docstring)
 
     @property
     def n(self) -> int:
@@ -222,6 +227,13 @@ def _assemble(nodes: pd.DataFrame, tensors: pd.DataFrame, names: list[str], orde
             reads.add((store_pos[sid], int(key[v])))
             if not forward[v] and forward[movable[sid]]:
                 stash.add((store_pos[sid], int(key[v])))
+    cut_ok = np.ones(n_forward + 1, dtype=bool)
+    for v, (ins, outs) in enumerate(zip(nodes["inputs"], nodes["outputs"])):
+        made = {storage_of[t] for t in outs}
+        read = {storage_of[t] for t in ins} - set(fixed_pos)
+        if forward[v] and made and made <= read:
+            cut_ok[key[v]] = False
+    cut_ok[0] = cut_ok[n_forward] = True
     lo = np.arange(n_forward)
     hi = np.arange(n_forward)
     for v, ps in enumerate(preds):
@@ -245,4 +257,5 @@ def _assemble(nodes: pd.DataFrame, tensors: pd.DataFrame, names: list[str], orde
         fixed_reads=_reads(fixed_reads),
         neighbour_lo=lo,
         neighbour_hi=hi,
+        cut_ok=cut_ok,
     )

@@ -6,7 +6,8 @@ Blocks are the children of the model's block list: the module list (a path compo
 one list inside it (HF ResNet's ``encoder.stages.1`` runs only ``encoder.stages.1.layers.<j>``) is replaced by that
 list's children, recursively, so that ResNet's blocks are its bottlenecks. The ops before the first block form the
 layer ``pre`` (embeddings, a CNN's stem), those after the last one ``post`` (final norm, head, loss); an op outside
-the blocks between two of them joins the block before it.
+the blocks between two of them joins the block before it. A layer starting with views of the layer before's output
+(``graph.cut_ok``) starts after them, so a split at layer boundaries never separates an op from its views.
 """
 
 from __future__ import annotations
@@ -108,4 +109,6 @@ def model_layers(graph: PipelineGraph, nodes: pd.DataFrame, tensors: pd.DataFram
             starts.append(pos)
             read.append(set())
         read[names.index(layer)].update(t for t in reads.get(name, ()) if t in numel)
+    allowed = np.flatnonzero(graph.cut_ok)
+    starts = [int(allowed[np.searchsorted(allowed, pos)]) for pos in starts]  # past views of the layer before
     return Layers(tuple(names), tuple(starts), tuple(int(sum(numel[t] for t in r)) for r in read), len(forward))

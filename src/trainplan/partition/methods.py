@@ -84,7 +84,7 @@ def method_cuts(method: str, k: int, *, graph: PipelineGraph, tables: RangeTable
     try:
         if method == "exact_dp":
             names = tuple(graph.names[i] for i in np.flatnonzero(graph.forward))
-            return min_max_cuts(graph.position_weights(graph.time), k, tables, memory, names)
+            return min_max_cuts(graph.position_weights(graph.time), k, tables, memory, names, graph.cut_ok)
         if isinstance(layers, str):
             raise PartitionError(layers)
         if method == "even_blocks":

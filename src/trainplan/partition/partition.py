@@ -56,7 +56,7 @@ def partition_graph(graph: PipelineGraph, tables: RangeTables, k: int, *, tolera
     op_weights = graph.time if weights is None else weights
     pos = graph.position_weights(op_weights)
     names = tuple(graph.names[i] for i in np.flatnonzero(graph.forward))
-    split = min_max_cuts(pos, k, tables, memory, names)
+    split = min_max_cuts(pos, k, tables, memory, names, graph.cut_ok)
     refined = refine_cuts(graph, tables, pos, split, tolerance, memory)
     prefix = np.concatenate([[0.0], np.cumsum(pos)])
     weighted = [float(prefix[b] - prefix[a]) for a, b in zip(refined.cuts, refined.cuts[1:])]

@@ -44,7 +44,8 @@ def _candidates(graph: PipelineGraph, a: int, c: int, b: int) -> np.ndarray:
     """New positions for cut c (stages [a, c) and [c, b)) that move one boundary op with its neighbours.
 
     A forward position is a boundary op when one of its ops has a producer or consumer in another
-    stage; moving position q < c across takes q..c-1 along (new cut q), q >= c takes c..q (new cut q+1).
+    stage; moving position q < c across takes q..c-1 along (new cut q), q >= c takes c..q (new cut q+1);
+    only cuts the graph allows (``cut_ok``).
     """
     lo, hi = graph.neighbour_lo, graph.neighbour_hi
     left = np.arange(a, c)
@@ -52,7 +53,8 @@ def _candidates(graph: PipelineGraph, a: int, c: int, b: int) -> np.ndarray:
     right = np.arange(c, b)
     right = right[(lo[c:b] < c) | (hi[c:b] >= b)] + 1
     new = np.concatenate([left, right])
-    return new[(new > a) & (new < b) & (new != c)]
+    new = new[(new > a) & (new < b) & (new != c)]
+    return new[graph.cut_ok[new]]
 
 
 def refine_cuts(graph: PipelineGraph, tables: RangeTables, position_weights: np.ndarray,

@@ -18,20 +18,27 @@ def _range_costs(prefix: np.ndarray) -> np.ndarray:
 
 
 def min_max_cuts(position_weights: np.ndarray, k: int, tables: RangeTables | None = None,
-                 memory: MemoryLimit | None = None, names: tuple[str, ...] = ()) -> tuple[int, ...]:
+                 memory: MemoryLimit | None = None, names: tuple[str, ...] = (),
+                 allowed: np.ndarray | None = None) -> tuple[int, ...]:
     """Cuts 0 = c_0 < c_1 < ... < c_k = n of the forward positions minimising the largest stage weight.
 
     Stage s is [c_s, c_{s+1}); with ``memory`` (and ``tables``) a stage is admissible only if its need
-    fits the capacity. Ties go to the earliest cut. O(k n^2). ``names`` (forward op names) only
-    improve the error raised when no admissible split exists.
+    fits the capacity; with ``allowed`` (bool per cut position, ``PipelineGraph.cut_ok``) a cut falls only where
+    it is True. Ties go to the earliest cut. O(k n^2). ``names`` (forward op names) only improve the error
+    raised when no admissible split exists.
     """
     n = len(position_weights)
     if k < 1:
         raise PartitionError(f"stage count k={k} must be at least 1")
     if k > n:
         raise PartitionError(f"stage count k={k} exceeds the {n} forward ops: a stage needs at least one")
+    if allowed is not None and int(allowed[1:n].sum()) < k - 1:
+        raise PartitionError(f"stage count k={k} needs {k - 1} cuts, but only {int(allowed[1:n].sum())} forward "
+                             "positions start an op that is not a view of the op before")
     prefix = np.concatenate([[0.0], np.cumsum(position_weights)])
     cost = _range_costs(prefix)
+    if allowed is not None:
+        cost[:, ~allowed] = np.inf
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     choice = np.zeros((k, n + 1), dtype=np.int64)
