@@ -1,6 +1,7 @@
 """The pass scattering a tied embedding's gradient into its weight's other gradient
-(``export.embedding_grads``): which sums it folds, which it leaves, and that the traced step still computes
-eager's loss and gradients exactly on CPU (tokens repeated, so rows are summed several times)."""
+(``export.embedding_grads``): which sums it folds, which it leaves, in place or not, and that the traced step still
+computes eager's loss and gradients exactly on CPU (tokens repeated, so rows are summed several times); the tables
+of the functional form a pipeline plans on (``export.functional_sums``) equal its trace's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import torch
 from torch import nn
 
 from tests.conftest import TINY_GPT2
-from trainplan.export.embedding_grad_op import embedding_grad_add
+import pandas as pd
+
+from trainplan.export.embedding_grad_op import embedding_grad_add, embedding_grad_add_
+from trainplan.export.functional_sums import functional_sum_tables
+from trainplan.export.tables import graph_tables
 from trainplan.export.trace import make_step_fn, trace_training_step
 from trainplan.fuse.planned import fused_spec
 from trainplan.models import BuiltModel, build_model
@@ -17,6 +22,7 @@ from trainplan.schedule.stage_problem import FUSED_OPS
 
 aten = torch.ops.aten
 SUM = embedding_grad_add._opoverload
+SUMS = (embedding_grad_add_, SUM)  # in place (the default), functional (a pipeline's)
 
 
 class TiedLM(nn.Module):
@@ -63,28 +69,44 @@ def _assert_eager_step(built: BuiltModel, traced, flat) -> None:
         assert torch.equal(a, b.detach())
 
 
-def test_gpt2s_tied_token_embedding_gradient_is_scattered_into_the_heads():
+@pytest.mark.parametrize("in_place", [True, False])
+def test_gpt2s_tied_token_embedding_gradient_is_scattered_into_the_heads(in_place):
     """Tiny GPT-2 with repeated tokens: the token embedding's gradient is one ``embedding_grad_add`` into the head's
-    (the position embedding, untied, keeps its ``embedding_dense_backward``); two vocabulary-sized tensors are
-    made in the backward where autograd makes three; loss and gradients as eager's."""
+    (the position embedding, untied, keeps its ``embedding_dense_backward``): one vocabulary-sized storage in the
+    backward in place, two functional, where autograd makes three; loss and gradients as eager's."""
     built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
     built.batch["input_ids"][:, ::2] = 7  # half the tokens on one row
     built.batch["labels"] = built.batch["input_ids"]
-    traced, flat = trace_training_step(built)
+    traced, flat = trace_training_step(built, sums_in_place=in_place)
     targets = _targets(traced)
-    assert targets.count(SUM) == 1
+    op, other = SUMS if in_place else SUMS[::-1]
+    assert targets.count(op) == 1 and other not in targets
     assert targets.count(aten.embedding_dense_backward.default) == 1
-    table = (TINY_GPT2["config"]["vocab_size"], TINY_GPT2["config"]["n_embd"])
-    made = [n.target for n in traced.gm.graph.nodes if n.op == "call_function" and n.target is not aten.t.default
-            and isinstance(v := n.meta.get("val"), torch.Tensor) and tuple(v.shape) == table]
-    assert made == [aten.mm.default, SUM]
+    vocab, width = TINY_GPT2["config"]["vocab_size"], TINY_GPT2["config"]["n_embd"]
+    tensors = graph_tables(traced).tensors
+    params = tensors.storage[tensors.kind == "parameter"]
+    made = tensors[(tensors.storage_bytes == vocab * width * 4) & ~tensors.storage.isin(params)]
+    assert made.storage.nunique() == (1 if in_place else 2)
     _assert_eager_step(built, traced, flat)
 
 
-def test_an_embedding_read_twice_and_tied_to_the_head_folds_both_sums():
-    traced, flat = trace_training_step(built := _built(TiedLM(lookups=2)))
+def test_the_functional_tables_equal_the_functional_trace():
+    """What a pipeline plans on (the exported tables made functional) is what its ranks trace, storage ids and
+    node names included."""
+    built = build_model("tiny_gpt2", TINY_GPT2, seed=0)
+    exported = graph_tables(trace_training_step(built)[0])
+    traced = graph_tables(trace_training_step(built, sums_in_place=False)[0])
+    nodes, tensors = functional_sum_tables(exported.nodes, exported.tensors)
+    assert not nodes.equals(exported.nodes)
+    pd.testing.assert_frame_equal(nodes, traced.nodes)
+    pd.testing.assert_frame_equal(tensors, traced.tensors)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_an_embedding_read_twice_and_tied_to_the_head_folds_both_sums(in_place):
+    traced, flat = trace_training_step(built := _built(TiedLM(lookups=2)), sums_in_place=in_place)
     targets = _targets(traced)
-    assert targets.count(SUM) == 2
+    assert targets.count(SUMS[0 if in_place else 1]) == 2
     assert aten.embedding_dense_backward.default not in targets
     _assert_eager_step(built, traced, flat)
 
@@ -94,12 +116,11 @@ def test_a_padding_row_or_an_untied_embedding_is_left_as_traced():
     padding row); an embedding whose weight has no other gradient has no sum to fold."""
     traced, flat = trace_training_step(built := _built(TiedLM(lookups=1, padding_idx=2)))
     targets = _targets(traced)
-    assert SUM not in targets
+    assert not set(SUMS) & set(targets)
     assert targets.count(aten.embedding_dense_backward.default) == 1
     _assert_eager_step(built, traced, flat)
     untied = build_model("tiny_gpt2", {**TINY_GPT2, "config": {**TINY_GPT2["config"], "tie_word_embeddings": False}})
-    assert SUM not in _targets(trace_training_step(untied)[0])
-
+    assert not set(SUMS) & set(_targets(trace_training_step(untied)[0]))
 
 
 def test_a_fused_gpt2_keeps_its_embeddings_out_of_fused_ops_so_its_step_folds_the_sum():
@@ -108,5 +129,5 @@ def test_a_fused_gpt2_keeps_its_embeddings_out_of_fused_ops_so_its_step_folds_th
     spec = fused_spec("tiny_gpt2", TINY_GPT2, {"builtin": "inductor"}, seed=0, max_ops=24, compiler="fx")
     traced, _ = trace_training_step(build_model("tiny_gpt2+inductor", spec, seed=0))
     targets = [str(t) for t in _targets(traced)]
-    assert targets.count(str(SUM)) == 1 and targets.count("aten.embedding.default") == 2
+    assert targets.count(str(SUMS[0])) == 1 and targets.count("aten.embedding.default") == 2
     assert any(t.startswith(FUSED_OPS) for t in targets)

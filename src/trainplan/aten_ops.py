@@ -19,3 +19,7 @@ def is_inplace(op: str) -> bool:
 GRADIENT_SUMS = {"aten.add.Tensor": 2, "trainplan.embedding_grad_add.default": 1}
 #: the sum whose result is its other term when one term reads zeros (a tied partial reduced once per step)
 PLAIN_SUM = "aten.add.Tensor"
+#: ``trainplan::embedding_grad_add`` written into its first argument, and its functional form (a pipeline's: a stage
+#: never writes into a storage another stage makes; ``export.functional_sums``)
+IN_PLACE_SUM = "trainplan.embedding_grad_add_.default"
+FUNCTIONAL_SUM = "trainplan.embedding_grad_add.default"

@@ -11,7 +11,9 @@ CPU the same values as eager's.
 
 Folded only where the rewrite is exact: ``padding_idx`` -1 and ``scale_grad_by_freq`` off (the defaults), the
 embedding's gradient read by the add alone, both operands of one shape and dtype (the add neither broadcasts nor
-promotes).
+promotes). Where nothing else reads ``g``'s storage (``g`` and each view it is taken through have the sum as their
+only reader, down to the op that made the storage), the sum is ``trainplan::embedding_grad_add_``, written into
+``g`` itself: one table live, no copy.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from trainplan.export.embedding_grad_op import embedding_grad_add
-from trainplan.export.traced_step import TracedStep
+from trainplan.export.embedding_grad_op import embedding_grad_add, embedding_grad_add_
+from trainplan.export.traced_step import TracedStep, is_view_node
 
 aten = torch.ops.aten
 
@@ -41,9 +43,22 @@ def _same_table(node: object, table: torch.fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.shape == ref.shape and val.dtype == ref.dtype
 
 
-def fold_embedding_gradient_sums(traced: TracedStep) -> TracedStep:
+def _only_reader(other: torch.fx.Node) -> bool:
+    """Whether ``other``'s storage is read by the sum alone: ``other`` and each view it is taken through have one
+    reader, down to a computed (not a view, not an input) node."""
+    node = other
+    while True:
+        if node.op != "call_function" or len(node.users) != 1:
+            return False
+        if not is_view_node(node):
+            return True
+        node = node.args[0]
+
+
+def fold_embedding_gradient_sums(traced: TracedStep, in_place: bool = True) -> TracedStep:
     """``traced`` (changed in place) with every foldable ``add(g, embedding_dense_backward(...))`` (either
-    order) replaced by ``embedding_grad_add`` into ``g``. The new node carries the embedding backward's
+    order) replaced by ``embedding_grad_add`` into ``g`` (with ``in_place``, ``embedding_grad_add_`` where
+    ``g``'s storage has no other reader). The new node carries the embedding backward's
     metadata (its module and autograd sequence number); fake values are propagated again where a sum was
     folded, so that views of the new node alias it."""
     graph = traced.gm.graph
@@ -59,7 +74,9 @@ def fold_embedding_gradient_sums(traced: TracedStep) -> TracedStep:
             continue
         grad_out, indices = table.args[:2]
         with graph.inserting_before(add):
-            summed = graph.call_function(embedding_grad_add._opoverload, (other, grad_out, indices))
+            op = embedding_grad_add_ if in_place and _only_reader(other) else embedding_grad_add._opoverload
+            # one name in either form: a pipeline's plan (functional) names the node the export (in place) does
+            summed = graph.create_node("call_function", op, (other, grad_out, indices), name="embedding_grad_add")
         summed.meta = {**table.meta, "val": add.meta["val"]}  # the sum's value until propagated below
         add.replace_all_uses_with(summed)
         graph.erase_node(add)

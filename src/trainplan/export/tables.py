@@ -20,7 +20,8 @@ FORWARD, BACKWARD = "forward", "backward"
 #: the fake values of their arguments
 _OWN_OPS = {loss_head_op.linear_cross_entropy._opoverload: (loss_head_op.flops, loss_head_op.workspace_bytes),
             embedding_grad_op.embedding_grad_add._opoverload: (embedding_grad_op.flops,
-                                                               embedding_grad_op.workspace_bytes)}
+                                                               embedding_grad_op.workspace_bytes),
+            embedding_grad_op.embedding_grad_add_: (embedding_grad_op.flops, embedding_grad_op.workspace_bytes)}
 
 
 @dataclass
@@ -42,12 +43,12 @@ def _tensor_values(val: Any) -> list[torch.Tensor | None]:
 
 def _flops(node: torch.fx.Node, aliases_input: bool) -> float:
     """FLOPs from PyTorch's flop-counter formulas; elementwise estimate (output numel) otherwise."""
+    if node.target in _OWN_OPS:  # the in-place embedding gradient sum aliases its input, and computes
+        return _OWN_OPS[node.target][0](*_arg_values(node))
     if aliases_input or node.target is operator.getitem:
         return 0.0
     packet = getattr(node.target, "overloadpacket", None)
     val = node.meta.get("val")
-    if node.target in _OWN_OPS:
-        return _OWN_OPS[node.target][0](*_arg_values(node))
     if packet in flop_registry:
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
         return float(flop_registry[packet](*args, **kwargs, out_val=val))

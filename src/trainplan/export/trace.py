@@ -143,11 +143,12 @@ def make_step_fn(built: BuiltModel, param_names: list[str], buffer_names: list[s
     return step
 
 
-def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tensor]]:
+def trace_training_step(built: BuiltModel, *, sums_in_place: bool = True) -> tuple[TracedStep, list[torch.Tensor]]:
     """Trace ``built``'s training step with fake tensors; return the graph and the real flat inputs. With
     ``built.loss_chunk_bytes``, the graph's loss head is chunked (``export.loss_head.chunk_loss_head``); a tied
     embedding's gradient is added row by row into the weight's other gradient
-    (``export.embedding_grads.fold_embedding_gradient_sums``)."""
+    (``export.embedding_grads.fold_embedding_gradient_sums``), in place where ``sums_in_place`` (a pipeline's
+    step: not, ``export.functional_sums``)."""
     param_names, buffer_names, batch_names, flat = flat_inputs(built)
     for p in built.module.parameters():
         p.requires_grad_(True)
@@ -165,4 +166,4 @@ def trace_training_step(built: BuiltModel) -> tuple[TracedStep, list[torch.Tenso
     traced = TracedStep(built.name, gm, param_names, buffer_names, batch_names, loss_node.name)
     if built.loss_chunk_bytes is not None:
         traced = chunk_loss_head(traced, built.loss_chunk_bytes)
-    return fold_embedding_gradient_sums(traced), flat
+    return fold_embedding_gradient_sums(traced, sums_in_place), flat

@@ -183,7 +183,7 @@ def build_rank(settings: RunSettings, data: dict[str, Any], stages: list[StagePl
     """This rank's stage modules, PipelineStages and schedule; also the model, micro-batches and the traced step
     (for the checks)."""
     built = on_device(build_model(settings.model, settings.spec, seed=settings.seed), device)
-    traced, flat = trace_training_step(built)
+    traced, flat = trace_training_step(built, sums_in_place=False)  # as the plan's problems (functional_sums)
     tables = graph_tables(traced)
     where = str(plan_file(settings.plan))
     layout, layouts = plan_layouts(stages, traced, flat, tables, where=where)

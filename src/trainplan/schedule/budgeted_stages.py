@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from trainplan.budget import Budget
 from trainplan.errors import ArtifactError
+from trainplan.export.functional_sums import functional_sum_tables
 from trainplan.io import read_json
 from trainplan.schedule.baselines import no_recompute
 from trainplan.schedule.grad_accumulation import accumulate_where_made, tied_partials_as_zeros
@@ -57,11 +58,15 @@ def budgeted_stage_problem(nodes: pd.DataFrame, tensors: pd.DataFrame, stage_nod
     None for bytes). In a pipeline (``budget.pipeline``), the requested budget is the rank's (a fraction: the fixed
     bytes, gradient sums and carriers + that fraction of the rest of the rank's peak without recompute), recorded
     with the stage's hold under ``pipeline``, and ``budget_bytes``, what the running micro-batch's schedule may use,
-    is that less the hold's reserve; a tied partial it receives is zeros, and with m > 1 its gradients are added
-    into their sums where made (:mod:`trainplan.schedule.grad_accumulation`)."""
+    is that less the hold's reserve; its embedding gradient sums are functional (``export.functional_sums``), a
+    tied partial it receives is zeros, and with m > 1 its gradients are added into their sums where made
+    (:mod:`trainplan.schedule.grad_accumulation`)."""
+    pipelined = budget.pipeline is not None and budget.pipeline.k >= 2
+    if pipelined:
+        nodes, tensors = functional_sum_tables(nodes, tensors)
     raw = stage_problem(nodes, tensors, stage_nodes, bandwidth=budget.bandwidth, swap=budget.swap,
                         allocation=budget.allocation)
-    if budget.pipeline is not None and budget.pipeline.k >= 2:
+    if pipelined:
         raw = tied_partials_as_zeros(raw)
         if budget.pipeline.accumulates:
             raw = accumulate_where_made(raw)
