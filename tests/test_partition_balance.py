@@ -27,7 +27,7 @@ from trainplan.partition import (
 from trainplan.budget import Budget, BudgetError
 from trainplan.partition.balance import scaled_weights
 from trainplan.schedule import problem_from_dict, replay
-from trainplan.schedule.pipeline_hold import PipelineHold, gradient_sum_bytes, stash_bytes
+from trainplan.schedule.pipeline_hold import PipelineHold, gradient_sum_bytes, others_held, stash_bytes
 
 SOLVER = SolverSettings(time_limit_s=0.5, workers=1, seed=0)
 # where two runs must agree: a limit whose wall-clock shares (the greedy variants' 30%) no load reaches
@@ -109,7 +109,8 @@ def test_balance_loop_records_consistent_numbers(small, schedule):
         assert stage["stash_bytes"] == stash_bytes(stage["problem"], events)
         assert stage["carrier_bytes"] == hold["carrier_bytes"]
         assert stage["rank_peak_bytes"] == stage["peak_bytes"] + stage["gradient_sum_bytes"] + (
-            stage["carrier_bytes"] + (stage["in_flight"] - 1) * stage["stash_bytes"])
+            stage["carrier_bytes"] + others_held(stage["in_flight"], stage["stash_bytes"],
+                                                 hold["pending_gradient_sends"], hold["carrier_in_bytes"]))
         assert stage["rank_peak_bytes"] <= stage["rank_budget_bytes"]
         assert stage["problem"]["budget_bytes"] == max(0, hold["rank_budget_bytes"] - hold["reserve_bytes"])
         met = stage["rank_peak_bytes"] <= hold["rank_budget_bytes"]

@@ -3,6 +3,8 @@ sums across micro-batches, and the rank's budget that a stage problem keeps them
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from trainplan.budget import parse_budget
@@ -12,8 +14,9 @@ from trainplan.partition.stages import stage_stats
 from trainplan.schedule.baselines import no_recompute_events
 from trainplan.schedule.budgeted_stages import StageBudget, budgeted_stage_problem
 from trainplan.schedule.pipeline_hold import (PipelineHold, StageHold, carrier_bytes, carriers_held, forward_carriers,
-                                              gradient_sum_bytes, in_flight, loss_bytes, pending_gradient_sends,
-                                              receive_buffers, split_position, stash_bytes)
+                                              gradient_sum_bytes, in_flight, largest_stash, loss_bytes,
+                                              others_held, pending_gradient_sends, receive_buffers,
+                                              split_position, stash_bytes)
 from trainplan.schedule.problem import problem_from_dict
 
 
@@ -53,8 +56,9 @@ def test_a_ranks_peak_adds_the_sums_and_the_other_in_flight_stashes():
         PipelineHold(2, 4, "interleaved")
     hold = StageHold(in_flight=3, sums=50, no_recompute_stash=20, carriers=7)
     assert hold.reserve == 50 + 7 + 2 * 20
+    # two pending sends of 30 B: one in place of a stash (30 > 20), one on top
+    assert StageHold(3, 50, 20, 7, pending=3, into=30).reserve == 50 + 7 + 2 * 30 + 30
     assert carriers_held(4, out=8, into=4) == 4 * 8 + 4
-    assert carriers_held(4, out=8, into=4, pending=2) == 4 * 8 + 3 * 4
     # forward carriers: 1F1B's in-flight ones and one sent; GPipe and the multi-stage runtime keep every send
     assert [forward_carriers(3, 8, schedule) for schedule in ("1f1b", "gpipe", "interleaved1f1b")] == [4, 8, 8]
     assert receive_buffers(8, out=8, into=4) == 8 * 12  # one per micro-batch and direction
@@ -65,6 +69,26 @@ def test_a_ranks_peak_adds_the_sums_and_the_other_in_flight_stashes():
     assert [pending_gradient_sends(s, 2, 1) for s in range(2)] == [0, 0]
     assert gradient_sum_bytes(toy()) == 7
     assert not PipelineHold(2, 1).accumulates and PipelineHold(2, 2).accumulates
+
+
+def most_held(n: int, stash: int, pending: int, into: int) -> int:
+    """Brute force: the most x stashes and y pending sends hold, x <= n - 1, y <= pending, x + y <= max(n - 1,
+    pending) (a micro-batch is stashed or pending, never both; see ``others_held``)."""
+    return max(x * stash + y * into for x in range(n) for y in range(pending + 1) if x + y <= max(n - 1, pending))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_other_micro_batches_hold_their_stash_or_their_pending_send(seed):
+    rng = random.Random(seed)
+    for _ in range(50):
+        n, pending, into = rng.randint(1, 8), rng.randint(0, 8), rng.randint(0, 50)
+        stash = rng.randint(0, 50)
+        assert others_held(n, stash, pending, into) == most_held(n, stash, pending, into)
+        if n >= 2:
+            room = rng.randint(0, 500)
+            fits = [s for s in range(600) if others_held(n, s, pending, into) <= room]
+            largest = largest_stash(room, n, pending, into)
+            assert largest == max(fits) if fits else largest < 0
 
 
 def test_stage_problems_mark_every_gradient_once_and_the_tied_partial_where_it_is_made(tiny_gpt2):
@@ -147,8 +171,9 @@ def test_a_gpipe_rank_budget_holds_every_micro_batchs_stash(tiny_gpt2):
             raw = budgeted_stage_problem(nodes, tables.tensors, st.nodes, budget, st.index)
             hold = raw["pipeline"]
             assert (hold["schedule"], hold["in_flight"]) == (schedule, want)
-            assert hold["reserve_bytes"] == hold["gradient_sum_bytes"] + hold["carrier_bytes"] + (
-                want - 1) * hold["no_recompute_stash_bytes"]
+            assert hold["reserve_bytes"] == hold["gradient_sum_bytes"] + hold["carrier_bytes"] + most_held(
+                want, hold["no_recompute_stash_bytes"], hold["pending_gradient_sends"], hold["carrier_in_bytes"])
+            assert hold["pending_gradient_sends"] == PipelineHold(2, 4, schedule).pending_gradient_sends(st.index)
 
 
 def test_interleaved_1f1b_holds_what_torchs_order_holds():
@@ -179,5 +204,5 @@ def test_an_interleaved_rank_problem_keeps_its_in_flight_stashes_out(tiny_gpt2):
     for st, want in zip(stages, [2, 2, 2, 1]):
         hold = budgeted_stage_problem(nodes, tables.tensors, st.nodes, budget, st.index)["pipeline"]
         assert (hold["schedule"], hold["stages_per_rank"], hold["in_flight"]) == ("interleaved1f1b", 2, want)
-        assert hold["reserve_bytes"] == hold["gradient_sum_bytes"] + hold["carrier_bytes"] + (
-            want - 1) * hold["no_recompute_stash_bytes"]
+        assert hold["reserve_bytes"] == hold["gradient_sum_bytes"] + hold["carrier_bytes"] + most_held(
+            want, hold["no_recompute_stash_bytes"], hold["pending_gradient_sends"], hold["carrier_in_bytes"])

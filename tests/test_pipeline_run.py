@@ -34,7 +34,7 @@ from trainplan.pipeline.tied import TiedPartial, TiedReduction
 from trainplan.partition import (BalanceSettings, SolverSettings, StageScheduler, balance, partition_graph,
                                  pipeline_graph, plan_dict, range_tables)
 from trainplan.partition.balance import evaluate, partition_plan
-from trainplan.schedule.pipeline_hold import PipelineHold
+from trainplan.schedule.pipeline_hold import PipelineHold, others_held
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -156,18 +156,21 @@ def test_a_k2_plan_runs_as_a_pipeline_with_the_single_process_steps_numbers(plan
     # the rank's peak: its schedule's, its gradient sums (m > 1), and the stash of each other micro-batch in flight
     n = [min(2 - s, m) for s in range(2)] if schedule == "1f1b" else [m, m]
     assert pred["in_flight"] == n
-    assert pred["peak_bytes"] == [p + g * (m > 1) + c + (i - 1) * a for p, g, c, a, i in zip(
-        pred["schedule_peak_bytes"], pred["gradient_sum_bytes"], pred["carrier_bytes"], pred["stash_bytes"], n)]
-    # the carriers: on stage 0 each in-flight micro-batch's forward carrier and one more (GPipe: every one it
-    # sent, m); on stage 1 the gradient carrier it packs and, under GPipe, the m - 1 it sent back before its last
-    # backward and waits on after it; on each, a receive buffer per micro-batch
+    # and, under GPipe, the m - 1 gradient carriers stage 1 sent back before its last backward and waits on after
+    # it, each in place of a stash (1F1B: stage 0's one pending send has no gradient carrier to send back)
     carrier = run["stages"][0]["carrier_out_bytes"]
+    pending = [m - 1] * 2 if schedule == "gpipe" else [1, 0]
+    assert pred["pending_gradient_sends"] == pending
+    assert pred["peak_bytes"] == [p + g * (m > 1) + c + others_held(i, a, q, into) for p, g, c, a, i, q, into in zip(
+        pred["schedule_peak_bytes"], pred["gradient_sum_bytes"], pred["carrier_bytes"], pred["stash_bytes"], n,
+        pending, [0, carrier])]
+    # the carriers: on stage 0 each in-flight micro-batch's forward carrier and one more (GPipe: every one it
+    # sent, m); on stage 1 the gradient carrier it packs; on each, a receive buffer per micro-batch
     inputs = [st["problem"]["input_bytes"] for st in plan["stages"]]
     assert inputs[0] > 0
-    sent_back = m if schedule == "gpipe" else 1
     forward = m if schedule == "gpipe" else n[0] + 1
     assert pred["carrier_bytes"] == [(forward + m) * carrier + n[0] * inputs[0],
-                                     (sent_back + m) * carrier + n[1] * inputs[1] + m * 4]
+                                     (1 + m) * carrier + n[1] * inputs[1] + m * 4]
     if tied == "step":  # the plan's carriers are the run's
         assert [st["carrier_bytes"] for st in plan["stages"]] == pred["carrier_bytes"]
     assert pred["stash_bytes"] == [st["stash_bytes"] for st in plan["stages"]]

@@ -115,7 +115,9 @@ def evaluate(graph: PipelineGraph, tables: RangeTables, cuts: tuple[int, ...], s
                                [schedule_stash(x) for x in scheduled], micro_batches,
                                [int(h.get("gradient_sum_bytes", 0)) for h in holds],
                                [int(h.get("carrier_bytes", 0)) for h in holds], scheduler.schedule,
-                               scheduler.stages_per_rank)
+                               scheduler.stages_per_rank,
+                               [(int(h.get("pending_gradient_sends", 0)), int(h.get("carrier_in_bytes", 0)))
+                                for h in holds])
     return Evaluated(cuts, stages, scheduled, metrics, total_boundary_bytes(tables, cuts))
 
 

@@ -11,8 +11,8 @@ from trainplan.budget import FIELDS
 from trainplan.execute.plan import StagePlan
 from trainplan.partition.pipeline import FORMULAS
 from trainplan.pipeline.simulate import FORMULA, StageCosts, held_in_flight, recorded_orders, simulate
-from trainplan.schedule.pipeline_hold import (copies_held, held_beside, held_gradient_bytes, in_flight,
-                                              pending_gradient_sends, stash_bytes)
+from trainplan.schedule.pipeline_hold import (carrier_bytes, copies_held, held_beside, held_gradient_bytes,
+                                              in_flight, pending_gradient_sends, stash_bytes)
 
 PREDICTION_FORMULAS = {
     "step_time_s": f"m * max_r sum_(s on r) t_s + (R - 1) * t_max over R ranks, each running v = k / R stages: "
@@ -164,14 +164,16 @@ def prediction(data: dict[str, Any], stages: list[StagePlan], schedule: str, m: 
     sums = [held_gradient_bytes(pr, m) for pr in problems]
     n = [in_flight(s, k, m, schedule, k // ranks) for s in range(k)]  # micro-batches in flight
     pending = [pending_gradient_sends(s, k, m, schedule, k // ranks) for s in range(k)]
-    carriers = [copies_held(pr, i, m, schedule, link, p)
-                for pr, i, link, p in zip(problems, n, links or [None] * k, pending)]
+    links = links or [carrier_bytes(pr) for pr in problems]
+    carriers = [copies_held(pr, i, m, schedule, link) for pr, i, link in zip(problems, n, links)]
     t_max = max(times)
     step = m * max(sum(times[s] for s in on) for on in rank_stages(k, ranks)) + (ranks - 1) * t_max
-    peak = [p + held_beside(g, c, i, a) for p, a, g, c, i in zip(peaks, stash, sums, carriers, n)]
+    peak = [p + held_beside(g, c, i, a, q, link[1])
+            for p, a, g, c, i, q, link in zip(peaks, stash, sums, carriers, n, pending, links)]
     return {"stage_times_s": times, "t_max_s": t_max, "step_time_s": step,
             "busy_s": [m * t for t in times], "idle_s": [step - m * t for t in times],
             "schedule_peak_bytes": peaks, "stash_bytes": stash, "gradient_sum_bytes": sums, "carrier_bytes": carriers,
+            "pending_gradient_sends": pending,
             "in_flight": n, "peak_bytes": peak,
             "formulas": PREDICTION_FORMULAS}
 

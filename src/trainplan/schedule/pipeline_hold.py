@@ -6,22 +6,24 @@ says, plus
 
 - the **stashes** of the other micro-batches in flight, ``in_flight(s) - 1`` of them, each what the plan holds at
   its split (the first backward event: :func:`split_position`), where a micro-batch's forward hands over to its
-  backward (:func:`stash_bytes`);
+  backward (:func:`stash_bytes`), and the gradient carriers sent back and not yet waited on
+  (:func:`pending_gradient_sends`), a micro-batch's once its stash is gone (:func:`others_held`);
 - with m > 1, the **gradient running sums**: from the first micro-batch's backward on, every gradient the stage
   makes (its parameters' gradients, and a tied weight's partial that it sums for another stage) is held while
   the next micro-batch makes its own (:func:`gradient_sum_bytes`); each new gradient is added into its sum where
   it is made (:mod:`trainplan.schedule.grad_accumulation`), so the stage's schedule counts it only while made;
 - the **carriers** (:func:`carriers_held`): the tensors neighbouring stages exchange, packed copies of what
-  crosses a link, held per micro-batch in flight, the gradient carriers sent back and not yet waited on
-  (:func:`pending_gradient_sends`), each in-flight micro-batch's copy of its inputs (:func:`inputs_held`), and on
+  crosses a link, held per micro-batch in flight, each in-flight micro-batch's copy of its inputs
+  (:func:`inputs_held`), and on
   the last stage every micro-batch's loss (:func:`loss_bytes`), and the receive buffers PipelineStage keeps, one
   per micro-batch and direction (:func:`receive_buffers`).
 
 Under 1F1B a stage has ``min(k - s, m)`` micro-batches in flight; under GPipe, which runs every forward before any
 backward, all m; under Interleaved1F1B, v stages on each of k / v ranks, what torch's schedule order holds
-(:func:`in_flight`). So a stage's peak on its rank is the plan's peak + ``sums + carriers + (in_flight - 1) *
-stash``; a stage problem solved for a pipeline gets the stage's budget less that reserve, with the stash of the
-plan without recompute (what the plan's own stash is measured against afterwards). A rank running v stages holds
+(:func:`in_flight`). So a stage's peak on its rank is the plan's peak + ``sums + carriers`` + the other
+micro-batches' stashes and pending sends (:func:`others_held`: ``(in_flight - 1) * stash`` without pending sends);
+a stage problem solved for a pipeline gets the stage's budget less that reserve, with the stash of the plan without
+recompute (what the plan's own stash is measured against afterwards). A rank running v stages holds
 at most the sum of theirs: its budget is theirs summed.
 """
 
@@ -229,12 +231,12 @@ def forward_carriers(in_flight: int, micro_batches: int, schedule: str = "1f1b")
     return micro_batches if schedule == "gpipe" or schedule in MULTI_STAGE else in_flight + 1
 
 
-def carriers_held(forward: int, out: int, into: int, pending: int = 0) -> int:
+def carriers_held(forward: int, out: int, into: int) -> int:
     """Carrier bytes a rank holds at its peak: ``forward`` forward carriers (:func:`forward_carriers`); the
-    receiver packs one gradient carrier at a time, besides the ``pending`` ones it sent and its schedule has not
-    waited on (:func:`pending_gradient_sends`). (Counted on GPT-2 small, k = 2, m = 4, 1F1B: stage 0 held three
-    4.5 MiB carriers at its peak, stage 1 one.)"""
-    return forward * out + (1 + pending) * into
+    receiver packs one gradient carrier at a time (those it sent and its schedule has not waited on:
+    :func:`others_held`). (Counted on GPT-2 small, k = 2, m = 4, 1F1B: stage 0 held three 4.5 MiB carriers at its
+    peak, stage 1 one.)"""
+    return forward * out + into
 
 
 def receive_buffers(micro_batches: int, out: int, into: int) -> int:
@@ -247,45 +249,79 @@ def receive_buffers(micro_batches: int, out: int, into: int) -> int:
 
 
 def copies_held(problem: dict[str, Any], in_flight: int, micro_batches: int, schedule: str = "1f1b",
-                link: tuple[int, int] | None = None, pending: int = 0) -> int:
-    """What a rank holds whatever its schedule, gradient sums apart: its carriers (``link``: its carrier bytes out
-    and in, default the problem's; ``pending`` gradient carriers sent and not yet waited on) and receive buffers,
-    its micro-batch input copies and its losses."""
+                link: tuple[int, int] | None = None) -> int:
+    """What a rank holds whatever its schedule, gradient sums and pending gradient sends apart: its carriers
+    (``link``: its carrier bytes out and in, default the problem's) and receive buffers, its micro-batch input
+    copies and its losses."""
     out, into = link or carrier_bytes(problem)
-    return (carriers_held(forward_carriers(in_flight, micro_batches, schedule), out, into, pending)
+    return (carriers_held(forward_carriers(in_flight, micro_batches, schedule), out, into)
             + receive_buffers(micro_batches, out, into)
             + inputs_held(in_flight, problem.get("input_bytes", 0)) + micro_batches * loss_bytes(problem))
 
 
-def held_beside(sums: int, carriers: int, in_flight: int, stash: int) -> int:
+def others_held(in_flight: int, stash: int, pending: int = 0, into: int = 0) -> int:
+    """Bytes of the other micro-batches beside the running one: each holds its ``stash`` from its forward to its
+    backward, then, sent back, its gradient carrier (``into`` bytes) until the schedule waits on the send; at most
+    ``pending`` such sends (:func:`pending_gradient_sends`), and a micro-batch is never both. Under each schedule
+    the stashed and the pending together are at most max(in_flight - 1, pending) (GPipe: its m - 1 others either
+    way; 1F1B: a cool-down backward, which has one pending, holds one stash fewer; the multi-stage schedules: the
+    m - 1 others), so with p' = min(pending, in_flight - 1) the most held is (in_flight - 1 - p') x stash + p' x
+    max(stash, into) + (pending - p') x into."""
+    both = min(pending, in_flight - 1)
+    return (in_flight - 1 - both) * stash + both * max(stash, into) + (pending - both) * into
+
+
+def largest_stash(room: int, in_flight: int, pending: int = 0, into: int = 0) -> int:
+    """The largest stash whose :func:`others_held` fits ``room`` bytes (in_flight >= 2); negative where none does."""
+    both = min(pending, in_flight - 1)
+    if room < pending * into:  # the pending sends alone (a stash of 0)
+        return -1
+    alone = in_flight - 1 - both  # others that can only be stashed
+    if alone and (room - pending * into) // alone <= into:
+        return (room - pending * into) // alone
+    return (room - (pending - both) * into) // (in_flight - 1)
+
+
+def held_beside(sums: int, carriers: int, in_flight: int, stash: int, pending: int = 0, into: int = 0) -> int:
     """Bytes a stage holds on its rank beside its running micro-batch's schedule: its gradient ``sums``, its
-    ``carriers`` (:func:`copies_held`) and the ``stash`` of each other micro-batch in flight. The one place
-    the rank peak (schedule peak + this) and a stage's reserve (this, with the plan without recompute's stash)
-    are summed."""
-    return sums + carriers + (in_flight - 1) * stash
+    ``carriers`` (:func:`copies_held`) and the other micro-batches' stashes and pending gradient sends
+    (:func:`others_held`). The one place the rank peak (schedule peak + this) and a stage's reserve (this, with
+    the plan without recompute's stash) are summed."""
+    return sums + carriers + others_held(in_flight, stash, pending, into)
 
 
 @dataclass(frozen=True)
 class StageHold:
     """A stage's hold in a pipeline: ``in_flight`` micro-batches, gradient ``sums`` bytes (0 without accumulation),
-    the ``carriers`` it holds (with its micro-batch input copies and losses) and the ``no_recompute_stash`` bytes
-    (the reserve's stash). The rank's peak with a schedule is its peak + sums + carriers + (in_flight - 1) x that
-    schedule's own stash (``PipelineMetrics.rank_peak_bytes``)."""
+    the ``carriers`` it holds (with its micro-batch input copies and losses), the ``no_recompute_stash`` bytes
+    (the reserve's stash), and its ``pending`` gradient sends of ``into`` bytes each. The rank's peak with a
+    schedule is its peak + :func:`held_beside` with that schedule's own stash (``PipelineMetrics.rank_peak_bytes``)."""
 
     in_flight: int
     sums: int
     no_recompute_stash: int
     carriers: int = 0
+    pending: int = 0
+    into: int = 0
 
     @property
     def reserve(self) -> int:
-        """Bytes kept from the running micro-batch's budget: the sums, the carriers and the other in-flight
-        stashes (no recompute)."""
-        return held_beside(self.sums, self.carriers, self.in_flight, self.no_recompute_stash)
+        """Bytes kept from the running micro-batch's budget: the sums, the carriers and the other micro-batches'
+        stashes (no recompute) and pending sends."""
+        return held_beside(self.sums, self.carriers, self.in_flight, self.no_recompute_stash, self.pending,
+                           self.into)
 
     def to_dict(self) -> dict[str, Any]:
         return {"in_flight": self.in_flight, "gradient_sum_bytes": self.sums, "carrier_bytes": self.carriers,
+                "pending_gradient_sends": self.pending, "carrier_in_bytes": self.into,
                 "no_recompute_stash_bytes": self.no_recompute_stash, "reserve_bytes": self.reserve}
+
+
+def hold_beside(hold: dict[str, Any], stash: int, sums: bool = True) -> int:
+    """:func:`held_beside` of a problem's ``pipeline`` record (:meth:`StageHold.to_dict`) with ``stash`` (without
+    the gradient sums where not ``sums``); a record without pending sends counts them in its carriers."""
+    return held_beside(hold["gradient_sum_bytes"] if sums else 0, hold["carrier_bytes"], hold["in_flight"], stash,
+                       hold.get("pending_gradient_sends", 0), hold.get("carrier_in_bytes", 0))
 
 
 def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recompute_events: Sequence[Sequence[str]]
@@ -294,5 +330,5 @@ def stage_hold(problem: dict[str, Any], hold: PipelineHold, stage: int, no_recom
     sums = gradient_sum_bytes(problem) if hold.accumulates else 0
     n = hold.in_flight(stage)
     return StageHold(n, sums, stash_bytes(problem, no_recompute_events),
-                     copies_held(problem, n, hold.micro_batches, hold.schedule,
-                                 pending=hold.pending_gradient_sends(stage)))
+                     copies_held(problem, n, hold.micro_batches, hold.schedule),
+                     hold.pending_gradient_sends(stage), carrier_bytes(problem)[1])

@@ -6,7 +6,8 @@ micro-batches' stashes as the plan without recompute holds them. Where the rank'
 over the rank's budget, a schedule that recomputes forward values instead of holding them at its split may meet
 it: its own micro-batch gets more of the budget when each stash is smaller. The solver's model has no stash term,
 so :func:`smaller_stash` solves the problem again with the stash held to a cap ``s``: the running micro-batch's
-budget is the rank's less the sums, carriers and ``(in_flight - 1) * s``, and the op at the split (the first of
+budget is the rank's less the sums, carriers and the others held with stash ``s`` (``pipeline_hold.others_held``:
+``(in_flight - 1) * s`` without pending sends), and the op at the split (the first of
 the backward phase) gets a stand-in workspace so that what is resident when it runs is at most ``s``
 (:func:`capped`). Caps are tried at fractions of the most the rank leaves beside the stage's memory floor; the
 fastest schedule whose rank peak meets the rank's budget is kept, else the one with the least rank peak. The
@@ -19,7 +20,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from trainplan.schedule.pipeline_hold import held_beside, stash_bytes
+from trainplan.schedule.pipeline_hold import hold_beside, largest_stash, stash_bytes
 from trainplan.schedule.problem import problem_from_dict
 from trainplan.schedule.replay import replay
 from trainplan.schedule.schedule_io import Schedule
@@ -40,8 +41,7 @@ def rank_peak(problem: dict[str, Any], schedule: Schedule) -> int | None:
     hold = problem["pipeline"]
     if not schedule.ok or schedule.peak_bytes is None:
         return None
-    return int(schedule.peak_bytes) + held_beside(hold["gradient_sum_bytes"], hold["carrier_bytes"],
-                                                  hold["in_flight"], stash_bytes(problem, schedule.events))
+    return int(schedule.peak_bytes) + hold_beside(hold, stash_bytes(problem, schedule.events))
 
 
 def capped(problem: dict[str, Any], cap: int) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def capped(problem: dict[str, Any], cap: int) -> dict[str, Any]:
     ``cap`` bytes are resident when it runs."""
     out = copy.deepcopy(problem)
     hold = out["pipeline"]
-    reserve = held_beside(hold["gradient_sum_bytes"], hold["carrier_bytes"], hold["in_flight"], cap)
+    reserve = hold_beside(hold, cap)
     budget = max(0, hold["rank_budget_bytes"] - reserve)
     op = split_op(out)
     assert op is not None, "a pipeline stage problem has a backward phase"
@@ -82,7 +82,8 @@ def smaller_stash(problem: dict[str, Any], schedule: Schedule, solve: Callable[[
     if n < 2 or peak is None or peak <= rank_budget:
         return problem, schedule
     floor = problem_from_dict(problem).floor_bytes
-    largest = (rank_budget - hold["gradient_sum_bytes"] - hold["carrier_bytes"] - floor) // (n - 1)
+    largest = largest_stash(rank_budget - hold["gradient_sum_bytes"] - hold["carrier_bytes"] - floor, n,
+                            hold.get("pending_gradient_sends", 0), hold.get("carrier_in_bytes", 0))
     if largest <= 0 or seconds <= 0:
         return problem, schedule
     best = (problem, schedule, peak)
