@@ -104,10 +104,13 @@ def test_plans_on_the_fused_model_next_to_the_raw_model(tiny_study: Path, tmp_pa
     assert fused.budget_status == ",".join(sorted({st["status"] for st in plan["stages"]}))
     # counted on the CPU: the process's rise, which on a step this small may reuse heap pages already resident (it
     # read 1.16-1.26 MB against 1.30 MB of storages once the fused ops were called without the dispatcher); the
-    # allocator's peak is the tensors' bytes: at most the storages at allocation sizes, and most of them
+    # allocator's peak is the tensors' bytes: most of the storages, at most what the plan predicts with the ops'
+    # workspaces (the tied gradient's in-place sum holds its row sums beside one table, where the storage meter
+    # sees only the table)
     memory = report["memory"]
     assert fused.counted_peak_bytes == memory["peak_bytes_counted"] == memory["peak_bytes_process"] > 0
-    assert 0.9 * fused.measured_peak_bytes <= memory["peak_bytes_allocator"] <= fused.measured_peak_bytes
+    predicted = max(s["predicted_peak_bytes"] for s in report["stages"])
+    assert 0.9 * fused.measured_peak_bytes <= memory["peak_bytes_allocator"] <= predicted
     spec = cfg["models"]["tiny_gpt2"]
     model = build_model("tiny_gpt2+inductor", fused_spec("tiny_gpt2", spec, {"builtin": "inductor"}, seed=0,
                                                           compiler="fx"), seed=0)

@@ -130,6 +130,13 @@ def load_plan(path: str | Path) -> tuple[dict[str, Any], list[StagePlan]]:
     return data, parse_plan(data, str(path))
 
 
+def sums_in_place(stages: list[StagePlan]) -> bool:
+    """Whether the plan's problems were made on the traced step with its tied gradient sums in place: every plan's
+    but a pipeline's, whose stage problems see them functional (``trainplan.export.functional_sums``); trace the
+    step to run it with ``trace_training_step(..., sums_in_place=sums_in_place(stages))``."""
+    return not any(int((st.raw.get("pipeline") or {}).get("k", 1)) >= 2 for st in stages)
+
+
 def split_nodes(names: list[str], k: int) -> list[list[str]]:
     """The node list cut into ``k`` contiguous, nearly equal parts (fallback partition)."""
     size = -(-len(names) // k)

@@ -15,7 +15,7 @@ import torch
 
 from trainplan.execute.compile import CompiledPlan, compile_plan
 from trainplan.execute.layout import GraphLayout, StageLayout, stage_layouts
-from trainplan.execute.plan import PlanError, StagePlan, load_plan
+from trainplan.execute.plan import PlanError, StagePlan, load_plan, sums_in_place
 from trainplan.export.tables import GraphTables, graph_tables
 from trainplan.export.trace import TracedStep, trace_training_step
 from trainplan.memory_model import storage_weight
@@ -78,7 +78,7 @@ def load_step(plan: str | Path, model: torch.nn.Module, batch: Mapping[str, torc
     built = BuiltModel(name or str(data.get("model", "model")), model,
                        {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}, loss_fn,
                        loss_chunk_bytes(str(path), data))
-    traced, flat = trace_training_step(built)
+    traced, flat = trace_training_step(built, sums_in_place=sums_in_place(stages))
     return compile_step(data, stages, traced, flat, graph_tables(traced), where=str(path))
 
 

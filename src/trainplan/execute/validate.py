@@ -16,9 +16,10 @@ from trainplan.execute.compile import Probe, clocked_run, compile_plan, probe_ru
 from trainplan.execute.diagnose import StageTime, Tolerances, off_by_speed_drift, stage_report
 from trainplan.execute.layout import GraphLayout, stage_layouts
 from trainplan.execute.measure import Peaks, measure_peaks, time_runs
-from trainplan.execute.plan import PlanError, StagePlan
+from trainplan.execute.plan import PlanError, StagePlan, sums_in_place
 from trainplan.execute.predict import predict
 from trainplan.execute.runner import ExecutionError, RunResult, run_plan
+from trainplan.export.tables import graph_tables
 from trainplan.export.trace import TracedStep, make_step_fn, trace_training_step
 from trainplan.memory_model import MemoryModel, memory_model
 from trainplan.models import BuiltModel, on_device
@@ -160,8 +161,11 @@ def _validate(built: BuiltModel, plan: dict[str, Any], stages: list[StagePlan], 
                    f"{st.schedule.get('note', '')})" for st in missing]
         return Validation({**head, "status": "failed", "reasons": reasons, "stages": []}, pd.DataFrame())
     built = on_device(built, dev)
-    traced, flat = trace_training_step(built)
+    in_place = sums_in_place(stages)
+    traced, flat = trace_training_step(built, sums_in_place=in_place)
     _check_graph(traced, stages, export_names)
+    if not in_place:  # a pipeline's stages: the exported tables made functional, as this trace's
+        tensors = graph_tables(traced).tensors
     flat = [t.detach().to(dev) for t in flat]
     gm = traced.gm.to(dev)
     compiled_ref, eager = _references(built, traced, flat)
