@@ -13,13 +13,15 @@ def is_inplace(op: str) -> bool:
     return len(parts) >= 2 and parts[1].endswith("_") and not parts[1].startswith("_")
 
 
-#: ops that make a weight's gradient as the sum of its uses' gradients (autograd's add of a tied weight's two
-#: gradients; ``trainplan::embedding_grad_add``, the pass ``export.embedding_grads`` puts in its place for an
-#: embedding) -> how many of their leading inputs are whole terms of the sum (the rest: the embedding's rows)
-GRADIENT_SUMS = {"aten.add.Tensor": 2, "trainplan.embedding_grad_add.default": 1}
-#: the sum whose result is its other term when one term reads zeros (a tied partial reduced once per step)
-PLAIN_SUM = "aten.add.Tensor"
 #: ``trainplan::embedding_grad_add`` written into its first argument, and its functional form (a pipeline's: a stage
 #: never writes into a storage another stage makes; ``export.functional_sums``)
 IN_PLACE_SUM = "trainplan.embedding_grad_add_.default"
 FUNCTIONAL_SUM = "trainplan.embedding_grad_add.default"
+
+#: ops that make a weight's gradient as the sum of its uses' gradients as a pipeline sees them (autograd's add of a
+#: tied weight's two gradients; ``trainplan::embedding_grad_add``, the pass ``export.embedding_grads`` puts in its
+#: place for an embedding) -> how many of their leading inputs are whole terms of the sum (the rest: the
+#: embedding's rows)
+GRADIENT_SUMS = {"aten.add.Tensor": 2, FUNCTIONAL_SUM: 1}
+#: the sum whose result is its other term when one term reads zeros (a tied partial reduced once per step)
+PLAIN_SUM = "aten.add.Tensor"
