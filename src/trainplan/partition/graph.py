@@ -229,9 +229,10 @@ def _assemble(nodes: pd.DataFrame, tensors: pd.DataFrame, names: list[str], orde
                 stash.add((store_pos[sid], int(key[v])))
     cut_ok = np.ones(n_forward + 1, dtype=bool)
     for v, (ins, outs) in enumerate(zip(nodes["inputs"], nodes["outputs"])):
+        if not forward[v]:
+            continue
         made = {storage_of[t] for t in outs}
-        read = {storage_of[t] for t in ins} - set(fixed_pos)
-        if forward[v] and made and made <= read:
+        if made and made <= {storage_of[t] for t in ins if storage_of[t] not in fixed_pos}:
             cut_ok[key[v]] = False
     cut_ok[0] = cut_ok[n_forward] = True
     lo = np.arange(n_forward)

@@ -111,4 +111,8 @@ def model_layers(graph: PipelineGraph, nodes: pd.DataFrame, tensors: pd.DataFram
         read[names.index(layer)].update(t for t in reads.get(name, ()) if t in numel)
     allowed = np.flatnonzero(graph.cut_ok)
     starts = [int(allowed[np.searchsorted(allowed, pos)]) for pos in starts]  # past views of the layer before
+    empty = [name for name, a, b in zip(names, starts, [*starts[1:], len(forward)]) if a >= b]
+    if empty:
+        raise PartitionError(f"model '{model}': layer '{empty[0]}' holds only views of the layer before it: no "
+                             "split can start there")
     return Layers(tuple(names), tuple(starts), tuple(int(sum(numel[t] for t in r)) for r in read), len(forward))
